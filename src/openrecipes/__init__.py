@@ -1,0 +1,14 @@
+"""openrecipes: tuned, verified, reproducible training recipes for Mixture-of-Experts models."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "from_hf"]
+
+
+def from_hf(path, *, dtype=None, device="cpu"):
+    """Load a Hugging Face checkpoint directory (config.json + safetensors) into the native model."""
+    from openrecipes.checkpoint.hf import from_hf as _from_hf
+
+    return _from_hf(path, dtype=dtype, device=device)

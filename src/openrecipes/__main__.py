@@ -1,0 +1,5 @@
+import sys
+
+from openrecipes.cli import main
+
+sys.exit(main())

@@ -1,0 +1,169 @@
+"""Qwen3-MoE configuration, read from a Hugging Face ``config.json`` (``Qwen3MoeConfig`` fields)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# config.json keys we read but that change nothing in training (generation, dtype hints, bookkeeping)
+_IGNORED_HF_KEYS = {
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "output_router_logits",
+    "router_aux_loss_coef", "hidden_act", "attention_dropout", "max_window_layers", "use_sliding_window",
+    "sliding_window", "rope_scaling", "rope_parameters", "rope_theta", "layer_types", "qkv_bias",
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class Qwen3MoeConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # dense MLP width, used only by layers in mlp_only_layers
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = ["vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts",
+                    "num_experts_per_tok"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config field {name!r} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        # Every layer must be sparse: the grouped-expert engine and the planner assume one MoE block per layer.
+        if self.decoder_sparse_step != 1:
+            raise ValueError(f"decoder_sparse_step={self.decoder_sparse_step} is not supported: only 1 "
+                             "(every layer is a MoE layer)")
+        if self.mlp_only_layers:
+            raise ValueError(f"mlp_only_layers={list(self.mlp_only_layers)} is not supported: every layer "
+                             "must be a MoE layer (dense-MLP layers are not implemented)")
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings=true is not supported: Qwen3-MoE uses an untied LM head")
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    # ---- parameter counts (DESIGN.md: N excludes the input embedding and all norms) ----
+    def attention_params(self) -> int:
+        q = self.hidden_size * self.num_attention_heads * self.head_dim
+        kv = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * self.hidden_size
+        bias = (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim if self.attention_bias else 0
+        return q + kv + o + bias
+
+    def expert_params(self) -> int:
+        """Parameters of one expert (gate, up, down projections)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    def norm_params(self) -> int:
+        per_layer = 2 * self.hidden_size + 2 * self.head_dim  # input/post-attention norms, q/k norms
+        return self.num_hidden_layers * per_layer + self.hidden_size  # + final norm
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        per_layer = self.attention_params() + self.router_params() + self.num_experts * self.expert_params()
+        return (self.num_hidden_layers * per_layer + self.norm_params()
+                + self.embedding_params() + self.lm_head_params())
+
+    def active_params(self) -> int:
+        """N: parameters touched per token, excluding the input embedding and all norms."""
+        per_layer = self.attention_params() + self.router_params() + self.num_experts_per_tok * self.expert_params()
+        return self.num_hidden_layers * per_layer + self.lm_head_params()
+
+    # ---- Hugging Face config.json ----
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "config.json") -> "Qwen3MoeConfig":
+        model_type = raw.get("model_type")
+        if model_type not in (None, "qwen3_moe"):
+            raise ValueError(f"{source}: model_type is {model_type!r}, expected 'qwen3_moe'")
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in known:
+                kwargs[key] = tuple(value) if key == "mlp_only_layers" else value
+            elif key not in _IGNORED_HF_KEYS:
+                raise ValueError(f"{source}: unknown Qwen3-MoE config field {key!r}")
+        kwargs["rope_theta"] = _rope_theta(raw, source)
+        if kwargs.get("head_dim") is None:
+            kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+        if isinstance(kwargs.get("eos_token_id"), list):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        if raw.get("use_sliding_window") and raw.get("sliding_window"):
+            raise ValueError(f"{source}: use_sliding_window=true is not supported for Qwen3-MoE")
+        missing = [f.name for f in fields(cls)
+                   if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ValueError(f"{source}: missing required field(s) {missing}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_hf_json(cls, path: str | Path) -> "Qwen3MoeConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from error
+        return cls.from_hf_dict(raw, source=str(path))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["mlp_only_layers"] = list(self.mlp_only_layers)
+        out.update(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
+            max_window_layers=self.num_hidden_layers, use_sliding_window=False, sliding_window=None,
+            rope_scaling=None, attention_dropout=0.0, router_aux_loss_coef=0.001,
+            output_router_logits=False, initializer_range=0.02, use_cache=True,
+        )
+        return out
+
+
+def _rope_theta(raw: dict[str, Any], source: str) -> float:
+    """transformers 4.x writes ``rope_theta``; 5.x writes ``rope_parameters: {rope_type, rope_theta}``."""
+    params = raw.get("rope_parameters")
+    scaling = raw.get("rope_scaling")
+    if params:
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"{source}: rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        raise ValueError(f"{source}: rope_scaling={scaling!r} is not supported")
+    theta = raw.get("rope_theta", 10000.0)
+    if not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"{source}: rope_theta must be a positive number, got {theta!r}")
+    return float(theta)

@@ -14,8 +14,11 @@ import sys
 
 # verb -> module that registers it; order is the order shown in --help
 VERB_MODULES: dict[str, str] = {
+    "demo": "openrecipes.demo",
     "models": "openrecipes.models.cli",
     "convert": "openrecipes.checkpoint.cli",
+    "measure": "openrecipes.measure.cli",
+    "verify": "openrecipes.verify.cli",
 }
 
 
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError) as error:
         # user errors: one clear line naming the field or file, no traceback
         print(f"openrecipes {args.verb}: error: {error}", file=sys.stderr)
         return 2

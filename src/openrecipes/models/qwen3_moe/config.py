@@ -74,7 +74,8 @@ class Qwen3MoeConfig:
         q = self.hidden_size * self.num_attention_heads * self.head_dim
         kv = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim
         o = self.num_attention_heads * self.head_dim * self.hidden_size
-        bias = (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim if self.attention_bias else 0
+        bias = ((self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim + self.hidden_size
+                if self.attention_bias else 0)
         return q + kv + o + bias
 
     def expert_params(self) -> int:
@@ -112,6 +113,9 @@ class Qwen3MoeConfig:
             raise ValueError(f"{source}: model_type is {model_type!r}, expected 'qwen3_moe'")
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {}
+        raw = dict(raw)
+        if "num_local_experts" in raw:  # transformers 5.x spelling of num_experts
+            raw.setdefault("num_experts", raw.pop("num_local_experts"))
         for key, value in raw.items():
             if key in known:
                 kwargs[key] = tuple(value) if key == "mlp_only_layers" else value

@@ -1,0 +1,1 @@
+"""Checkpoints: Hugging Face safetensors directories, native torch.distributed.checkpoint directories, audits."""

@@ -1,0 +1,59 @@
+"""`openrecipes convert import|export|audit`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("convert", help="convert checkpoints between Hugging Face and native formats",
+                                   description="Convert between Hugging Face safetensors and native "
+                                               "torch.distributed.checkpoint directories, and audit checkpoints.")
+    verbs = parser.add_subparsers(dest="convert_verb", metavar="ACTION", required=True)
+
+    imp = verbs.add_parser("import", help="HF safetensors directory -> native DCP directory")
+    imp.add_argument("hf_dir")
+    imp.add_argument("ckpt_dir")
+    imp.add_argument("--overwrite", action="store_true", help="replace CKPT_DIR if it exists")
+    imp.set_defaults(func=_import)
+
+    exp = verbs.add_parser("export", help="native DCP directory -> HF safetensors directory")
+    exp.add_argument("ckpt_dir")
+    exp.add_argument("hf_dir")
+    exp.add_argument("--max-shard-gib", type=float, default=5.0, help="largest safetensors shard (default 5)")
+    exp.add_argument("--overwrite", action="store_true", help="replace HF_DIR if it exists")
+    exp.set_defaults(func=_export)
+
+    aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
+                           description="Exit status 0 only when both hold the same keys, shapes and dtypes and "
+                                       "every value agrees within --atol.")
+    aud.add_argument("a_dir")
+    aud.add_argument("b_dir")
+    aud.add_argument("--atol", type=float, default=0.0, help="allowed max abs difference (default 0: bitwise)")
+    aud.add_argument("--json", action="store_true")
+    aud.set_defaults(func=_audit)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from openrecipes.checkpoint.native import import_hf
+
+    manifest = import_hf(args.hf_dir, args.ckpt_dir, overwrite=args.overwrite)
+    print(f"wrote {len(manifest['tensors'])} native tensors to {args.ckpt_dir}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from openrecipes.checkpoint.native import export_hf
+
+    export_hf(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30), overwrite=args.overwrite)
+    print(f"wrote Hugging Face checkpoint to {args.hf_dir}")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from openrecipes.checkpoint.audit import audit
+
+    report = audit(args.a_dir, args.b_dir)
+    print(json.dumps(report.to_dict(args.atol), indent=2) if args.json else report.table(args.atol))
+    return 0 if report.passed(args.atol) else 1

@@ -1,0 +1,78 @@
+"""Native checkpoints: a torch.distributed.checkpoint (DCP) directory of native-named tensors plus config.json.
+
+Layout of CKPT_DIR:
+  config.json        the model's Hugging Face config (to rebuild the model)
+  openrecipes.json   what wrote it, and the tensors it holds (names, shapes, dtypes)
+  __0_0.distcp, .metadata   the DCP files
+
+DCP reshards on load, so a directory written under one parallel layout loads under another.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from openrecipes import __version__
+from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
+from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
+from openrecipes.utils import atomic_output_dir, atomic_write_text
+
+MANIFEST = "openrecipes.json"
+
+
+def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor."""
+    checkpoint = HFCheckpoint(hf_dir)
+    family, config = read_config(checkpoint)
+    state = dict(iter_native_tensors(checkpoint, family, config))
+    manifest = {
+        "format": "openrecipes-native-v1", "writer": f"openrecipes {__version__}", "source": str(hf_dir),
+        "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                    for name, t in state.items()},
+    }
+    with atomic_output_dir(ckpt_dir, overwrite=overwrite) as staging:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging)), no_dist=True)
+        atomic_write_text(staging / "config.json", json.dumps(checkpoint.config, indent=2) + "\n")
+        # Written last: its presence marks the directory complete.
+        atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read every tensor of a native checkpoint into CPU memory, with its HF config."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest_path = ckpt_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint")
+    manifest = json.loads(manifest_path.read_text())
+    state = {name: torch.empty(info["shape"], dtype=getattr(torch, info["dtype"]))
+             for name, info in manifest["tensors"].items()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt_dir)), no_dist=True)
+    except Exception as error:  # DCP wraps per-file failures in its own exception types
+        raise ValueError(f"{ckpt_dir}: cannot load native checkpoint ({error})") from error
+    config = json.loads((ckpt_dir / "config.json").read_text())
+    return state, config
+
+
+def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
+              overwrite: bool = False) -> None:
+    """Native DCP directory -> HF safetensors directory (per-expert tensors, index when sharded)."""
+    from openrecipes.models.families import family_for_model_type
+
+    state, raw_config = load_native_state(ckpt_dir)
+    source = str(Path(ckpt_dir) / "config.json")
+    family = family_for_model_type(raw_config.get("model_type"), source=source)
+    config = family.config_from_hf(raw_config, source)
+    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config), raw_config,
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite)

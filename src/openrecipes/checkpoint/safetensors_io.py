@@ -1,0 +1,113 @@
+"""Reading and writing Hugging Face checkpoint directories (config.json + safetensors, sharded or not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from openrecipes.utils import atomic_output_dir, atomic_write_text
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+class HFCheckpoint:
+    """Lazy view of an HF checkpoint directory: which file holds which tensor, and reading them on demand."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {self.path} does not exist")
+        config_path = self.path / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{config_path} is missing")
+        try:
+            self.config: dict = json.loads(config_path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{config_path}: not valid JSON ({error})") from error
+        self._handles: dict[str, object] = {}
+        self.file_of: dict[str, str] = self._locate_tensors()
+
+    def _locate_tensors(self) -> dict[str, str]:
+        index_path = self.path / INDEX_NAME
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as error:
+                raise ValueError(f"{index_path}: not a safetensors index ({error})") from error
+            for file_name in sorted(set(weight_map.values())):
+                if not (self.path / file_name).is_file():
+                    first = next(k for k, v in weight_map.items() if v == file_name)
+                    raise FileNotFoundError(f"{self.path / file_name}: shard listed in {INDEX_NAME} is missing "
+                                            f"(it holds {first!r} and others)")
+            return dict(weight_map)
+        files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
+        file_of: dict[str, str] = {}
+        for file_name in files:
+            for key in self._open(file_name).keys():
+                if key in file_of:
+                    raise ValueError(f"tensor {key!r} appears in both {file_of[key]} and {file_name}")
+                file_of[key] = file_name
+        return file_of
+
+    def _open(self, file_name: str):
+        if file_name not in self._handles:
+            try:
+                self._handles[file_name] = safe_open(str(self.path / file_name), framework="pt")
+            except (SafetensorError, OSError) as error:
+                raise ValueError(f"{self.path / file_name}: cannot read safetensors file ({error})") from error
+        return self._handles[file_name]
+
+    def keys(self) -> list[str]:
+        return list(self.file_of)
+
+    def get(self, key: str) -> torch.Tensor:
+        file_name = self.file_of[key]
+        handle = self._open(file_name)
+        try:
+            return handle.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
+
+    def metadata(self, key: str) -> tuple[tuple[int, ...], str]:
+        """Shape and dtype without reading the data."""
+        piece = self._open(self.file_of[key]).get_slice(key)
+        return tuple(piece.get_shape()), piece.get_dtype()
+
+
+def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], config: dict, *,
+                 max_shard_bytes: int = 5 * 2**30, overwrite: bool = False,
+                 extra_files: dict[str, str] | None = None) -> None:
+    """Write an HF checkpoint directory atomically; more than one shard gets a ``model.safetensors.index.json``."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_bytes = 0
+    for name, tensor in tensors:
+        size = tensor.numel() * tensor.element_size()
+        if shards[-1] and shard_bytes + size > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensor.contiguous()
+        shard_bytes += size
+    with atomic_output_dir(path, overwrite=overwrite) as staging:
+        if len(shards) == 1:
+            save_file(shards[0], str(staging / SINGLE_NAME), metadata={"format": "pt"})
+        else:
+            weight_map: dict[str, str] = {}
+            total = 0
+            for i, shard in enumerate(shards):
+                file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(staging / file_name), metadata={"format": "pt"})
+                weight_map.update({name: file_name for name in shard})
+                total += sum(t.numel() * t.element_size() for t in shard.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            atomic_write_text(staging / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+        atomic_write_text(staging / "config.json", json.dumps(config, indent=2) + "\n")
+        for file_name, text in (extra_files or {}).items():
+            atomic_write_text(staging / file_name, text)

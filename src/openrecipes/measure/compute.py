@@ -1,0 +1,276 @@
+"""Measure one run directory: the window metrics of docs/measure.md from run.json + metrics.jsonl."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openrecipes.measure import metrics as m
+from openrecipes.measure.hardware import HardwareTable, load_hardware
+from openrecipes.measure.rundir import (
+    METRICS_FILE,
+    RUN_FILE,
+    StepRecord,
+    get_path,
+    read_metrics,
+    read_run_json,
+    require_number,
+)
+
+DEFAULT_WINDOW = (5, 19)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    usd_per_gpu_hour: float
+    source: str  # "--usd-per-gpu-hour", "instance NAME" or "default instance NAME of GPU"
+
+
+@dataclass(kw_only=True)
+class Measurement:
+    window: tuple[int, int]
+    window_steps: int
+    window_tokens: int
+    window_time_s: float
+    gpu_type: str
+    gpus: int
+    tokens_per_s_per_gpu: float
+    step_time_mean_s: float
+    step_time_std_s: float
+    step_time_cv: float
+    step_time_std_kind: str = "population (ddof=0)"
+    active_params: int | None = None
+    peak_flops_per_gpu: float | None = None
+    mfu: float | None = None
+    model_tflops_per_gpu: float | None = None
+    usd_per_gpu_hour: float | None = None
+    price_source: str | None = None
+    usd_per_million_tokens: float | None = None
+    steps_recorded: int = 0
+    total_step_time_s: float = 0.0
+    gpu_hours: float = 0.0
+    gpu_hours_note: str = "GPUs x sum of all recorded step times; excludes startup and checkpoint time"
+    peak_memory_gib: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["window"] = list(self.window)
+        return data
+
+
+def resolve_price(
+    hardware: HardwareTable,
+    gpu_type: str,
+    *,
+    usd_per_gpu_hour: float | None = None,
+    instance: str | None = None,
+) -> Price | None:
+    """The price to use: an explicit one, else a named instance, else the GPU's default instance."""
+    if usd_per_gpu_hour is not None and instance is not None:
+        raise ValueError("give either --usd-per-gpu-hour or --instance, not both")
+    if usd_per_gpu_hour is not None:
+        if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
+            raise ValueError(f"--usd-per-gpu-hour must be positive, got {usd_per_gpu_hour}")
+        return Price(usd_per_gpu_hour=usd_per_gpu_hour, source="--usd-per-gpu-hour")
+    if instance is not None:
+        spec = hardware.instance(instance)
+        return Price(usd_per_gpu_hour=spec.usd_per_gpu_hour, source=f"instance {spec.name}")
+    try:
+        gpu = hardware.gpu(gpu_type)
+    except ValueError:
+        return None
+    if gpu.default_instance is None:
+        return None
+    spec = hardware.instance(gpu.default_instance)
+    return Price(
+        usd_per_gpu_hour=spec.usd_per_gpu_hour,
+        source=f"default instance {spec.name} of {gpu.name}",
+    )
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def compute_metrics(
+    run: dict[str, Any],
+    records: list[StepRecord],
+    *,
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    gpu_type: str | None = None,
+    hardware: HardwareTable | None = None,
+    price: Price | None = None,
+    run_origin: str = RUN_FILE,
+    metrics_origin: str = METRICS_FILE,
+) -> Measurement:
+    """Window metrics of a run from its parsed run.json and metrics records.
+
+    ``gpu_type`` overrides run.json's ``gpu.type``; ``hardware`` supplies the peak FLOP/s
+    (MFU is left out when the GPU type is not in it, e.g. ``cpu``); ``price`` the cost.
+    """
+    first, last = window
+    if first < 0 or last < first:
+        raise ValueError(f"window {first} {last}: need 0 <= first <= last")
+    by_step = {record.step: record for record in records}
+    wanted = range(first, last + 1)
+    missing = [step for step in wanted if step not in by_step]
+    if missing:
+        shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(
+            f"{metrics_origin}: window {first}-{last} is incomplete: missing step(s) {shown}"
+        )
+    window_records = [by_step[step] for step in wanted]
+
+    gpus = _positive_int(get_path(run, "gpu.count", run_origin), f"{run_origin}: gpu.count")
+    gpu_name = gpu_type or str(get_path(run, "gpu.type", run_origin))
+    notes: list[str] = []
+
+    step_times = []
+    for record in window_records:
+        seconds = require_number(record, "step_time_s", metrics_origin)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(
+                f"{metrics_origin}:{record.line}: step {record.step}: step_time_s must be positive, got {seconds}"
+            )
+        step_times.append(seconds)
+    tokens = 0
+    for record in window_records:
+        value = require_number(record, "tokens", metrics_origin)
+        if value < 0 or value != int(value):
+            raise ValueError(f"{metrics_origin}:{record.line}: step {record.step}: bad 'tokens' {value}")
+        tokens += int(value)
+    window_time = math.fsum(step_times)
+    throughput = m.tokens_per_s_per_gpu(tokens, window_time, gpus)
+    mean, std, cv = m.step_time_stats(step_times)
+
+    # rows are fixed-size, so a token count off rows x row tokens means a broken writer
+    batch, row_tokens = run.get("global_batch"), run.get("row_tokens")
+    if isinstance(batch, int) and isinstance(row_tokens, int):
+        expected = m.window_tokens(len(window_records), batch, row_tokens)
+        if expected != tokens:
+            notes.append(
+                f"window tokens {tokens} differ from steps x global_batch x row_tokens = {expected}"
+            )
+
+    result = Measurement(
+        window=(first, last),
+        window_steps=len(window_records),
+        window_tokens=tokens,
+        window_time_s=window_time,
+        gpu_type=gpu_name,
+        gpus=gpus,
+        tokens_per_s_per_gpu=throughput,
+        step_time_mean_s=mean,
+        step_time_std_s=std,
+        step_time_cv=cv,
+        notes=notes,
+    )
+
+    model = run.get("model") if isinstance(run.get("model"), dict) else {}
+    active = model.get("active_params")
+    if active is not None:
+        result.active_params = _positive_int(active, f"{run_origin}: model.active_params")
+    else:
+        notes.append(f"{run_origin} has no model.active_params: MFU and model TFLOP/s left out")
+
+    gpu_spec = None
+    if hardware is not None:
+        try:
+            gpu_spec = hardware.gpu(gpu_name)
+        except ValueError:
+            if gpu_type is not None:
+                raise  # the user named it explicitly: an unknown name is an error, not a note
+            notes.append(f"GPU type {gpu_name!r} is not in the hardware table: MFU left out")
+    if gpu_spec is not None:
+        result.peak_flops_per_gpu = gpu_spec.peak_bf16_dense_flops
+        if result.active_params is not None:
+            result.mfu = m.mfu(result.active_params, throughput, gpu_spec.peak_bf16_dense_flops)
+
+    if result.active_params is not None:
+        result.model_tflops_per_gpu = _model_tflops(
+            result.active_params, tokens, window_time, gpus, model, window_records, notes,
+            run_origin=run_origin, metrics_origin=metrics_origin,
+        )
+
+    if price is not None:
+        result.usd_per_gpu_hour = price.usd_per_gpu_hour
+        result.price_source = price.source
+        result.usd_per_million_tokens = m.usd_per_million_tokens(price.usd_per_gpu_hour, throughput)
+
+    all_times = [require_number(record, "step_time_s", metrics_origin) for record in records]
+    result.steps_recorded = len(records)
+    result.total_step_time_s = math.fsum(all_times)
+    result.gpu_hours = m.gpu_hours(gpus, result.total_step_time_s)
+    planned = run.get("steps")
+    if isinstance(planned, int) and planned != len(records):
+        notes.append(f"run.json plans {planned} steps but metrics record {len(records)}: GPU-hours cover those recorded")
+
+    memory = [require_number(r, "peak_memory_gib", metrics_origin, allow_null=True) for r in records]
+    present = [value for value in memory if value is not None]
+    result.peak_memory_gib = max(present) if present else None
+    return result
+
+
+def _model_tflops(
+    active: int,
+    tokens: int,
+    window_time: float,
+    gpus: int,
+    model: dict[str, Any],
+    window_records: list[StepRecord],
+    notes: list[str],
+    *,
+    run_origin: str,
+    metrics_origin: str,
+) -> float | None:
+    dims = {key: model.get(key) for key in ("num_layers", "num_attention_heads", "head_dim")}
+    absent = [key for key, value in dims.items() if value is None]
+    if absent:
+        notes.append(f"{run_origin} lacks model.{', model.'.join(absent)}: model TFLOP/s left out")
+        return None
+    for key, value in dims.items():
+        _positive_int(value, f"{run_origin}: model.{key}")
+    sum_sq = 0.0
+    for record in window_records:
+        value = require_number(record, "sum_doc_len_sq", metrics_origin, allow_null=True)
+        if value is None:
+            notes.append(
+                f"{metrics_origin}:{record.line}: step {record.step} has no sum_doc_len_sq: model TFLOP/s left out"
+            )
+            return None
+        sum_sq += value
+    flops = m.model_flops(
+        active, tokens,
+        num_layers=dims["num_layers"], num_heads=dims["num_attention_heads"],
+        head_dim=dims["head_dim"], sum_doc_len_sq=sum_sq,
+    )
+    return flops / window_time / gpus / 1e12
+
+
+def measure_run_dir(
+    run_dir: str | os.PathLike,
+    *,
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    gpu_type: str | None = None,
+    usd_per_gpu_hour: float | None = None,
+    instance: str | None = None,
+    hardware_files: list[str | os.PathLike] | None = None,
+) -> Measurement:
+    """Read ``run_dir`` and compute its metrics; prices and peaks come from the hardware table."""
+    run_dir = Path(run_dir)
+    run = read_run_json(run_dir)
+    metrics_path = run_dir / METRICS_FILE
+    records = read_metrics(metrics_path)
+    hardware = load_hardware(hardware_files)
+    gpu_name = gpu_type or str(get_path(run, "gpu.type", run_dir / RUN_FILE))
+    price = resolve_price(hardware, gpu_name, usd_per_gpu_hour=usd_per_gpu_hour, instance=instance)
+    return compute_metrics(
+        run, records, window=window, gpu_type=gpu_type, hardware=hardware, price=price,
+        run_origin=str(run_dir / RUN_FILE), metrics_origin=str(metrics_path),
+    )

@@ -1,0 +1,122 @@
+"""Mixture of experts: a softmax top-k router and SwiGLU experts held as grouped 3-D weights.
+
+Legend: T tokens, D hidden, E experts, F expert FFN width, K experts per token, R = T·K routed token copies.
+
+Tokens are sorted by expert so each expert sees one contiguous slice; the expert matmuls then run as one
+``torch._grouped_mm`` per projection on CUDA in bf16, or as an exact per-expert loop elsewhere. Expert parallelism
+replaces ``LocalTokenDispatcher`` (from ``openrecipes.parallel``) without touching this file's math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The router's decision: for each token its K experts and their gating weights."""
+
+    experts_TK: torch.Tensor  # int64
+    weights_TK: torch.Tensor  # activation dtype
+
+
+class SoftmaxTopKRouter(nn.Module):
+    """Softmax over all experts in fp32, keep the top K, optionally renormalise them to sum to one."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, normalize_top_k: bool) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.normalize_top_k = normalize_top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+    def forward(self, x_TD: torch.Tensor) -> Routing:
+        logits_TE = F.linear(x_TD, self.weight)
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        weights_TK, experts_TK = torch.topk(probs_TE, self.top_k, dim=-1)
+        if self.normalize_top_k:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+
+
+EXPERT_BACKENDS = ("auto", "grouped_mm", "loop")
+_expert_backend = "auto"
+
+
+def set_expert_backend(name: str) -> None:
+    """``auto``: grouped_mm for bf16 on CUDA, else the loop; ``loop`` forces the per-expert fallback."""
+    global _expert_backend
+    if name not in EXPERT_BACKENDS:
+        raise ValueError(f"unknown expert backend {name!r}; expected one of {EXPERT_BACKENDS}")
+    _expert_backend = name
+
+
+def use_grouped_mm(x: torch.Tensor) -> bool:
+    if _expert_backend == "loop":
+        return False
+    supported = x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+    if _expert_backend == "grouped_mm" and not supported:
+        raise ValueError(f"expert backend 'grouped_mm' needs bf16 tensors on CUDA, got {x.dtype} on {x.device}")
+    return supported
+
+
+def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch.Tensor,
+                   offsets_E: torch.Tensor | None = None) -> torch.Tensor:
+    """y[r] = weight[e(r)] @ x[r] for rows sorted by expert; ``counts_E`` rows belong to expert e in order."""
+    if use_grouped_mm(x_RI):
+        if offsets_E is None:
+            offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
+        return torch._grouped_mm(x_RI, weight_EOI.transpose(-2, -1), offs=offsets_E)
+    pieces = torch.split(x_RI, counts_E.tolist())
+    return torch.cat([F.linear(piece, weight_EOI[e]) for e, piece in enumerate(pieces)], dim=0)
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts; weights stored (E, out, in) like nn.Linear, one tensor per projection."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
+        self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
+
+    def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """``x_RD`` sorted by expert, ``counts_E`` rows per local expert. Returns (R, D)."""
+        offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD) else None
+        gate_RF = grouped_linear(x_RD, self.gate_proj, counts_E, offsets)
+        up_RF = grouped_linear(x_RD, self.up_proj, counts_E, offsets)
+        return grouped_linear(F.silu(gate_RF) * up_RF, self.down_proj, counts_E, offsets)
+
+
+class LocalTokenDispatcher:
+    """All experts on this process: sort token copies by expert, run them, weight and sum them back."""
+
+    def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
+        tokens, top_k = routing.experts_TK.shape
+        flat_experts_R = routing.experts_TK.flatten()
+        order_R = torch.argsort(flat_experts_R, stable=True)
+        token_of_R = order_R // top_k
+        counts_E = torch.bincount(flat_experts_R, minlength=experts.num_experts)
+        out_RD = experts(x_TD[token_of_R], counts_E)
+        out_RD = out_RD * routing.weights_TK.flatten()[order_R, None]
+        return torch.zeros_like(x_TD).index_add_(0, token_of_R, out_RD.to(x_TD.dtype))
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute)."""
+
+    def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, ffn_size: int,
+                 normalize_top_k: bool) -> None:
+        super().__init__()
+        self.gate = SoftmaxTopKRouter(hidden_size, num_experts, top_k, normalize_top_k=normalize_top_k)
+        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size)
+        self.token_dispatcher = LocalTokenDispatcher()
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
+        routing = self.gate(x_TD)
+        return self.token_dispatcher(x_TD, routing, self.experts).reshape(x_BTD.shape)

@@ -1,0 +1,27 @@
+"""RMSNorm, computed in fp32 whatever the activation dtype."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = w · x / rms(x). ``zero_centered`` stores w - 1, so y = (1 + w) · x / rms(x) and w starts at 0."""
+
+    def __init__(self, dim: int, *, eps: float, zero_centered: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight) if self.zero_centered else nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_f32 = x.float()
+        normed = x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return ((1.0 + self.weight.float()) * normed).to(x.dtype)
+        # Cast back before scaling, as transformers does, so bf16 results match it bit for bit.
+        return self.weight * normed.to(x.dtype)

@@ -1,0 +1,31 @@
+"""Rotary position embeddings, computed from position ids on the fly (no buffers: meta-device friendly).
+
+Two pairings: ``half`` rotates dimension i with i + D/2 (Qwen, Llama); ``adjacent`` rotates 2i with 2i + 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_angles(position_ids: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Angles of shape (B, T, head_dim / 2), in fp32."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    return position_ids[..., None].float() * inv_freq
+
+
+def apply_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, *, pairing: str = "half") -> torch.Tensor:
+    """Rotate queries or keys of shape (B, H, T, D) by ``angles`` of shape (B, T, D/2)."""
+    if pairing == "half":
+        doubled = torch.cat((angles_BTF, angles_BTF), dim=-1)[:, None]
+        cos, sin = doubled.cos().to(x_BHTD.dtype), doubled.sin().to(x_BHTD.dtype)
+        first, second = x_BHTD.chunk(2, dim=-1)
+        rotated = torch.cat((-second, first), dim=-1)
+        return x_BHTD * cos + rotated * sin
+    if pairing == "adjacent":
+        cos = angles_BTF.cos()[:, None].to(x_BHTD.dtype)
+        sin = angles_BTF.sin()[:, None].to(x_BHTD.dtype)
+        even, odd = x_BHTD[..., 0::2], x_BHTD[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    raise ValueError(f"unknown RoPE pairing {pairing!r}; expected 'half' or 'adjacent'")

@@ -1,0 +1,35 @@
+"""``openrecipes verify CHECK ...``: one verb, one subcommand per check.
+
+A check lives in its own module exposing ``register(subparsers)``, which adds the check's
+parser to the ``verify`` subparsers and sets ``func`` (namespace -> exit status: 0 pass,
+1 a check failed; input errors raise ValueError / FileNotFoundError, exit status 2).
+Adding a check is one line in ``CHECK_MODULES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# subcommand -> module that registers it; order is the order shown in --help
+CHECK_MODULES: dict[str, str] = {
+    "convergence": "openrecipes.verify.convergence_cli",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="check a run, recipe or component against its reference",
+        description="Verification checks. Exit status: 0 pass, 1 a check failed, 2 bad input.",
+    )
+    checks = parser.add_subparsers(dest="check", metavar="CHECK")
+    for module_name in CHECK_MODULES.values():
+        importlib.import_module(module_name).register(checks)
+
+    def no_check(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=no_check)

@@ -1,0 +1,83 @@
+"""Attention backends agree, and packed documents never see each other."""
+
+import pytest
+import torch
+
+from openrecipes.models.common.attention import Documents, attention, attention_mask
+from openrecipes.models.common.rope import apply_rope, rope_angles
+from openrecipes.models.qwen3_moe import build_qwen3_moe
+from openrecipes.models.registry import get_config
+
+
+def packed_ids(lengths, rows=1):
+    ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    return ids[None].expand(rows, -1).clone()
+
+
+def test_documents_offsets():
+    docs = Documents.from_document_ids(torch.tensor([[0, 0, 1, 1, 1], [7, 8, 8, 8, 8]]))
+    assert docs.cu_seqlens.tolist() == [0, 2, 5, 6, 10]
+    assert docs.max_seqlen == 4
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("packed", [False, True])
+def test_sdpa_matches_fp64_reference(window, packed):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
+    documents = Documents.from_document_ids(packed_ids([5, 4, 3], rows=2)) if packed else None
+    fast = attention(q, k, v, scale=0.3, documents=documents, window=window, backend="sdpa")
+    exact = attention(q.double(), k.double(), v.double(), scale=0.3, documents=documents, window=window,
+                      backend="reference")
+    torch.testing.assert_close(fast.double(), exact, rtol=1e-5, atol=1e-6)
+
+
+def test_mask_respects_window_and_documents():
+    docs = Documents.from_document_ids(packed_ids([4, 4]))
+    mask = attention_mask(8, documents=docs, window=2, device=torch.device("cpu"))[0, 0]
+    assert mask[3, 2] and mask[3, 3] and not mask[3, 1]      # window of 2 tokens, itself included
+    assert not mask[4, 3] and mask[5, 4]                     # no attention across the document boundary
+    assert not mask[2, 3]                                    # causal
+
+
+def test_rope_pairings_rotate_by_position():
+    x = torch.randn(1, 1, 3, 4)
+    angles = rope_angles(torch.arange(3)[None], 4, 10_000.0)
+    for pairing in ("half", "adjacent"):
+        rotated = apply_rope(x, angles, pairing=pairing)
+        torch.testing.assert_close(rotated[:, :, 0], x[:, :, 0])               # position 0: unchanged
+        torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))        # a rotation keeps norms
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+def test_attention_output_of_one_document_ignores_the_other_bitwise(backend):
+    torch.manual_seed(0)
+    lengths = [6, 10]
+    documents = Documents.from_document_ids(packed_ids(lengths))
+    q, k, v = torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    out = attention(q, k, v, scale=0.35, documents=documents, backend=backend)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :6] += 5.0
+    v2[:, :, :6] -= 3.0
+    out2 = attention(q, k2, v2, scale=0.35, documents=documents, backend=backend)
+    assert not torch.equal(out[:, :, :6], out2[:, :, :6])
+    assert torch.equal(out[:, :, 6:], out2[:, :, 6:])
+
+
+def test_changing_one_document_leaves_the_other_bit_identical():
+    # fp64: the expert matmuls group tokens of both documents, and fp32 GEMMs may round a row differently when
+    # the group size changes; in fp64 any leak across documents would still show, rounding noise would not.
+    model = build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=0).double()
+    lengths = [10, 14]
+    documents = Documents.from_document_ids(packed_ids(lengths))
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    input_ids = torch.randint(0, 1024, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))
+    changed = input_ids.clone()
+    changed[0, :10] = torch.randint(0, 1024, (10,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a = model(input_ids, position_ids, documents)
+        b = model(changed, position_ids, documents)
+        alone = model(input_ids[:, 10:], position_ids[:, 10:])  # document B alone, at the start of a row
+    assert not torch.equal(a[0, :10], b[0, :10])
+    assert torch.equal(a[0, 10:], b[0, 10:])
+    torch.testing.assert_close(alone[0], a[0, 10:], rtol=1e-10, atol=1e-12)

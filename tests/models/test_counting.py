@@ -1,0 +1,35 @@
+"""Parameter counts: N (active, excluding input embedding and norms) and totals."""
+
+import torch
+
+from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
+from openrecipes.models.qwen3_moe.model import Qwen3MoeForCausalLM
+from openrecipes.models.registry import get_config
+
+
+def test_qwen3_30b_a3b_active_params_is_the_published_figure():
+    config = get_config("qwen3-30b-a3b")
+    assert config.active_params() == 3_041_656_832
+    assert round(config.total_params() / 1e9, 1) == 30.5
+
+
+def _count_from_module(config: Qwen3MoeConfig) -> tuple[int, int]:
+    """Count from the module's real parameters (meta device), independently of the config's formulas."""
+    with torch.device("meta"):
+        model = Qwen3MoeForCausalLM(config)
+    total = active = 0
+    for name, param in model.named_parameters():
+        total += param.numel()
+        if "embed_tokens" in name or "norm" in name:
+            continue
+        if ".experts." in name:
+            active += param.numel() * config.num_experts_per_tok // config.num_experts
+        else:
+            active += param.numel()
+    return total, active
+
+
+def test_formulas_agree_with_the_built_modules():
+    for name in ("qwen3-30b-a3b", "qwen3-moe-tiny"):
+        config = get_config(name)
+        assert _count_from_module(config) == (config.total_params(), config.active_params()), name

@@ -19,6 +19,8 @@ VERB_MODULES: dict[str, str] = {
     "convert": "openrecipes.checkpoint.cli",
     "measure": "openrecipes.measure.cli",
     "verify": "openrecipes.verify.cli",
+    "card": "openrecipes.cards.cli",
+    "site": "openrecipes.site.cli",
 }
 
 

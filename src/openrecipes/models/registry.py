@@ -42,3 +42,16 @@ register("qwen3-moe-tiny", lambda: Qwen3MoeConfig(
     num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6,
     rope_theta=10_000.0, max_position_embeddings=4096,
 ))
+
+# Muse Spark Open: the DESIGN.md architecture (published facts plus documented derived sizes).
+from openrecipes.models.muse_spark.config import MuseSparkConfig  # noqa: E402
+
+register("muse-spark-open-816b-a42b", lambda: MuseSparkConfig())
+
+# CPU-sized Muse Spark: mixed layer types (layers 1 and 3 full), latent experts, small window.
+register("muse-spark-tiny", lambda: MuseSparkConfig(
+    vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, sliding_window=16, moe_latent_size=32, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=32, max_position_embeddings=4096,
+    layer_types=("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
+))

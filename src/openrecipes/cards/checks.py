@@ -1,0 +1,245 @@
+"""Consistency checks on a schema-valid card: the numbers must agree with each other.
+
+Each check returns findings as (path, message, severity); `validate.py` turns paths into lines.
+Numbers published rounded are compared within the rounding their written precision allows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from openrecipes.cards import reference
+from openrecipes.cards.schema import RecipeCard
+
+Loc = tuple[str | int, ...]
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_TEXT_REVISION = re.compile(r"\brevision\s+([^\s;,()]+)")
+
+# the convergence thresholds of the check the cards cite (Megatron-Bridge pipeline defaults)
+MIN_CORRELATION = 0.95
+MAX_FINAL_LOSS_DIFFERENCE = 0.05
+MAX_POINTWISE_FAILURE_SHARE = 0.1
+SKIPPED_SHARE = 0.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    loc: Loc
+    message: str
+    severity: Literal["error", "note"] = "error"
+
+
+def half_unit(value: float) -> float:
+    """Half a unit in the last decimal place the value is written with (0.0898 -> 5e-5)."""
+    text = repr(float(value)).lower()
+    mantissa, _, exponent = text.partition("e")
+    decimals = len(mantissa.partition(".")[2].rstrip("0")) - (int(exponent) if exponent else 0)
+    return 0.5 * 10.0 ** (-decimals)
+
+
+def check_card(card: RecipeCard) -> list[Finding]:
+    findings: list[Finding] = []
+    for check in (_check_layout, _check_window, _check_mfu, _check_price, _check_correctness,
+                  _check_curves):
+        findings.extend(check(card))
+    if card.status == "verified":
+        findings.extend(_check_verified(card))
+    return findings
+
+
+def _check_layout(card: RecipeCard) -> list[Finding]:
+    lay, out = card.layout, []
+    product = lay.tp * lay.pp * lay.cp * lay.dp
+    if product != card.gpu.count:
+        out.append(Finding(loc=("layout",), message=(
+            f"tp·pp·cp·dp = {lay.tp}·{lay.pp}·{lay.cp}·{lay.dp} = {product}, "
+            f"but gpu.count is {card.gpu.count}")))
+    # experts fold onto the non-pipeline ranks: ep·etp must divide tp·cp·dp
+    if (lay.tp * lay.cp * lay.dp) % (lay.ep * lay.etp):
+        out.append(Finding(loc=("layout", "ep"), message=(
+            f"ep·etp = {lay.ep * lay.etp} does not divide tp·cp·dp = {lay.tp * lay.cp * lay.dp}")))
+    per_dp, rest = divmod(card.workload.global_batch, lay.dp)
+    if rest or per_dp % lay.rows_per_microbatch:
+        out.append(Finding(loc=("layout", "rows_per_microbatch"), message=(
+            f"global_batch {card.workload.global_batch} is not a whole number of "
+            f"{lay.rows_per_microbatch}-row microbatches on each of dp {lay.dp} ranks")))
+    gpu = card.gpu
+    if gpu.count > gpu.per_node and gpu.count % gpu.per_node:
+        out.append(Finding(loc=("gpu", "count"), message=(
+            f"{gpu.count} GPUs is not a whole number of {gpu.per_node}-GPU nodes")))
+    build = card.workload.dataset.build
+    if build is not None and build.row_tokens != card.workload.row_tokens:
+        out.append(Finding(loc=("workload", "dataset", "build", "row_tokens"), message=(
+            f"{build.row_tokens} differs from workload.row_tokens {card.workload.row_tokens}")))
+    out.extend(_check_layer_split(card))
+    return out
+
+
+def _check_layer_split(card: RecipeCard) -> list[Finding]:
+    lay = card.layout
+    layers = reference.model_layers(card.model)
+    if layers is None:
+        return [Finding(loc=("layout", "layer_split"), severity="note", message=(
+            f"layer count of model {card.model!r} unknown; layer split not checked"))]
+    split = lay.layer_split
+    if split is None:
+        if layers % lay.pp:
+            return [Finding(loc=("layout", "pp"), message=(
+                f"{layers} layers of {card.model} do not split evenly over pp {lay.pp}; "
+                "give layout.layer_split")) ]
+        return []
+    loc: Loc = ("layout", "layer_split")
+    if lay.pp < 2:
+        return [Finding(loc=loc, message=f"a first/last split needs pp >= 2, got pp {lay.pp}")]
+    middle_stages = lay.pp - 2
+    middle_layers = layers - split.first - split.last
+    if middle_stages == 0:
+        if middle_layers:
+            return [Finding(loc=loc, message=(
+                f"first {split.first} + last {split.last} != {layers} layers of {card.model}"))]
+        return []
+    if middle_layers < middle_stages or middle_layers % middle_stages:
+        return [Finding(loc=loc, message=(
+            f"first {split.first} + last {split.last} + {middle_stages} middle stages cannot hold "
+            f"the {layers} layers of {card.model} evenly ({middle_layers} left over)"))]
+    return []
+
+
+def _check_window(card: RecipeCard) -> list[Finding]:
+    res, out = card.result, []
+    start, end = res.window
+    if start > end or end >= res.steps_per_run:
+        out.append(Finding(loc=("result", "window"), message=(
+            f"window {start}..{end} must satisfy start <= end < steps_per_run ({res.steps_per_run})")))
+        return out
+    expected = (end - start + 1) * card.workload.global_batch * card.workload.row_tokens
+    if res.window_tokens != expected:
+        out.append(Finding(loc=("result", "window_tokens"), message=(
+            f"{res.window_tokens} != (window end {end} - start {start} + 1) x global_batch "
+            f"{card.workload.global_batch} x row_tokens {card.workload.row_tokens} = {expected}")))
+    return out
+
+
+def _check_mfu(card: RecipeCard) -> list[Finding]:
+    res = card.result
+    if res.mfu is None:
+        return []
+    peak = reference.peak_flops(card.gpu.type)
+    if peak is None:
+        return [Finding(loc=("result", "mfu"), severity="note", message=(
+            f"no peak FLOP/s known for GPU {card.gpu.type!r}; MFU not checked"))]
+    computed = 6 * res.active_params.count * res.tokens_per_s_per_gpu / peak
+    # within the written rounding, but never looser than 1% of the value
+    tolerance = min(half_unit(res.mfu), 0.01 * computed) + 1e-12
+    if abs(computed - res.mfu) > tolerance:
+        return [Finding(loc=("result", "mfu"), message=(
+            f"{res.mfu} but 6 x N {res.active_params.count} x tokens/s/GPU "
+            f"{res.tokens_per_s_per_gpu} / peak {peak:.4g} = {computed:.6f}"))]
+    return []
+
+
+def _check_price(card: RecipeCard) -> list[Finding]:
+    res = card.result
+    usd = res.usd_per_million_tokens
+    if usd is None:
+        return []
+    loc: Loc = ("result", "usd_per_million_tokens")
+    # money is written to the cent at most
+    tolerance = min(half_unit(usd), 0.005) + 1e-12
+    tokens_per_hour_millions = res.tokens_per_s_per_gpu * 3600 / 1e6
+    price = res.usd_per_gpu_hour or reference.price_for_instance(card.gpu.instance)
+    if price is not None:
+        computed = price / tokens_per_hour_millions
+        if abs(computed - usd) > tolerance:
+            return [Finding(loc=loc, message=(
+                f"{usd} but {price} USD/GPU-hour / ({res.tokens_per_s_per_gpu} tokens/s/GPU x 3600)"
+                f" x 1e6 = {computed:.4f}"))]
+        return []
+    band = reference.PLAUSIBLE_PRICE_BAND.get(card.gpu.type.strip().upper())
+    if band is None:
+        return [Finding(loc=loc, severity="note", message=(
+            f"no price known for instance {card.gpu.instance!r} or GPU {card.gpu.type!r}; "
+            "$/1M tokens not checked"))]
+    low = (usd - tolerance) * tokens_per_hour_millions
+    high = (usd + tolerance) * tokens_per_hour_millions
+    if high < band[0] or low > band[1]:
+        return [Finding(loc=loc, message=(
+            f"{usd} implies {low:.3f}-{high:.3f} USD per GPU-hour, outside the plausible "
+            f"{band[0]}-{band[1]} for {card.gpu.type}"))]
+    return []
+
+
+def _check_correctness(card: RecipeCard) -> list[Finding]:
+    cor, out = card.correctness, []
+    conv = cor.convergence
+    if conv is not None and conv.result == "pass":
+        checked = conv.steps - int(SKIPPED_SHARE * conv.steps)
+        if conv.correlation < MIN_CORRELATION:
+            out.append(Finding(loc=("correctness", "convergence", "correlation"), message=(
+                f"{conv.correlation} is below {MIN_CORRELATION}, yet the check says pass")))
+        if conv.final_loss_difference > MAX_FINAL_LOSS_DIFFERENCE:
+            out.append(Finding(loc=("correctness", "convergence", "final_loss_difference"), message=(
+                f"{conv.final_loss_difference} is above {MAX_FINAL_LOSS_DIFFERENCE}, "
+                "yet the check says pass")))
+        if checked > 0 and conv.pointwise_failures / checked > MAX_POINTWISE_FAILURE_SHARE:
+            out.append(Finding(loc=("correctness", "convergence", "pointwise_failures"), message=(
+                f"{conv.pointwise_failures} of {checked} checked steps failing is above "
+                f"{MAX_POINTWISE_FAILURE_SHARE:.0%}, yet the check says pass")))
+    if cor.result == "pass":
+        failed = [i for i, t in enumerate(cor.component_tests) if t.result != "pass"]
+        for index in failed:
+            out.append(Finding(loc=("correctness", "component_tests", index, "result"),
+                               message="a failing component test under correctness.result pass"))
+        if conv is not None and conv.result != "pass":
+            out.append(Finding(loc=("correctness", "convergence", "result"),
+                               message="a failing convergence check under correctness.result pass"))
+        if cor.configuration == "fail":
+            out.append(Finding(loc=("correctness", "configuration"),
+                               message="a failing configuration check under correctness.result pass"))
+    return out
+
+
+def _check_curves(card: RecipeCard) -> list[Finding]:
+    if card.curves is None:
+        return []
+    out = []
+    for arm in ("candidate", "reference"):
+        points = getattr(card.curves, arm)
+        for index in range(1, len(points or [])):
+            if points[index].step <= points[index - 1].step:
+                out.append(Finding(loc=("curves", arm, index, "step"), message=(
+                    f"step {points[index].step} does not increase on step {points[index - 1].step}")))
+                break
+    return out
+
+
+def _check_verified(card: RecipeCard) -> list[Finding]:
+    out: list[Finding] = []
+    pinned: list[tuple[Loc, str | None]] = [
+        (("workload", "dataset", "revision"), card.workload.dataset.revision),
+        (("result", "active_params", "revision"), card.result.active_params.revision),
+    ]
+    build = card.workload.dataset.build
+    if build is not None:
+        for match in _TEXT_REVISION.finditer(build.tokenizer):
+            pinned.append((("workload", "dataset", "build", "tokenizer"), match.group(1)))
+    for loc, revision in pinned:
+        if revision is not None and not HEX40.match(revision):
+            out.append(Finding(loc=loc, message=(
+                f"revision {revision!r} is not pinned (40 lowercase hex digits), "
+                "which a verified card needs")))
+    cor = card.correctness
+    if cor.result != "pass":
+        out.append(Finding(loc=("correctness", "result"),
+                           message=f"a verified card needs pass, got {cor.result!r}"))
+    if cor.convergence is None:
+        out.append(Finding(loc=("correctness", "convergence"),
+                           message="a verified card needs a convergence check"))
+    elif cor.convergence.result != "pass":
+        out.append(Finding(loc=("correctness", "convergence", "result"),
+                           message="a verified card needs a passing convergence check"))
+    if not card.run.strip():
+        out.append(Finding(loc=("run",), message="a verified card needs the run script"))
+    return out

@@ -1,0 +1,252 @@
+"""The recipe card: a pydantic model of `recipes/<model>/<gpu>/<name>.yaml`.
+
+Strict on purpose: unknown keys are errors (a misspelt field must not be silently dropped) and
+values are not coerced (`tp: "4"` is an error, not 4). `schema/recipe.schema.json` is generated
+from these models by `openrecipes card schema`; the field descriptions here are its documentation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256")]
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
+Outcome = Literal["pass", "fail"]
+
+
+class _Strict(BaseModel):
+    # NaN and infinity are never a measured number
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class Gpu(_Strict):
+    type: Text = Field(description="GPU model as sold, e.g. H200; keys the peak-FLOP/s table")
+    memory_gb: Annotated[float, Field(gt=0)]
+    count: PosInt = Field(description="GPUs of the run; must equal tp·pp·cp·dp")
+    per_node: PosInt
+    instance: str | None = Field(default=None, description="cloud instance type; keys the price table")
+
+
+class Author(_Strict):
+    name: Text
+    url: str | None = None
+
+
+class Stack(_Strict):
+    """Software versions of the measured run, each as free text with its provenance."""
+
+    framework: Text
+    megatron_lm: str | None = None
+    transformer_engine: str | None = None
+    pytorch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    flash_attn: str | None = None
+    deepep: str | None = None
+    python: str | None = None
+    network: str | None = None
+    source: str | None = Field(default=None, description="how the versions were established")
+
+
+class DatasetBuild(_Strict):
+    """How the fixed-length rows were made from the source conversations."""
+
+    name: Text
+    tokenizer: Text
+    loss_mask: Text
+    rows: PosInt
+    row_tokens: PosInt
+    padding_tokens: NonNegInt
+    seed: int
+    packing: Text
+    template_kwargs: str | None = None
+    supervised_token_ratio: Annotated[float, Field(gt=0, le=1)]
+    parquet_sha256: Sha256
+    parquet_bytes: PosInt
+    builder: Text
+
+
+class Dataset(_Strict):
+    name: Text
+    source: Text
+    revision: str | None = Field(default=None, description="pinned 40-hex revision for verified cards")
+    license: str | None = None
+    rows_sha256: Sha256 = Field(description="hash over the rows' token ids and loss masks")
+    build: DatasetBuild | None = None
+
+
+class Workload(_Strict):
+    row_tokens: PosInt = Field(description="tokens per fixed-length row")
+    rows: Text = Field(description="what a row holds, e.g. SFT conversations")
+    global_batch: PosInt = Field(description="rows per optimizer step")
+    precision: Literal["bf16", "fp16", "fp32", "fp8"]
+    workflow: Literal["pretrain", "sft", "long-context", "lora"] | None = Field(
+        default=None, description="training workflow; the site filters on it"
+    )
+    dataset: Dataset
+
+
+class LayerSplit(_Strict):
+    """Decoder layers on the first and last pipeline stages; the middle stages share the rest evenly."""
+
+    first: PosInt
+    last: PosInt
+
+
+class Recompute(_Strict):
+    granularity: Literal["full", "selective"]
+    method: Literal["uniform", "block"] | None = None
+    num_layers: PosInt | None = None
+
+
+class Offload(_Strict):
+    optimizer_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
+        description="share of optimizer-state elements kept in CPU memory"
+    )
+    overlap_d2h_h2d: bool
+
+
+class Layout(_Strict):
+    label: Text
+    summary: Text
+    highlights: str | None = None
+    tp: PosInt
+    pp: PosInt
+    vpp: PosInt = 1
+    cp: PosInt
+    ep: PosInt
+    etp: PosInt
+    dp: PosInt
+    sequence_parallel: bool
+    layer_split: LayerSplit | None = None
+    max_tokens_per_gpu: PosInt | None = None
+    rows_per_microbatch: PosInt
+    recompute: Recompute | None = None
+    offload: Offload | None = None
+    dispatcher: Text
+
+
+class ActiveParams(_Strict):
+    count: PosInt = Field(
+        description="N: active parameters per token, excluding the input embedding and all norms"
+    )
+    source: Text
+    revision: str | None = None
+
+
+class Result(_Strict):
+    tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] = Field(
+        description="window tokens / window time / GPUs"
+    )
+    usd_per_million_tokens: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="USD per GPU-hour / (tokens/s/GPU · 3600) · 1e6"
+    )
+    usd_per_gpu_hour: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the price behind usd_per_million_tokens, when the card states it"
+    )
+    step_time_cv_percent: Annotated[float, Field(ge=0)]
+    mfu: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="6 · N · tokens/s/GPU / peak bf16 dense FLOP/s of the GPU"
+    )
+    mfu_note: str | None = None
+    active_params: ActiveParams
+    measured: datetime.date
+    steps_per_run: PosInt
+    window: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] = Field(
+        description="first and last step of the measurement window, inclusive"
+    )
+    window_tokens: PosInt = Field(description="(window end − start + 1) · global_batch · row_tokens")
+    runs: PosInt
+    profiler: bool
+    gpu_hours: Annotated[float, Field(ge=0)]
+    gpu_hours_note: str | None = None
+
+
+class ComponentTest(_Strict):
+    test: Text
+    shape: Text
+    gpu: Text
+    date: datetime.date
+    result: Outcome
+    detail: Text
+    note: str | None = None
+
+
+class Convergence(_Strict):
+    steps: PosInt
+    result: Outcome
+    correlation: Annotated[float, Field(ge=-1, le=1)]
+    final_loss_difference: Annotated[float, Field(ge=0)] = Field(
+        description="relative difference of the final losses, |c − r| / |r|"
+    )
+    pointwise_failures: NonNegInt
+    note: str | None = None
+
+
+class Correctness(_Strict):
+    result: Literal["pass", "fail", "not-run"]
+    summary: Text
+    reference: Text = Field(description="the recipe the candidate is checked against")
+    configuration: Outcome | None = None
+    component_tests: list[ComponentTest] = Field(default_factory=list)
+    convergence: Convergence | None = None
+    rules: str | None = None
+
+
+class Patch(_Strict):
+    path: Text = Field(description="the patch file, relative to the card")
+    sha256: Sha256
+    description: Text
+
+
+class CurvePoint(_Strict):
+    step: NonNegInt
+    loss: float
+
+
+class Curves(_Strict):
+    """Per-step training loss of the convergence check's arms, for the site's plot."""
+
+    candidate: Annotated[list[CurvePoint], Field(min_length=1)]
+    reference: list[CurvePoint] | None = None
+
+
+class RecipeCard(_Strict):
+    """One recipe: model, fleet, layout, what it measured and how it was verified."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, allow_inf_nan=False, title="OpenRecipes recipe card",
+    )
+
+    schema_version: Literal[1]
+    model: Text = Field(description="model name as published, e.g. Qwen3-30B-A3B")
+    gpu: Gpu
+    author: Author
+    status: Literal["verified", "unverified"]
+    stack: Stack
+    workload: Workload
+    layout: Layout
+    result: Result
+    correctness: Correctness
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables of the run")
+    patches: list[Patch] = Field(default_factory=list)
+    run: str = Field(description="the exact command script that reproduces the run")
+    notes: str | None = None
+    curves: Curves | None = None
+
+
+def card_json_schema() -> dict[str, Any]:
+    schema = RecipeCard.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def card_json_schema_text() -> str:
+    """The exact text of `schema/recipe.schema.json`."""
+    return json.dumps(card_json_schema(), indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,157 @@
+"""Load and validate recipe cards: safe YAML, the schema, then the consistency checks.
+
+Every problem names the file, the line and the YAML path of the field (`layout.tp`), so a
+reader can go straight to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import pydantic
+
+from openrecipes.cards.checks import Finding, Loc, check_card
+from openrecipes.cards.safe_yaml import UnsafeYamlError, load_plain_yaml_file
+from openrecipes.cards.schema import RecipeCard
+
+CARD_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    file: str
+    line: int | None
+    path: str
+    message: str
+    severity: Literal["error", "note"] = "error"
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        field_path = f" {self.path}:" if self.path else ""
+        prefix = "note: " if self.severity == "note" else ""
+        return f"{where}:{field_path} {prefix}{self.message}"
+
+
+@dataclass(kw_only=True)
+class LoadedCard:
+    """A card that passed the schema, with what the site needs beside it."""
+
+    path: Path
+    card: RecipeCard
+    text: str
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+
+class CardError(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems if p.severity == "error"))
+
+
+def format_loc(loc: Iterable[Any]) -> str:
+    """('correctness', 'component_tests', 0, 'result') -> 'correctness.component_tests[0].result'."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def _line_for(lines: dict[tuple[Any, ...], int], loc: Loc) -> int | None:
+    # the deepest written ancestor: a missing field points at its parent mapping
+    for cut in range(len(loc), -1, -1):
+        if tuple(loc[:cut]) in lines:
+            return lines[tuple(loc[:cut])]
+    return None
+
+
+def _schema_problems(error: pydantic.ValidationError, source: str,
+                     lines: dict[tuple[Any, ...], int]) -> list[Problem]:
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = tuple(item["loc"])
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (not in the card schema)"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        elif "input" in item and not isinstance(item["input"], (dict, list)):
+            message += f", got {item['input']!r}"
+        problems.append(Problem(file=source, line=_line_for(lines, loc), path=format_loc(loc),
+                                message=message))
+    return problems
+
+
+def load_card(path: str | os.PathLike) -> LoadedCard:
+    """Load one card and run every check; raise CardError if it is not a valid card at all.
+
+    Consistency errors do not raise: they are in the result's ``problems`` (see ``ok``).
+    """
+    path = Path(path)
+    source = str(path)
+    try:
+        data, lines, text = load_plain_yaml_file(path)
+    except UnsafeYamlError as error:
+        raise CardError([Problem(file=error.source, line=error.line, path="",
+                                 message=error.message)]) from None
+    if not isinstance(data, dict):
+        raise CardError([Problem(file=source, line=1, path="",
+                                 message="a card is a YAML mapping at the top level")])
+    try:
+        card = RecipeCard.model_validate(data)
+    except pydantic.ValidationError as error:
+        raise CardError(_schema_problems(error, source, lines)) from None
+    problems = [_to_problem(finding, source, lines) for finding in check_card(card)]
+    return LoadedCard(path=path, card=card, text=text, problems=problems)
+
+
+def _to_problem(finding: Finding, source: str, lines: dict[tuple[Any, ...], int]) -> Problem:
+    return Problem(file=source, line=_line_for(lines, finding.loc), path=format_loc(finding.loc),
+                   message=finding.message, severity=finding.severity)
+
+
+def validate_file(path: str | os.PathLike) -> tuple[LoadedCard | None, list[Problem]]:
+    try:
+        loaded = load_card(path)
+    except CardError as error:
+        return None, error.problems
+    return loaded, loaded.problems
+
+
+def find_card_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Files named directly, and every *.yaml / *.yml under directories (sorted, recursive)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix in CARD_SUFFIXES and p.is_file()))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+    return found
+
+
+def validate_paths(paths: Iterable[str | os.PathLike]) -> tuple[list[LoadedCard], list[Problem]]:
+    """Validate every card under ``paths``; returns the loaded cards and all problems."""
+    paths = list(paths)
+    files = find_card_files(paths)
+    if not files:
+        raise ValueError(f"no card files (*.yaml) under {', '.join(str(p) for p in paths)}")
+    cards: list[LoadedCard] = []
+    problems: list[Problem] = []
+    for path in files:
+        loaded, found = validate_file(path)
+        problems.extend(found)
+        if loaded is not None:
+            cards.append(loaded)
+    return cards, problems

@@ -1,0 +1,159 @@
+"""Muse Spark Open (language backbone) configuration.
+
+Published facts (the model pages): 62 decoder layers, 46 sliding-window (2048-token causal window,
+adjacent-pair RoPE) and 16 full-attention layers (no RoPE); Q/K normalization, output normalization and
+a sigmoid output gate in attention; MoE blocks that project into a 4096-wide latent expert space with
+pre- and post-expert normalization; sigmoid router with an FP32 weight and a frozen expert bias used
+for selection only; expert FFN 4096, top-8; final-logit soft cap 20; untied LM head; two FP32
+residual-gate tensors per layer; zero-centered final norm of width 8192.
+
+Derived (our assumption): hidden 8192; 64 query heads, 8 KV heads of dim 128; output gate
+8192->8192; latent projections 8192->4096 and 4096->8192; router 8192->256 over 256 experts;
+vocabulary 202,048. With these, ``active_params()`` is exactly the published 44,432,883,712.
+
+The placement of the full-attention layers is not published. Default (``default_layer_types``, used
+when ``layer_types`` is None): every 4th layer starting at layer 3 (3, 7, ..., 59: 15 layers) plus the
+last layer (61), so the final block always sees the whole context and there are exactly 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+def default_layer_types(num_layers: int) -> tuple[str, ...]:
+    """Full attention at every 4th layer from layer 3 (3, 7, 11, ...) and at the last layer; sliding elsewhere.
+
+    For 62 layers: 15 full layers up to 59, plus 61, so exactly the published 16.
+    """
+    full = set(range(3, num_layers, 4)) | {num_layers - 1}
+    return tuple(FULL if i in full else SLIDING for i in range(num_layers))
+
+
+@dataclass(kw_only=True, frozen=True)
+class MuseSparkConfig:
+    vocab_size: int = 202_048
+    hidden_size: int = 8192
+    num_hidden_layers: int = 62
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    # attention output gate: sigmoid(x @ W_gate), W_gate hidden -> heads*head_dim
+    attention_output_gate: bool = True
+    sliding_window: int = 2048
+    layer_types: tuple[str, ...] | None = None  # None: default_layer_types(num_hidden_layers)
+    rope_theta: float = 10_000.0  # assumption: not published; only sliding layers use RoPE
+    rope_interleaved: bool = True  # adjacent-pair rotation (x[2i], x[2i+1])
+    # MoE: hidden -> latent (down), experts on the latent, latent -> hidden (up)
+    moe_latent_size: int = 4096
+    num_experts: int = 256
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 4096  # per-expert SwiGLU width (gate, up, down)
+    router_score: str = "sigmoid"
+    router_dtype: str = "float32"
+    final_logit_softcap: float = 20.0
+    tie_word_embeddings: bool = False
+    # two FP32 residual gates per layer (attention and MoE branch); shape assumed (hidden_size,)
+    residual_gates_per_layer: int = 2
+    rms_norm_eps: float = 1e-5
+    final_norm_zero_centered: bool = True
+    max_position_embeddings: int = 262_144
+
+    def __post_init__(self) -> None:
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "sliding_window", "moe_latent_size", "num_experts", "num_experts_per_tok",
+                    "moe_intermediate_size"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config field {name!r} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                             f"({self.num_experts})")
+        if self.layer_types is None:
+            object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers))
+        elif not isinstance(self.layer_types, tuple):
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, expected num_hidden_layers="
+                             f"{self.num_hidden_layers}")
+        bad = sorted({t for t in self.layer_types if t not in (SLIDING, FULL)})
+        if bad:
+            raise ValueError(f"layer_types: unknown type(s) {bad}; use {SLIDING!r} or {FULL!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.router_score != "sigmoid":
+            raise ValueError(f"router_score={self.router_score!r} is not supported (only 'sigmoid')")
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings=true is not supported: Muse Spark uses an untied LM head")
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def full_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == FULL]
+
+    # ---- parameter counts (DESIGN.md: N excludes the input embedding and all norms) ----
+    def attention_params(self) -> int:
+        """q, k, v, o projections and the output gate (no biases)."""
+        q = self.hidden_size * self.num_attention_heads * self.head_dim
+        kv = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * self.hidden_size
+        gate = self.hidden_size * self.num_attention_heads * self.head_dim if self.attention_output_gate else 0
+        return q + kv + o + gate
+
+    def latent_projection_params(self) -> int:
+        """MoE down (hidden -> latent) and up (latent -> hidden) projections."""
+        return 2 * self.hidden_size * self.moe_latent_size
+
+    def expert_params(self) -> int:
+        """One expert: SwiGLU gate, up and down projections on the latent width."""
+        return 3 * self.moe_latent_size * self.moe_intermediate_size
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    def residual_gate_params(self) -> int:
+        return self.num_hidden_layers * self.residual_gates_per_layer * self.hidden_size
+
+    def norm_params(self) -> int:
+        """Input and post-attention norms (hidden), q/k norms and per-head output norm (head_dim),
+        pre- and post-expert norms (latent); plus the final norm."""
+        per_layer = 2 * self.hidden_size + 3 * self.head_dim + 2 * self.moe_latent_size
+        return self.num_hidden_layers * per_layer + self.hidden_size
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def dense_layer_params(self) -> int:
+        """Matmul weights of one layer that every token uses (all but the experts)."""
+        return self.attention_params() + self.latent_projection_params() + self.router_params()
+
+    def total_params(self) -> int:
+        """Every parameter of the language model: layers, norms, residual gates, embedding and LM head."""
+        per_layer = self.dense_layer_params() + self.num_experts * self.expert_params()
+        return (self.num_hidden_layers * per_layer + self.norm_params() + self.residual_gate_params()
+                + self.embedding_params() + self.lm_head_params())
+
+    def non_embedding_params(self) -> int:
+        """``total_params`` without the input embedding and the LM head (the "816B" of the model name)."""
+        return self.total_params() - self.embedding_params() - self.lm_head_params()
+
+    def active_params(self) -> int:
+        """N: parameters touched per token, excluding the input embedding and all norms.
+
+        Counted: attention (q, k, v, o, output gate), latent projections, router, top-k experts, LM head.
+        Not counted: the residual gates. They are elementwise scales like norm weights (no matmul, no
+        FLOPs per token worth counting); with them the total would no longer be the published figure.
+        """
+        per_layer = self.dense_layer_params() + self.num_experts_per_tok * self.expert_params()
+        return self.num_hidden_layers * per_layer + self.lm_head_params()

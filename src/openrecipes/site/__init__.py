@@ -1,0 +1,1 @@
+"""The static recipe site generated from the card catalog."""

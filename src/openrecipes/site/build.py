@@ -1,0 +1,182 @@
+"""Build the static recipe site: one index with filters, one page per card.
+
+Everything a page needs is inline (CSS, the filter script, the SVG plot), so the site works
+from a file share or behind a firewall. Every string from a card goes through Jinja's
+autoescaping; links are only made from http(s) URLs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from markupsafe import Markup
+
+from openrecipes.cards.validate import LoadedCard, validate_paths
+from openrecipes.site.plot import loss_plot_svg
+from openrecipes.utils import atomic_output_dir
+
+# marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
+SITE_MARKER = ".openrecipes-site"
+FILTER_LABELS = (("model", "Model"), ("gpu", "GPU"), ("status", "Status"), ("workflow", "Workflow"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltSite:
+    out: Path
+    pages: list[Path]  # relative to out, one per card
+    filters: dict[str, list[str]]
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("openrecipes.site", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=False,
+    )
+
+
+def _asset(name: str) -> Markup:
+    # our own package files, inlined verbatim into <style> / <script>
+    return Markup(resources.files("openrecipes.site").joinpath("templates", name).read_text())
+
+
+def _number(value: float, decimals: int = 2) -> str:
+    return f"{value:,.{decimals}f}"
+
+
+def filter_value(loaded: LoadedCard, key: str) -> str:
+    card = loaded.card
+    return {"model": card.model, "gpu": card.gpu.type, "status": card.status,
+            "workflow": card.workload.workflow or ""}[key]
+
+
+def filter_options(cards: list[LoadedCard]) -> dict[str, list[str]]:
+    """Each filter's choices: exactly the values the cards hold, nothing else."""
+    return {key: sorted({filter_value(c, key) for c in cards} - {""}) for key, _ in FILTER_LABELS}
+
+
+def page_path(loaded: LoadedCard, root: Path) -> Path:
+    """Where a card's page goes: its path under the catalog, with .html for .yaml."""
+    try:
+        relative = loaded.path.resolve().relative_to(root.resolve())
+    except ValueError:
+        relative = Path(loaded.path.name)
+    return relative.with_suffix(".html")
+
+
+def _href(path: Path) -> str:
+    return "/".join(quote(part) for part in path.parts)
+
+
+def _safe_url(url: str | None) -> str | None:
+    if url and urlsplit(url).scheme in ("http", "https"):
+        return url
+    return None
+
+
+def _metrics(loaded: LoadedCard) -> dict[str, object]:
+    card = loaded.card
+    res, lay, gpu = card.result, card.layout, card.gpu
+    conv = card.correctness.convergence
+    build = card.workload.dataset.build
+    instance = f"{gpu.instance}, " if gpu.instance else ""
+    return {
+        "tokens": _number(res.tokens_per_s_per_gpu),
+        "usd": f"${res.usd_per_million_tokens:,.2f}" if res.usd_per_million_tokens is not None else "—",
+        "mfu": f"{res.mfu:.1%}" if res.mfu is not None else "—",
+        "active_params": f"{res.active_params.count:,}",
+        "cv": f"{res.step_time_cv_percent}%",
+        "gpus": f"{gpu.count} x {gpu.type} {gpu.memory_gb:g} GB ({instance}{gpu.per_node} per node)",
+        "convergence": (
+            f"{conv.result}: correlation {conv.correlation}, final loss difference "
+            f"{conv.final_loss_difference}, {conv.pointwise_failures} pointwise failures over "
+            f"{conv.steps} steps" if conv is not None else "not run"),
+        "window_tokens": f"{res.window_tokens:,}",
+        "row_tokens": f"{card.workload.row_tokens:,}",
+        "rows_name": build.name if build is not None else card.workload.dataset.name,
+        "layout": [
+            ("TP", lay.tp), ("PP", lay.pp), ("VPP", lay.vpp), ("CP", lay.cp), ("EP", lay.ep),
+            ("ETP", lay.etp), ("DP", lay.dp), ("SP", "yes" if lay.sequence_parallel else "no"),
+            ("Layer split", f"first {lay.layer_split.first}, last {lay.layer_split.last}"
+             if lay.layer_split else "even"),
+            ("Rows / microbatch", lay.rows_per_microbatch),
+            ("Max tokens / GPU", f"{lay.max_tokens_per_gpu:,}" if lay.max_tokens_per_gpu else "—"),
+            ("Recompute", " ".join(str(v) for v in (
+                lay.recompute.granularity, lay.recompute.method, lay.recompute.num_layers) if v)
+             if lay.recompute else "off"),
+            ("Optimizer offload", f"{lay.offload.optimizer_fraction:g}" if lay.offload else "off"),
+            ("Dispatcher", lay.dispatcher),
+        ],
+        "stack": [(name, value) for name, value in card.stack.model_dump().items() if value],
+    }
+
+
+def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
+    card = loaded.card
+    metrics = _metrics(loaded)
+    return {
+        "model": card.model, "gpu": card.gpu.type, "status": card.status,
+        "workflow": card.workload.workflow or "", "href": href,
+        "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
+        "tokens": str(metrics["tokens"]), "usd": str(metrics["usd"]), "mfu": str(metrics["mfu"]),
+        "author": card.author.name,
+    }
+
+
+def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
+    """Every page of the site as text, keyed by its path relative to the site root."""
+    env = _environment()
+    css, js = _asset("style.css"), _asset("filters.js")
+    pages: dict[Path, str] = {}
+    ordered = sorted(cards, key=lambda c: (c.card.model, c.card.gpu.type, str(c.path)))
+    rows = []
+    for loaded in ordered:
+        relative = page_path(loaded, recipes_root)
+        if relative in pages or relative == Path("index.html"):
+            raise ValueError(f"{loaded.path}: two cards would share the page {relative}")
+        root = "../" * (len(relative.parts) - 1)
+        pages[relative] = env.get_template("recipe.html.jinja").render(
+            card=loaded.card, m=_metrics(loaded), css=css, root=root,
+            author_url=_safe_url(loaded.card.author.url), yaml_text=loaded.text,
+            plot=loss_plot_svg(loaded.card.curves) if loaded.card.curves else None,
+        )
+        rows.append(_index_row(loaded, _href(relative)))
+    pages[Path("index.html")] = env.get_template("index.html.jinja").render(
+        rows=rows, filters=filter_options(ordered), filter_labels=FILTER_LABELS,
+        css=css, js=js, root="",
+    )
+    return pages
+
+
+def build_site(recipes: str | os.PathLike, out: str | os.PathLike) -> BuiltSite:
+    """Validate every card under ``recipes`` and write the site to ``out`` atomically.
+
+    Refuses to build from a catalog with any invalid card, and refuses to replace a non-empty
+    directory that an earlier build did not write.
+    """
+    recipes_root, out = Path(recipes), Path(out)
+    cards, problems = validate_paths([recipes_root])
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        listed = "; ".join(str(p) for p in errors[:5])
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise ValueError(f"invalid cards, site not built: {listed}{more}")
+    if out.exists() and any(out.iterdir()) and not (out / SITE_MARKER).exists():
+        raise ValueError(f"{out} exists, is not empty and was not written by `site build`; "
+                         "choose another --out")
+    pages = render_site(cards, recipes_root if recipes_root.is_dir() else recipes_root.parent)
+    with atomic_output_dir(out, overwrite=True) as staging:
+        staging.chmod(0o755)  # mkdtemp makes it private; a static site is meant to be read
+        for relative, text in pages.items():
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        (staging / SITE_MARKER).write_text("written by openrecipes site build\n")
+    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html")),
+                     filters=filter_options(cards))

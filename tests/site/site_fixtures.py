@@ -1,0 +1,39 @@
+"""A small catalog for the site tests: the real cards plus variants made from them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOG = REPO / "recipes"
+QWEN_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml"
+
+
+def qwen_data() -> dict[str, Any]:
+    return yaml.safe_load(QWEN_CARD.read_text())
+
+
+def write(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
+    return path
+
+
+def catalog_with_variant(root: Path) -> Path:
+    """The catalog plus an unverified pretrain variant of the Qwen card that has loss curves."""
+    recipes = root / "recipes"
+    shutil.copytree(CATALOG, recipes)
+    data = qwen_data()
+    data["status"] = "unverified"
+    data["workload"]["workflow"] = "pretrain"
+    data["layout"]["label"] = "TP1 PP1 EP8 DP8 curves"
+    data["curves"] = {
+        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s} for s in range(20)],
+        "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],
+    }
+    write(recipes / "qwen3-30b-a3b" / "h200" / "variant-with-curves.yaml", data)
+    return recipes

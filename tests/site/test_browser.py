@@ -1,0 +1,101 @@
+"""Headless Chromium opens the built site, filters the index and opens a recipe page.
+
+Skipped when Chromium or Playwright is missing, unless OPENRECIPES_REQUIRE_BROWSER=1 (CI sets
+it), in which case a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+from .site_fixtures import catalog_with_variant
+
+from openrecipes.site.build import build_site
+from openrecipes.site.serve import make_server
+
+CHROMIUM = os.environ.get("OPENRECIPES_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _sync_playwright():
+    required = os.environ.get("OPENRECIPES_REQUIRE_BROWSER") == "1"
+    missing = []
+    if not (os.path.isfile(CHROMIUM) or shutil.which(CHROMIUM)):
+        missing.append(f"chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("the playwright Python package")
+        sync_playwright = None
+    if missing:
+        message = "browser test needs " + " and ".join(missing)
+        if required:
+            pytest.fail(message + " (OPENRECIPES_REQUIRE_BROWSER=1)")
+        pytest.skip(message)
+    return sync_playwright
+
+
+@pytest.fixture
+def served_site(tmp_path):
+    recipes = catalog_with_variant(tmp_path)
+    build_site(recipes, tmp_path / "site")
+    server = make_server(tmp_path / "site", 0, quiet=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_filter_then_open_a_recipe(served_site):
+    sync_playwright = _sync_playwright()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            # nothing may be fetched from anywhere but the local server
+            outside = []
+            page.on("request", lambda r: None if r.url.startswith(served_site) else outside.append(r.url))
+            page.goto(served_site + "index.html")
+            rows = page.locator("tr.recipe")
+            assert rows.count() == 3
+            assert page.locator("tr.recipe:visible").count() == 3
+            assert "Showing 3 of 3" in page.locator("#match-count").inner_text()
+
+            page.select_option("#filter-status", "unverified")
+            visible = page.locator("tr.recipe:visible")
+            assert visible.count() == 1
+            assert visible.first.get_attribute("data-model") == "Qwen3-30B-A3B"
+            # no unverified Muse Spark card exists, so that choice is disabled, not offered
+            assert page.locator('#filter-model option[value="Muse-Spark-Open-816B-A42B"]').is_disabled()
+            assert page.locator('#filter-workflow option[value="sft"]').is_disabled()
+            assert "Showing 1 of 3" in page.locator("#match-count").inner_text()
+
+            page.select_option("#filter-status", "")
+            page.select_option("#filter-model", "Muse-Spark-Open-816B-A42B")
+            assert page.locator("tr.recipe:visible").count() == 1
+            assert page.locator('#filter-workflow option[value="pretrain"]').is_disabled()
+
+            page.select_option("#filter-model", "")
+            page.select_option("#filter-workflow", "pretrain")
+            page.locator("tr.recipe:visible a").first.click()
+            page.wait_for_load_state()
+            assert page.url.endswith("qwen3-30b-a3b/h200/variant-with-curves.html")
+            assert page.locator("h1").inner_text() == "Training Qwen3-30B-A3B on H200"
+            assert page.locator("#metric-tokens").inner_text() == "6,913.23"
+            assert page.locator("#metric-usd").inner_text() == "$0.32"
+            assert page.locator("#metric-mfu").inner_text() == "12.8%"
+            assert "Unverified" in page.locator("#status").inner_text()
+            assert page.locator("#loss-curves svg polyline").count() == 2
+            assert "--max-tokens-per-gpu 16384" in page.locator("#run-script").inner_text()
+            assert "status: unverified" in page.locator("#card-yaml").inner_text()
+            assert outside == []
+        finally:
+            browser.close()

@@ -1,0 +1,136 @@
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+from .site_fixtures import CATALOG, catalog_with_variant, qwen_data, write
+
+from openrecipes.site.build import SITE_MARKER, build_site
+
+
+class _Options(HTMLParser):
+    """Collects each <select id="filter-*">'s option values."""
+
+    def __init__(self):
+        super().__init__()
+        self.options: dict[str, list[str]] = {}
+        self._current = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "select":
+            self._current = attrs["id"].removeprefix("filter-")
+            self.options[self._current] = []
+        elif tag == "option" and self._current and attrs.get("value"):
+            self.options[self._current].append(attrs["value"])
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._current = None
+
+
+def _card_values(recipes: Path) -> dict[str, set[str]]:
+    values: dict[str, set[str]] = {"model": set(), "gpu": set(), "status": set(), "workflow": set()}
+    for path in recipes.rglob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        values["model"].add(data["model"])
+        values["gpu"].add(data["gpu"]["type"])
+        values["status"].add(data["status"])
+        if data["workload"].get("workflow"):
+            values["workflow"].add(data["workload"]["workflow"])
+    return values
+
+
+def test_build_writes_index_and_one_page_per_card(tmp_path):
+    recipes = catalog_with_variant(tmp_path)
+    out = tmp_path / "site"
+    site = build_site(recipes, out)
+    cards = sorted(p.relative_to(recipes).with_suffix(".html") for p in recipes.rglob("*.yaml"))
+    assert site.pages == cards and len(cards) == 3
+    assert sorted(p.relative_to(out) for p in out.rglob("*.html")) == sorted(cards + [Path("index.html")])
+    index = (out / "index.html").read_text()
+    for page in cards:
+        assert f'href="{page.as_posix()}"' in index
+
+
+def test_filter_options_are_exactly_the_card_values(tmp_path):
+    recipes = catalog_with_variant(tmp_path)
+    out = tmp_path / "site"
+    build_site(recipes, out)
+    parser = _Options()
+    parser.feed((out / "index.html").read_text())
+    expected = _card_values(recipes)
+    assert {k: set(v) for k, v in parser.options.items()} == expected
+    assert all(len(v) == len(set(v)) for v in parser.options.values())
+    assert expected["workflow"] == {"sft", "pretrain"}
+
+
+def test_no_external_assets(tmp_path):
+    out = tmp_path / "site"
+    build_site(CATALOG, out)
+    for page in out.rglob("*.html"):
+        html = page.read_text()
+        assert "<link" not in html and "<script src" not in html and "@import" not in html
+        assert "<style>" in html
+
+
+def test_recipe_page_shows_the_headline_figures(tmp_path):
+    out = tmp_path / "site"
+    build_site(CATALOG, out)
+    html = (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").read_text()
+    for text in ("6,913.23", "$0.32", "12.8%", "0.59%", "3,041,656,832", "correlation 0.9999984",
+                 "8f76b822a284adbe24faaf3cfe725e65cb5e94f98ba54aceade45b275345f983",
+                 "--expert-model-parallel-size 8", "schema_version: 1"):
+        assert text in html, text
+    assert "<svg" not in html  # no curves in this card, so no plot
+    muse = (out / "muse-spark-open" / "h200" / "attune-tp4-pp16-ep8.html").read_text()
+    assert "333.12" in muse and "$6.60" in muse and "9.0%" in muse
+
+
+def test_curves_become_an_inline_svg(tmp_path):
+    recipes = catalog_with_variant(tmp_path)
+    build_site(recipes, tmp_path / "site")
+    html = (tmp_path / "site" / "qwen3-30b-a3b" / "h200" / "variant-with-curves.html").read_text()
+    assert html.count("<polyline") == 2 and 'data-points="20"' in html
+
+
+def test_card_text_is_escaped(tmp_path):
+    data = qwen_data()
+    data["author"] = {"name": "<script>alert('x')</script>", "url": "javascript:alert(1)"}
+    data["layout"]["label"] = 'TP1" onmouseover="alert(1)'
+    data["notes"] = "</pre><img src=x onerror=alert(1)>"
+    recipes = tmp_path / "recipes"
+    write(recipes / "m" / "g" / "evil.yaml", data)
+    out = tmp_path / "site"
+    build_site(recipes, out)
+    for page in (out / "index.html", out / "m" / "g" / "evil.html"):
+        html = page.read_text()
+        assert "<script>alert" not in html and "<img src=x" not in html
+        assert 'onmouseover="alert' not in html and 'href="javascript' not in html
+    page = (out / "m" / "g" / "evil.html").read_text()
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
+    assert "&lt;/pre&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+def test_invalid_catalog_is_not_built(tmp_path):
+    data = qwen_data()
+    data["gpu"]["count"] = 16
+    recipes = tmp_path / "recipes"
+    write(recipes / "a.yaml", data)
+    with pytest.raises(ValueError, match="tp·pp·cp·dp"):
+        build_site(recipes, tmp_path / "site")
+    assert not (tmp_path / "site").exists()
+
+
+def test_rebuild_replaces_only_a_site(tmp_path):
+    out = tmp_path / "site"
+    build_site(CATALOG, out)
+    (out / "stale.html").write_text("old")
+    build_site(CATALOG, out)
+    assert not (out / "stale.html").exists() and (out / SITE_MARKER).exists()
+    other = tmp_path / "precious"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not written by"):
+        build_site(CATALOG, other)
+    assert (other / "keep.txt").read_text() == "mine"

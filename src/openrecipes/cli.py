@@ -17,6 +17,7 @@ VERB_MODULES: dict[str, str] = {
     "demo": "openrecipes.demo",
     "models": "openrecipes.models.cli",
     "convert": "openrecipes.checkpoint.cli",
+    "plan": "openrecipes.plan.cli",
     "measure": "openrecipes.measure.cli",
     "verify": "openrecipes.verify.cli",
     "card": "openrecipes.cards.cli",

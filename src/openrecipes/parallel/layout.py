@@ -1,0 +1,186 @@
+"""Parallel layouts: the sizes of each parallel dimension and the checks that make a layout runnable.
+
+Pure Python, no ``torch.distributed``: the engine builds its device meshes from a validated layout,
+the planner enumerates and scores layouts before anything runs.
+
+Rank grouping follows Megatron-Core. Dense layers see ``world = tp * cp * dp * pp``. Expert layers
+reuse the same GPUs of one pipeline stage (``tp * cp * dp`` of them), regrouped as
+``etp * ep * edp``, where ``edp`` is the expert-data-parallel size over which expert optimizer state
+is sharded. Hence ``ep * etp`` must divide ``tp * cp * dp``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
+           "enumerate_layouts", "divisors"]
+
+
+class LayoutConfig(BaseModel):
+    """One parallel layout, with the keys the recipe cards use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    pp: int = Field(1, ge=1, description="pipeline parallel size")
+    cp: int = Field(1, ge=1, description="context parallel size")
+    ep: int = Field(1, ge=1, description="expert parallel size")
+    etp: int = Field(1, ge=1, description="expert tensor parallel size")
+    dp: int = Field(1, ge=1, description="data parallel size")
+    vpp: int = Field(1, ge=1, description="virtual pipeline stages per rank (interleaved 1F1B)")
+    sequence_parallel: bool = False
+    pp_first_stage_layers: int | None = Field(None, ge=1)
+    pp_last_stage_layers: int | None = Field(None, ge=1)
+    max_tokens_per_gpu: int = Field(..., ge=1, description="tokens one GPU holds per microbatch")
+    rows_per_microbatch: int | None = Field(None, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size (valid only for a validated layout)."""
+        return expert_data_parallel_size(self)
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.pp_first_stage_layers or self.pp_last_stage_layers:
+            parts[-1] += f"({self.pp_first_stage_layers or '-'}/{self.pp_last_stage_layers or '-'})"
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        parts.append(f"EP{self.ep}")
+        if self.etp > 1:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp}")
+        if self.sequence_parallel:
+            parts.append("SP")
+        return " ".join(parts)
+
+
+def expert_data_parallel_size(layout: LayoutConfig) -> int:
+    return (layout.tp * layout.cp * layout.dp) // (layout.ep * layout.etp)
+
+
+def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
+    """Decoder layers per pipeline stage: the first/last stage sizes asked for, the rest split evenly.
+
+    Raises ValueError naming the field when the layers cannot be split that way.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be positive, got {num_layers}")
+    pp, first, last = layout.pp, layout.pp_first_stage_layers, layout.pp_last_stage_layers
+    if pp == 1:
+        for name, value in (("pp_first_stage_layers", first), ("pp_last_stage_layers", last)):
+            if value is not None and value != num_layers:
+                raise ValueError(f"{name}={value} needs pp > 1 (pp=1 holds all {num_layers} layers)")
+        return [num_layers]
+    rest = num_layers - (first or 0) - (last or 0)
+    middle = pp - (first is not None) - (last is not None)
+    field = "pp_first_stage_layers" if first is not None else "pp_last_stage_layers"
+    if first is None and last is None:
+        field = "pp"
+    if middle == 0:
+        if rest != 0:
+            raise ValueError(f"{field}: pp_first_stage_layers + pp_last_stage_layers = {num_layers - rest} "
+                             f"must equal num_layers={num_layers} when pp=2")
+        return [first, last]  # type: ignore[list-item]
+    if rest < middle or rest % middle:
+        raise ValueError(f"{field}: {rest} layers left for the {middle} other pipeline stage(s) do not split "
+                         f"evenly (num_layers={num_layers}, pp={pp}, first={first}, last={last})")
+    per = rest // middle
+    counts = [per] * middle
+    if first is not None:
+        counts.insert(0, first)
+    if last is not None:
+        counts.append(last)
+    return counts
+
+
+def validate_layout(layout: LayoutConfig, *, world_size: int, num_layers: int, num_experts: int) -> list[int]:
+    """Check that ``layout`` can run ``num_layers`` layers and ``num_experts`` experts on ``world_size`` GPUs.
+
+    Returns the per-stage layer counts. Raises ValueError whose message starts with the offending field.
+    """
+    product = layout.world_size
+    if product != world_size:
+        raise ValueError(f"dp: tp*pp*cp*dp = {layout.tp}*{layout.pp}*{layout.cp}*{layout.dp} = {product} "
+                         f"must equal the world size {world_size}")
+    if num_experts % layout.ep:
+        raise ValueError(f"ep: ep={layout.ep} must divide num_experts={num_experts}")
+    dense_group = layout.tp * layout.cp * layout.dp
+    if dense_group % (layout.ep * layout.etp):
+        raise ValueError(f"ep: ep*etp = {layout.ep}*{layout.etp} must divide tp*cp*dp = {dense_group} "
+                         "(expert layers regroup the GPUs of one pipeline stage as etp x ep x edp)")
+    if layout.sequence_parallel and layout.tp == 1:
+        raise ValueError("sequence_parallel: needs tp > 1")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise ValueError(f"vpp: vpp={layout.vpp} needs pp > 1")
+    counts = stage_layer_counts(layout, num_layers)
+    if layout.vpp > 1 and any(c % layout.vpp for c in counts):
+        raise ValueError(f"vpp: every stage's layer count {counts} must be a multiple of vpp={layout.vpp}")
+    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > layout.max_tokens_per_gpu * layout.cp:
+        raise ValueError(f"rows_per_microbatch: {layout.rows_per_microbatch} rows cannot fit in "
+                         f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens")
+    return counts
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _stage_splits(num_layers: int, pp: int) -> Iterator[tuple[int | None, int | None]]:
+    """(first, last) stage sizes worth trying: an even split, and symmetric lighter/heavier end stages."""
+    if pp == 1:
+        yield None, None
+        return
+    if num_layers % pp == 0:
+        yield None, None
+    if pp == 2:
+        return
+    for end in range(1, num_layers // 2 + 1):
+        rest = num_layers - 2 * end
+        if rest >= pp - 2 and rest % (pp - 2) == 0 and end != rest // (pp - 2):
+            yield end, end
+
+
+def enumerate_layouts(world_size: int, *, num_layers: int, num_experts: int, max_tokens_per_gpu: int,
+                      num_query_groups: int | None = None, max_tp: int = 8,
+                      cp_options: Iterable[int] = (1, 2, 4, 8), etp_options: Iterable[int] = (1,),
+                      vpp: int = 1) -> list[LayoutConfig]:
+    """Every valid layout for ``world_size`` GPUs (sequence parallel on whenever tp > 1).
+
+    ``num_query_groups`` (KV heads) limits tp to its divisors; ``max_tp`` keeps TP inside a node.
+    Only layouts that pass ``validate_layout`` are returned.
+    """
+    found: list[LayoutConfig] = []
+    cps, etps = sorted(set(cp_options)), sorted(set(etp_options))
+    for tp in divisors(world_size):
+        if tp > max_tp or (num_query_groups is not None and num_query_groups % tp):
+            continue
+        for pp in divisors(world_size // tp):
+            if pp > num_layers:
+                continue
+            for cp in cps:
+                if (world_size // (tp * pp)) % cp:
+                    continue
+                dp = world_size // (tp * pp * cp)
+                for etp in etps:
+                    for ep in divisors(num_experts):
+                        for first, last in _stage_splits(num_layers, pp):
+                            layout = LayoutConfig(
+                                tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
+                                sequence_parallel=tp > 1, pp_first_stage_layers=first,
+                                pp_last_stage_layers=last, max_tokens_per_gpu=max_tokens_per_gpu)
+                            try:
+                                validate_layout(layout, world_size=world_size, num_layers=num_layers,
+                                                num_experts=num_experts)
+                            except ValueError:
+                                continue
+                            found.append(layout)
+    return found

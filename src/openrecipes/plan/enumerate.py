@@ -1,0 +1,91 @@
+"""Evaluate one layout, or enumerate the valid ones and rank those that fit by predicted tokens/s/GPU."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from openrecipes.parallel.layout import LayoutConfig, enumerate_layouts, validate_layout
+from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory
+from openrecipes.plan.shape import ModelShape
+from openrecipes.plan.throughput import Throughput, estimate_throughput
+
+
+@dataclass(kw_only=True)
+class Plan:
+    layout: LayoutConfig
+    setup: TrainingSetup
+    stage_layers: list[int]
+    stages: list[StageMemory]
+    throughput: Throughput
+    capacity_gib: float
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return max(s.reserved_gib for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_gib <= self.capacity_gib
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fits": self.fits,
+            "peak_memory_gib": round(self.peak_memory_gib, 2),
+            "per_stage_memory_gib": [round(s.reserved_gib, 2) for s in self.stages],
+            "per_stage_allocated_gib": [round(s.allocated_gib, 2) for s in self.stages],
+            "predicted_tokens_per_s_per_gpu": round(self.throughput.tokens_per_s_per_gpu, 2),
+            "predicted_mfu": round(self.throughput.mfu, 4),
+            "gpu_memory_gib": self.capacity_gib,
+            "layout": self.layout.model_dump(),
+            "stage_layers": self.stage_layers,
+            "recompute": self.setup.recompute,
+            "optimizer": self.setup.optimizer,
+            "offload_fraction": self.setup.offload_fraction,
+            "microbatches": self.throughput.microbatches,
+            "bubble_fraction": round(self.throughput.bubble_fraction, 4),
+            "step_time_s": round(self.throughput.step_time_s, 3),
+            "cpu_optimizer_gib_per_rank": round(max(s.cpu_optimizer_gib for s in self.stages), 2),
+            "memory_parts_gib": [s.parts_gib for s in self.stages],
+            "time_parts_s": self.throughput.parts_s,
+        }
+
+
+def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: Hardware) -> Plan:
+    """Memory and throughput of one layout; raises ValueError naming the field if it is invalid."""
+    counts = validate_layout(layout, world_size=layout.world_size, num_layers=shape.num_layers,
+                             num_experts=shape.num_experts)
+    if layout.tp > shape.kv_heads or shape.kv_heads % layout.tp:
+        raise ValueError(f"tp: tp={layout.tp} must divide the {shape.kv_heads} key/value heads")
+    return Plan(layout=layout, setup=setup, stage_layers=counts,
+                stages=stage_memory(shape, layout, counts, setup, hw),
+                throughput=estimate_throughput(shape, layout, counts, setup, hw),
+                capacity_gib=hw.gpu.memory_gib)
+
+
+def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iterable[int],
+           recompute: Iterable[str], optimizers: Iterable[str], offloads: Iterable[float],
+           global_batch_tokens: int, max_tp: int = 8) -> tuple[list[Plan], int]:
+    """All valid layouts x training settings; returns (plans that fit, best first; number evaluated)."""
+    fitting: list[Plan] = []
+    evaluated = 0
+    for tokens in max_tokens:
+        layouts = enumerate_layouts(world_size, num_layers=shape.num_layers, num_experts=shape.num_experts,
+                                    max_tokens_per_gpu=tokens, num_query_groups=shape.kv_heads,
+                                    max_tp=min(max_tp, hw.gpu.nvlink_domain))
+        for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
+            setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
+                                  global_batch_tokens=global_batch_tokens)
+            counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
+                                     num_experts=shape.num_experts)
+            evaluated += 1
+            stages = stage_memory(shape, layout, counts, setup, hw)
+            if max(s.reserved_gib for s in stages) > hw.gpu.memory_gib:
+                continue  # throughput only for layouts that fit
+            fitting.append(Plan(layout=layout, setup=setup, stage_layers=counts, stages=stages,
+                                throughput=estimate_throughput(shape, layout, counts, setup, hw),
+                                capacity_gib=hw.gpu.memory_gib))
+    fitting.sort(key=lambda p: -p.throughput.tokens_per_s_per_gpu)
+    return fitting, evaluated

@@ -1,0 +1,106 @@
+"""GPU, link and efficiency data for the planner, read from ``hardware.yaml`` (or a file given)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HARDWARE = Path(__file__).with_name("hardware.yaml")
+
+
+@dataclass(kw_only=True, frozen=True)
+class GpuSpec:
+    name: str
+    memory_gib: float
+    peak_bf16_tflops: float
+    hbm_tb_s: float
+    nvlink_gb_s: float
+    nvlink_domain: int
+    network_gb_s: float
+    pcie_gb_s: float
+
+
+@dataclass(kw_only=True, frozen=True)
+class Efficiency:
+    dense_matmul: float
+    expert_matmul: float
+    attention: float
+    comm: float
+    hbm: float
+
+
+@dataclass(kw_only=True, frozen=True)
+class MemoryOverheads:
+    allocator_overhead: float
+    cuda_context_gib: float
+    fixed_overhead_gib: float
+    comm_buffer_gib: float
+    working_set_multiplier: float
+    moe_token_imbalance: float
+
+
+@dataclass(kw_only=True, frozen=True)
+class Hardware:
+    gpu: GpuSpec
+    efficiency: Efficiency
+    memory: MemoryOverheads
+    cpu_adam_elements_per_s: float
+
+
+def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: missing mapping {key!r}")
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], where: str, **extra: Any) -> Any:
+    names = set(cls.__dataclass_fields__) - {"name"}
+    missing, unknown = names - set(values), set(values) - names
+    if missing or unknown:
+        raise ValueError(f"{where}: missing {sorted(missing)} / unknown {sorted(unknown)} fields")
+    for key, value in values.items():
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
+    return cls(**values, **extra)
+
+
+def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: float | None = None) -> Hardware:
+    """The record for ``gpu_type`` (case-insensitive); ``memory_gib`` overrides its memory."""
+    import yaml
+
+    source = Path(path) if path else DEFAULT_HARDWARE
+    if not source.exists():
+        raise FileNotFoundError(f"hardware file {source} not found")
+    raw = yaml.safe_load(source.read_text()) or {}
+    gpus = _section(raw, "gpus", str(source))
+    by_upper = {name.upper(): name for name in gpus}
+    if gpu_type.upper() not in by_upper:
+        raise ValueError(f"--gpus: unknown GPU type {gpu_type!r}; {source.name} knows {', '.join(gpus)}")
+    name = by_upper[gpu_type.upper()]
+    gpu_values = dict(gpus[name])
+    if memory_gib is not None:
+        if memory_gib <= 0:
+            raise ValueError(f"--gpu-memory-gib: must be positive, got {memory_gib}")
+        gpu_values["memory_gib"] = memory_gib
+    gpu = _build(GpuSpec, gpu_values, f"{source.name}: gpus.{name}", name=name)
+    cpu = _section(raw, "cpu_optimizer", str(source))
+    rate = cpu.get("elements_per_s_per_rank")
+    if not isinstance(rate, (int, float)) or rate <= 0:
+        raise ValueError(f"{source.name}: cpu_optimizer.elements_per_s_per_rank must be a positive number")
+    return Hardware(
+        gpu=gpu,
+        efficiency=_build(Efficiency, _section(raw, "efficiency", str(source)), f"{source.name}: efficiency"),
+        memory=_build(MemoryOverheads, _section(raw, "memory", str(source)), f"{source.name}: memory"),
+        cpu_adam_elements_per_s=float(rate),
+    )
+
+
+def parse_gpus(text: str) -> tuple[int, str]:
+    """``"128xH200"`` -> (128, "H200")."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9_-]+)\s*", text)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"--gpus: expected COUNTxTYPE such as 8xH200, got {text!r}")
+    return int(match.group(1)), match.group(2)

@@ -1,0 +1,174 @@
+"""Peak GPU memory per rank of each pipeline stage.
+
+Model (all sizes per rank; docs/plan.md gives the derivation):
+- weights: dense matmuls split by TP, router/norms/residual gates replicated, experts split by EP
+  (and ETP); the embedding on the first stage, the LM head on the last.
+- bf16 params (2 B) and gradients (fp32 4 B or bf16 2 B) whole on every rank (distributed optimizer,
+  ZeRO-1 style); optimizer state sharded over the data-parallel group (dense: dp*cp ranks) and the
+  expert-data-parallel group (experts: edp ranks). State bytes per parameter: adam 12 (fp32 master and
+  two fp32 moments), precision-aware 6 (int16 remainder and two bf16 moments). bf16 gradients add an
+  fp32 shard (4 B, sharded) built at the optimizer step. ``offload_fraction`` moves that share of the
+  sharded optimizer bytes to host memory.
+- activations: ``layer_activation_bytes`` per layer and microbatch; 1F1B keeps ``pp - i`` microbatches in
+  flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
+  fp32 copy the loss uses; pipeline send/receive buffers.
+- constants and factors from hardware.yaml: fixed workspaces, communication buffers, allocator overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from openrecipes.parallel.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.shape import ModelShape
+
+GIB = 1024 ** 3
+RECOMPUTE_MODES = ("none", "selective", "full")
+OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
+GRAD_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainingSetup:
+    recompute: str = "full"
+    optimizer: str = "adam"
+    offload_fraction: float = 0.0
+    grad_dtype: str = "fp32"
+    global_batch_tokens: int = 128 * 8192
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute: {self.recompute!r} is not one of {', '.join(RECOMPUTE_MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if not 0.0 <= self.offload_fraction <= 1.0:
+            raise ValueError(f"offload_fraction: must be within [0, 1], got {self.offload_fraction}")
+        if self.grad_dtype not in GRAD_BYTES:
+            raise ValueError(f"grad_dtype: {self.grad_dtype!r} is not one of {', '.join(GRAD_BYTES)}")
+        if self.global_batch_tokens < 1:
+            raise ValueError(f"global_batch_tokens: must be positive, got {self.global_batch_tokens}")
+
+
+@dataclass(kw_only=True)
+class StageMemory:
+    stage: int
+    layers: int
+    inflight_microbatches: int
+    parts_gib: dict[str, float] = field(default_factory=dict)
+    allocated_gib: float = 0.0  # comparable with torch.cuda.max_memory_allocated
+    reserved_gib: float = 0.0  # what has to fit: allocated x allocator overhead + CUDA context
+    cpu_optimizer_gib: float = 0.0  # host memory for the offloaded optimizer state
+
+
+def microbatches_per_step(layout: LayoutConfig, setup: TrainingSetup) -> int:
+    per_microbatch = layout.dp * layout.cp * layout.max_tokens_per_gpu
+    return max(1, -(-setup.global_batch_tokens // per_microbatch))
+
+
+def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first: bool, last: bool
+                 ) -> tuple[float, float]:
+    """(dense, expert) parameters held by one rank of a stage."""
+    dense = layers * ((shape.attention_params + shape.latent_params) / layout.tp
+                      + shape.router_params + shape.small_params_per_layer)
+    if first:
+        dense += shape.embedding_params / layout.tp
+    if last:
+        dense += shape.lm_head_params / layout.tp + shape.hidden
+    experts = layers * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
+    return dense, experts
+
+
+def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: str, imbalance: float) -> float:
+    """Bytes one rank keeps for one layer and one microbatch when nothing is recomputed (``none``),
+    when core attention and the expert activation are recomputed (``selective``); for ``full`` this is the
+    working set rebuilt during backward. bf16 = 2 bytes per element.
+
+    Per token, in elements: hidden-width tensors (norm inputs, projection inputs, the fp32 router input,
+    residual-gate inputs) are split over TP only with sequence parallelism; head-width tensors (q, k, v
+    before and after Q/K norm and RoPE, attention output, output norm and gate) are split over TP; the
+    latent per-token tensors follow the hidden ones; each of the top-k routed copies keeps the expert input
+    and output (expert width) and the SwiGLU input and output (expert FFN width, split by ETP).
+    """
+    tokens = layout.max_tokens_per_gpu
+    h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
+    head_tokens = tokens / layout.tp
+    H, q, kv = shape.hidden, shape.q_width, shape.kv_width
+    hidden_elems = 2 * H + 2 * H  # attention: norm input, q/k/v (and gate) projection input
+    hidden_elems += 2 * H + 2 * H  # MoE: norm input, router / down-projection input
+    if shape.router_fp32:
+        hidden_elems += 2 * H  # fp32 copy of the router input (2 bf16 units)
+    if shape.residual_gates:
+        hidden_elems += 2 * 2 * H  # inputs of the two residual-gate multiplies
+    hidden_elems += 8 * shape.latent  # latent: down output, pre-norm output, combine output, post-norm output
+    router_bytes = 8 * shape.num_experts  # fp32 logits and scores
+    head_elems = 2 * (q + kv) + (2 * q + 4 * kv) + 2 * q  # q/k before norm, q/k/v after, attention output
+    if shape.attention_output_norm:
+        head_elems += 2 * q
+    if shape.attention_output_gate:
+        head_elems += 2 * q + 2 * q  # sigmoid gate, gated output (output projection input)
+    lse_bytes = 4 * shape.heads
+    per_copy = 4 * shape.expert_in + 6 * shape.expert_ffn / layout.etp
+    if recompute == "selective":
+        per_copy -= 2 * shape.expert_ffn / layout.etp  # SwiGLU output rebuilt from its input
+        lse_bytes = 0
+    copies = tokens / layout.tp * shape.top_k * layout.etp * imbalance
+    return (h_tokens * (hidden_elems + router_bytes) + head_tokens * (head_elems + lse_bytes)
+            + copies * per_copy)
+
+
+def inflight(layout: LayoutConfig, stage: int, layers: int, microbatches: int) -> float:
+    """Layer-microbatches whose activations stage ``stage`` holds at the 1F1B peak."""
+    if layout.vpp == 1:
+        return layers * min(layout.pp - stage, microbatches)
+    chunks = (layout.pp - stage - 1) * 2 + (layout.vpp - 1) * layout.pp + 1
+    return layers / layout.vpp * min(chunks, microbatches * layout.vpp)
+
+
+def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
+                 hw: Hardware) -> list[StageMemory]:
+    mem = hw.memory
+    edp = expert_data_parallel_size(layout)
+    m = microbatches_per_step(layout, setup)
+    state_bytes = OPTIMIZERS[setup.optimizer]
+    grad_bytes = GRAD_BYTES[setup.grad_dtype]
+    if setup.grad_dtype == "bf16":
+        state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
+    on_gpu = 1.0 - setup.offload_fraction
+    tokens = layout.max_tokens_per_gpu
+    h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
+    full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance)
+    if setup.recompute == "full":
+        stored_per_layer = 2 * shape.hidden * h_tokens  # the checkpointed layer input
+    else:
+        stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance)
+    working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
+    stages = []
+    for i, layers in enumerate(counts):
+        first, last = i == 0, i == len(counts) - 1
+        dense, experts = stage_params(shape, layout, layers, first=first, last=last)
+        sharded_state = state_bytes * (dense / (layout.dp * layout.cp) + experts / edp)
+        held = inflight(layout, i, layers, m)
+        transient = working
+        if last:
+            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP)
+            logits = tokens * shape.vocab / layout.tp * (2 + 4)
+            transient = max(working, logits)
+        p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
+        parts = {
+            "params": 2 * (dense + experts) / GIB,
+            "grads": grad_bytes * (dense + experts) / GIB,
+            "optimizer": sharded_state * on_gpu / GIB,
+            "activations": (stored_per_layer * held + p2p) / GIB,
+            "transient": transient / GIB,
+            "buffers": mem.comm_buffer_gib + mem.fixed_overhead_gib,
+        }
+        allocated = sum(parts.values())
+        stages.append(StageMemory(
+            stage=i, layers=layers, inflight_microbatches=min(layout.pp - i, m),
+            parts_gib={k: round(v, 3) for k, v in parts.items()},
+            allocated_gib=allocated,
+            reserved_gib=allocated * mem.allocator_overhead + mem.cuda_context_gib,
+            cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
+        ))
+    return stages

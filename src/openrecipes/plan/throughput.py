@@ -1,0 +1,126 @@
+"""Step time, tokens/s/GPU and MFU of a layout (an estimate; efficiencies are data in hardware.yaml).
+
+Per microbatch and stage: matmul FLOPs (2 per multiply-add; forward + backward = 3 forwards, full
+recompute adds one forward, selective adds the attention core again) at the dense or grouped-expert
+efficiency; causal attention FLOPs with sliding windows; TP collectives, EP all-to-all and pipeline
+sends over NVLink or the network depending on how far the group spans. A step is
+``(m + pp/vpp - 1)`` times the slowest stage (1F1B bubble), plus the data-parallel gradient
+reduce-scatter and parameter all-gather (not overlapped) and the optimizer step (GPU part memory-bound;
+offloaded part at the CPU Adam rate, its PCIe copies overlapped with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openrecipes.parallel.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.memory import GRAD_BYTES, OPTIMIZERS, TrainingSetup, microbatches_per_step, stage_params
+from openrecipes.plan.shape import ModelShape
+
+
+@dataclass(kw_only=True)
+class Throughput:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    microbatches: int
+    parts_s: dict[str, float]
+
+
+def mean_context(seq_len: float, window: int | None) -> float:
+    """Average number of keys a query attends to in a causal sequence of ``seq_len`` tokens."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    return window - window * (window - 1) / (2 * seq_len)
+
+
+def _link_time(nbytes: float, span: int, hw: Hardware) -> float:
+    """Seconds to move ``nbytes`` per GPU inside a group whose ranks span ``span`` consecutive GPUs."""
+    if nbytes <= 0:
+        return 0.0
+    gpu, eff = hw.gpu, hw.efficiency.comm
+    if span <= gpu.nvlink_domain:
+        return nbytes / (gpu.nvlink_gb_s * 1e9 * eff)
+    off_domain = 1.0 - gpu.nvlink_domain / span
+    return max(nbytes * off_domain / (gpu.network_gb_s * 1e9 * eff),
+               nbytes * (1 - off_domain) / (gpu.nvlink_gb_s * 1e9 * eff))
+
+
+def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
+                        hw: Hardware) -> Throughput:
+    peak = hw.gpu.peak_bf16_tflops * 1e12
+    eff = hw.efficiency
+    imbalance = hw.memory.moe_token_imbalance
+    T = layout.max_tokens_per_gpu
+    rows = layout.rows_per_microbatch or 1
+    seq_len = T * layout.cp / rows  # upper bound: packed documents are no longer than a row
+    tok = T / layout.tp  # tokens whose matmul work one rank does per microbatch
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[setup.recompute]
+    attn_passes = passes + (1.0 if setup.recompute == "selective" else 0.0)
+    comm_passes = passes - 1.0  # forward and backward move the same bytes; recompute repeats the forward
+
+    dense_fwd = 2 * tok * shape.dense_layer_matmul_params()
+    expert_fwd = 2 * tok * shape.top_k * shape.expert_params * imbalance
+    tp_bytes = 2 * 2 * T * shape.hidden * 2 * (layout.tp - 1) / layout.tp if layout.tp > 1 else 0.0
+    ep_bytes = 2 * tok * shape.top_k * shape.expert_in * 2 * (layout.ep - 1) / layout.ep * imbalance
+    tp_time = _link_time(tp_bytes, layout.tp, hw)
+    ep_time = _link_time(ep_bytes, layout.ep * layout.etp, hw)
+    if layout.cp > 1:  # ring exchange of K and V over the CP group
+        cp_bytes = 2 * T * shape.kv_width / layout.tp * 2 * (layout.cp - 1)
+        tp_time += _link_time(cp_bytes, layout.tp * layout.cp, hw)
+
+    stage_parts: list[dict[str, float]] = []
+    for i, layers in enumerate(counts):
+        lo = sum(counts[:i])
+        attn_flops = sum(4 * tok * shape.q_width * mean_context(seq_len, shape.attention_windows[j])
+                         for j in range(lo, lo + layers))
+        compute = (passes * layers * dense_fwd / (peak * eff.dense_matmul)
+                   + passes * layers * expert_fwd / (peak * eff.expert_matmul)
+                   + attn_passes * attn_flops / (peak * eff.attention))
+        if i == len(counts) - 1:
+            compute += 3 * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
+        comm = comm_passes * layers * (tp_time + ep_time)
+        p2p = 0.0
+        if layout.pp > 1:
+            hidden_tokens = T / layout.tp if layout.sequence_parallel else T
+            p2p = 2 * _link_time(2 * shape.hidden * hidden_tokens, 2 * layout.tp * layout.cp * layout.dp, hw)
+        stage_parts.append({"compute": compute, "tp_cp": comm_passes * layers * tp_time,
+                            "ep": comm_passes * layers * ep_time, "pp": p2p})
+    stage_times = [sum(p.values()) for p in stage_parts]
+    parts = stage_parts[stage_times.index(max(stage_times))]  # per microbatch, on the slowest stage
+
+    m = microbatches_per_step(layout, setup)
+    slots = m + (layout.pp - 1) / layout.vpp
+    pipeline = slots * max(stage_times)
+    bubble = (slots - m) / slots
+
+    # data-parallel sync and optimizer step, on the busiest stage
+    edp = expert_data_parallel_size(layout)
+    grad_bytes = GRAD_BYTES[setup.grad_dtype]
+    dp_group = layout.dp * layout.cp
+    sync = opt = 0.0
+    for i, layers in enumerate(counts):
+        dense, experts = stage_params(shape, layout, layers, first=i == 0, last=i == len(counts) - 1)
+        s = 0.0
+        if dp_group > 1:
+            s += _link_time(dense * (grad_bytes + 2) * (dp_group - 1) / dp_group, layout.tp * dp_group, hw)
+        if edp > 1:
+            s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
+        elements = dense / dp_group + experts / edp
+        touched = (OPTIMIZERS[setup.optimizer] + grad_bytes + 2) * 2  # read and write
+        gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
+        cpu_elems = elements * setup.offload_fraction
+        cpu_opt = max(cpu_elems / hw.cpu_adam_elements_per_s,
+                      cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
+        sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
+    step = pipeline + sync + opt
+    tokens = m * layout.dp * layout.cp * T
+    world = layout.world_size
+    tps = tokens / step / world
+    mfu = 6 * shape.active_params * tps / peak
+    parts_s = {k: v for k, v in parts.items()}
+    parts_s.update(pipeline=pipeline, dp_sync=sync, optimizer=opt)
+    return Throughput(step_time_s=step, tokens_per_s_per_gpu=tps, mfu=mfu, bubble_fraction=bubble,
+                      microbatches=m, parts_s={k: round(v, 4) for k, v in parts_s.items()})

@@ -1,0 +1,64 @@
+import pytest
+from pydantic import ValidationError
+
+from openrecipes.parallel.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size,
+                                         stage_layer_counts, validate_layout)
+
+MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_layers=3, pp_last_stage_layers=3,
+            max_tokens_per_gpu=8192)
+
+
+def test_seed_layouts_validate_with_their_stage_counts():
+    counts = validate_layout(LayoutConfig(**MUSE), world_size=128, num_layers=62, num_experts=256)
+    assert counts == [3] + [4] * 14 + [3]
+    qwen = LayoutConfig(ep=8, dp=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    assert validate_layout(qwen, world_size=8, num_layers=48, num_experts=128) == [48]
+    gb200 = LayoutConfig(tp=4, pp=6, ep=32, dp=8, sequence_parallel=True, pp_first_stage_layers=9,
+                         pp_last_stage_layers=9, max_tokens_per_gpu=4096)
+    assert validate_layout(gb200, world_size=192, num_layers=62, num_experts=256) == [9, 11, 11, 11, 11, 9]
+    assert expert_data_parallel_size(gb200) == 1
+    assert expert_data_parallel_size(LayoutConfig(**MUSE)) == 1
+    assert expert_data_parallel_size(LayoutConfig(tp=2, ep=2, dp=4, max_tokens_per_gpu=1)) == 4
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(dp=4), "dp"),  # world size 256 != 128
+    (dict(ep=3), "ep"),  # 3 does not divide 256 experts
+    (dict(ep=16, etp=2, tp=4, dp=2), "ep"),  # ep*etp = 32 does not divide tp*cp*dp = 8
+    (dict(tp=1, dp=8, sequence_parallel=True), "sequence_parallel"),
+    (dict(pp_first_stage_layers=4), "pp_first_stage_layers"),  # 62-4-3 = 55 over 14 stages
+    (dict(vpp=3), "vpp"),
+])
+def test_validation_errors_name_the_field(change, field):
+    with pytest.raises(ValueError) as info:
+        validate_layout(LayoutConfig(**{**MUSE, **change}), world_size=128, num_layers=62, num_experts=256)
+    assert str(info.value).startswith(field)
+
+
+def test_even_split_required_without_first_last():
+    with pytest.raises(ValueError, match="^pp"):
+        stage_layer_counts(LayoutConfig(pp=4, max_tokens_per_gpu=1), 62)
+    assert stage_layer_counts(LayoutConfig(pp=2, max_tokens_per_gpu=1), 62) == [31, 31]
+    assert stage_layer_counts(LayoutConfig(pp=3, pp_last_stage_layers=2, max_tokens_per_gpu=1), 62) == [30, 30, 2]
+    with pytest.raises(ValueError, match="pp_first_stage_layers"):
+        stage_layer_counts(LayoutConfig(pp=1, pp_first_stage_layers=3, max_tokens_per_gpu=1), 62)
+
+
+def test_model_forbids_unknown_keys_and_bad_sizes():
+    with pytest.raises(ValidationError):
+        LayoutConfig(tp=1, max_tokens_per_gpu=1, zero_stage=3)
+    with pytest.raises(ValidationError):
+        LayoutConfig(tp=0, max_tokens_per_gpu=1)
+
+
+def test_enumeration_returns_only_valid_layouts():
+    layouts = enumerate_layouts(16, num_layers=12, num_experts=8, max_tokens_per_gpu=4096, num_query_groups=4)
+    assert len(layouts) > 10
+    assert len({l.model_dump_json() for l in layouts}) == len(layouts)
+    for layout in layouts:
+        validate_layout(layout, world_size=16, num_layers=12, num_experts=8)
+        assert 4 % layout.tp == 0 and layout.sequence_parallel == (layout.tp > 1)
+    # uneven first/last splits are found, e.g. 12 layers on 4 stages as 3 + 3 + 3 + 3 and 2 + 4 + 4 + 2
+    pp4 = {(l.pp_first_stage_layers, l.pp_last_stage_layers) for l in layouts if l.pp == 4}
+    assert (None, None) in pp4 and (2, 2) in pp4
+    assert {l.ep for l in layouts} == {1, 2, 4, 8}

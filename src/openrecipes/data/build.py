@@ -1,0 +1,274 @@
+"""``openrecipes data build``: conversations -> fixed-length packed rows + manifest.
+
+Algorithm (docs/data.md): scan and check every input record; shuffle record indices with
+``numpy.random.default_rng(seed).permutation``; in that order render each valid conversation
+with the chat template, tokenize its masked pieces, append the EOS token; cut the stream into
+rows of exactly ``row_tokens`` (packing.py); skip rows without a supervised token; stop after
+``rows`` kept rows (or at the end of the input); write rows.parquet and manifest.json into a
+staging directory that becomes the output directory only on success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SHA256_DEFINITION,
+                                       RowsWriter)
+from openrecipes.data.packing import RowPacker
+from openrecipes.data.sources import InvalidConversation, normalize, open_source
+from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text
+from openrecipes.data.tokenizer import load_tokenizer
+from openrecipes.utils import atomic_output_dir, atomic_write_text, sha256_file
+
+MAX_INVALID_EXAMPLES = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    input: Path
+    tokenizer: Path
+    loss_mask: str
+    row_tokens: int
+    out: Path
+    rows: int | None = None
+    seed: int = 42
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # built-in name or file; overrides the tokenizer's template
+    eos_token: str | None = None  # overrides the loss-mask format's document separator
+    name: str | None = None
+    skip_invalid: bool = False  # count invalid conversations instead of failing on the first
+    overwrite: bool = False
+    progress: bool = True
+    chunk_conversations: int = 2048
+
+
+def _check_config(config: BuildConfig) -> None:
+    if config.row_tokens <= 0:
+        raise ValueError(f"--row-tokens must be positive, got {config.row_tokens}")
+    if config.rows is not None and config.rows <= 0:
+        raise ValueError(f"--rows must be positive, got {config.rows}")
+    if config.chunk_conversations <= 0:
+        raise ValueError("chunk_conversations must be positive")
+
+
+def _prepare(config: BuildConfig) -> tuple[Any, ChatRenderer, int, str, str]:
+    """Tokenizer, renderer, EOS id and name, template description."""
+    bundle = load_tokenizer(config.tokenizer)
+    fmt = get_loss_mask(config.loss_mask)
+    if config.chat_template is not None:
+        template, template_source = load_template_text(config.chat_template)
+    elif bundle.chat_template is not None:
+        template, template_source = bundle.chat_template, str(bundle.chat_template_source)
+    else:
+        raise ValueError(f"--tokenizer: {config.tokenizer} has no chat template (no chat_template.jinja and "
+                         "no chat_template field in tokenizer_config.json); pass --chat-template")
+    for token in fmt.marker_tokens():
+        if bundle.token_id(token) is None:
+            raise ValueError(f"--tokenizer: {config.tokenizer} has no token {token!r}, which the "
+                             f"{fmt.name} loss mask needs")
+    eos = config.eos_token or (fmt.separator if bundle.token_id(fmt.separator) is not None
+                               else bundle.config_token("eos_token"))
+    eos_id = bundle.token_id(eos) if eos else None
+    if eos_id is None:
+        raise ValueError(f"--eos-token: {config.tokenizer} has no token {eos!r} to separate conversations")
+    special = {"bos_token": bundle.config_token("bos_token"), "eos_token": bundle.config_token("eos_token")}
+    renderer = ChatRenderer(template=template, loss_mask=fmt, special_tokens=special,
+                            template_kwargs=dict(config.template_kwargs))
+    # A template that cannot render a minimal conversation in this format is a configuration
+    # error, not a property of any one conversation.
+    try:
+        renderer.pieces([{"role": "user", "content": "ping"}, {"role": "assistant", "content": "pong"}])
+    except ValueError as error:
+        raise ValueError(f"chat template {template_source} with --loss-mask {fmt.name}: {error} "
+                         "(a built-in template can be chosen with --chat-template qwen3|muse_spark)") from None
+    return bundle, renderer, eos_id, eos, template_source
+
+
+def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[int], list[str]]:
+    invalid: list[int] = []
+    examples: list[str] = []
+    for index, where, record in source_iter:
+        try:
+            normalize(record, where, forbidden)
+        except InvalidConversation as error:
+            if not skip_invalid:
+                raise
+            invalid.append(index)
+            if len(examples) < MAX_INVALID_EXAMPLES:
+                examples.append(str(error))
+    return invalid, examples
+
+
+def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, renderer: ChatRenderer,
+                    tokenizer: Any, eos_id: int, forbidden: Any, skip_invalid: bool,
+                    invalid: list[int], examples: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Render and tokenize a chunk.
+
+    Returns per-token ids, masks, chunk-local document numbers, and the number of documents.
+    """
+    pieces: list[str] = []
+    piece_masks: list[int] = []
+    piece_counts: list[int] = []
+    for record, index in zip(records, indices.tolist()):
+        where = source.where(index)
+        try:
+            messages, tools = normalize(record, where, forbidden)
+            texts, masks = renderer.pieces(messages, tools)
+        except ValueError as error:  # template errors (raise_exception, wrong format) included
+            message = str(error) if str(error).startswith(where) else f"{where}: {error}"
+            if not skip_invalid:
+                raise InvalidConversation(message) from None
+            invalid.append(index)
+            if len(examples) < MAX_INVALID_EXAMPLES:
+                examples.append(message)
+            continue
+        pieces += texts
+        piece_masks += masks
+        piece_counts.append(len(texts))
+    encodings = tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    # each conversation gets its EOS as one more (unsupervised) piece
+    bounds = np.cumsum(piece_counts)
+    id_lists: list[list[int]] = []
+    start = 0
+    for stop in bounds.tolist():
+        id_lists.extend(e.ids for e in encodings[start:stop])
+        id_lists.append([eos_id])
+        start = stop
+    total = int(lengths.sum()) + len(piece_counts)
+    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=total)
+    doc_of_piece = np.repeat(np.arange(len(piece_counts)), piece_counts)
+    conv_lengths = np.bincount(doc_of_piece, weights=lengths, minlength=len(piece_counts)).astype(np.int64) + 1
+    with_eos_lengths = np.empty(len(pieces) + len(piece_counts), dtype=np.int64)
+    with_eos_masks = np.zeros_like(with_eos_lengths, dtype=np.int8)
+    slots = np.arange(len(pieces)) + doc_of_piece  # position of each piece once EOS pieces are interleaved
+    with_eos_lengths[slots] = lengths
+    with_eos_masks[slots] = piece_masks
+    eos_slots = bounds + np.arange(len(piece_counts))
+    with_eos_lengths[eos_slots] = 1
+    mask = np.repeat(with_eos_masks, with_eos_lengths)
+    doc = np.repeat(np.arange(len(piece_counts)), conv_lengths)
+    return ids, mask, doc, len(piece_counts)
+
+
+def build(config: BuildConfig) -> dict[str, Any]:
+    """Run a build; return the manifest written to ``config.out``."""
+    _check_config(config)
+    bundle, renderer, eos_id, eos, template_source = _prepare(config)
+    forbidden = bundle.special_token_pattern()
+    source, scan_iter = open_source(config.input)
+    invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid)
+    n_total = len(source)
+    is_invalid = np.zeros(n_total, dtype=bool)
+    is_invalid[invalid] = True
+    order = np.random.default_rng(config.seed).permutation(n_total)
+    order = order[~is_invalid[order]]
+    if order.size == 0:
+        raise ValueError(f"{config.input}: no valid conversations")
+
+    from tqdm import tqdm
+
+    T = config.row_tokens
+    packer = RowPacker(row_tokens=T, max_rows=config.rows)
+    doc_lengths: list[np.ndarray] = []  # per reached conversation, tokens incl. EOS, in stream order
+    used_docs: list[np.ndarray] = []
+    with atomic_output_dir(config.out, overwrite=config.overwrite) as staging:
+        writer = RowsWriter(staging / ROWS_FILE, T)
+        bar = tqdm(total=config.rows * T if config.rows else None, unit="tok", unit_scale=True,
+                   disable=not config.progress, file=sys.stderr, mininterval=1.0, desc="data build")
+        try:
+            docs_before = 0
+            for start in range(0, order.size, config.chunk_conversations):
+                indices = order[start:start + config.chunk_conversations]
+                ids, mask, doc, n_docs = _tokenize_chunk(
+                    source.load(indices), indices, source, renderer, bundle.tokenizer, eos_id, forbidden,
+                    config.skip_invalid, invalid, examples)
+                doc_lengths.append(np.bincount(doc, minlength=n_docs))
+                block = packer.push(ids, mask, doc + docs_before)
+                docs_before += n_docs
+                writer.add(block.input_ids, block.loss_mask, block.doc_lens)
+                used_docs.extend(block.doc_index)
+                bar.update(block.input_ids.size)
+                if packer.done:
+                    break
+        finally:
+            writer.close()
+            bar.close()
+        if config.rows is not None and packer.rows_kept < config.rows:
+            raise ValueError(f"{config.input}: the input yields only {packer.rows_kept} rows of {T} tokens "
+                             f"with a supervised token; --rows asks for {config.rows}")
+        if packer.rows_kept == 0:
+            raise ValueError(f"{config.input}: the input yields no row of {T} tokens with a supervised token")
+        counts = _counts(n_total, len(invalid), np.concatenate(doc_lengths), used_docs, packer)
+        manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, writer,
+                             staging, counts, examples)
+        atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    return manifest
+
+
+def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: list[np.ndarray],
+            packer: RowPacker) -> dict[str, int]:
+    T = packer.row_tokens
+    ends = np.cumsum(doc_lengths)
+    starts = ends - doc_lengths
+    stop = packer.last_kept_end  # stream position after the last kept row
+    first_cut = (starts // T + 1) * T  # first row boundary after a document's start
+    used = np.unique(np.concatenate(used_docs)) if used_docs else np.zeros(0, np.int64)
+    return {
+        "conversations_total": n_total,
+        "conversations_invalid": n_invalid,
+        "conversations_used": int(used.size),
+        "conversations_split": int(np.count_nonzero((first_cut < ends) & (first_cut < stop))),
+        "conversations_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
+        "conversations_unused": int(n_total - n_invalid - np.count_nonzero(starts < stop)),
+        "rows_skipped_unsupervised": int(packer.rows_skipped),
+        "tokens_dropped_after_last_row": int(ends[-1] - stop) if ends.size else 0,
+    }
+
+
+def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str, eos_id: int,
+              template_source: str, source: Any, writer: RowsWriter, staging: Path,
+              counts: dict[str, int], examples: list[str]) -> dict[str, Any]:
+    T = config.row_tokens
+    tokens = writer.rows * T
+    return {
+        "format": FORMAT,
+        "name": config.name or Path(config.out).name,
+        "rows": writer.rows,
+        "row_tokens": T,
+        "tokens": tokens,
+        "padding_tokens": 0,
+        "supervised_tokens": writer.supervised,
+        "supervised_token_ratio": round(writer.supervised / tokens, 6),
+        "seed": config.seed,
+        "packing": (f"source conversations in a seeded global permutation (numpy default_rng({config.seed})"
+                    f".permutation over all records), each rendered with the chat template and followed by "
+                    f"{eos!r}, concatenated and cut into consecutive {T:,}-token rows; a conversation cut by a "
+                    "row boundary continues as a new document in the next row; the first token of each row "
+                    "is never a target; rows without supervised targets are skipped; no padding"),
+        "loss_mask": renderer.loss_mask.name,
+        "eos_token": eos,
+        "eos_token_id": eos_id,
+        "tokenizer": {"directory": str(config.tokenizer), "files_sha256": bundle.file_sha256,
+                      "vocab_size": bundle.tokenizer.get_vocab_size(with_added_tokens=True)},
+        "template_source": template_source,
+        "template_sha256": hashlib.sha256(renderer.template.encode("utf-8")).hexdigest(),
+        "template_kwargs": dict(renderer.template_kwargs),
+        "rows_sha256": writer.rows_sha256,
+        "rows_sha256_definition": ROWS_SHA256_DEFINITION,
+        "parquet_file": ROWS_FILE,
+        "parquet_sha256": sha256_file(staging / ROWS_FILE),
+        "parquet_bytes": (staging / ROWS_FILE).stat().st_size,
+        "columns": {"input_ids": "list<int32>", "loss_mask": "list<int8>", "doc_lens": "list<int32>"},
+        "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
+        "counts": counts,
+        "invalid_examples": examples,
+    }

@@ -1,0 +1,70 @@
+"""``openrecipes data``: build fixed-length SFT rows (docs/data.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+ASSETS = Path(__file__).with_name("assets")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("data", help="build fixed-length packed SFT rows from conversations",
+                                   description="Build fixed-length packed SFT rows from conversations.")
+    verbs = parser.add_subparsers(dest="data_verb", metavar="SUBCOMMAND")
+    build = verbs.add_parser(
+        "build", help="conversations -> rows.parquet + manifest.json",
+        description="Render conversations with a chat template, mask all but the assistant turns, "
+                    "pack them into rows of exactly --row-tokens tokens, and write rows.parquet and "
+                    "manifest.json into --out (atomically).")
+    build.add_argument("input", nargs="?", default=str(ASSETS / "conversations.jsonl"),
+                       help="JSON Lines or Parquet file with a 'messages' column, or a local Hugging Face "
+                            "dataset directory (default: the bundled synthetic conversations)")
+    build.add_argument("--tokenizer", default=str(ASSETS / "tokenizer"),
+                       help="Hugging Face tokenizer directory (default: the bundled 1,024-token tokenizer)")
+    build.add_argument("--loss-mask", required=True, choices=["qwen3", "muse_spark"])
+    build.add_argument("--row-tokens", type=int, required=True, help="tokens per row")
+    build.add_argument("--rows", type=int, default=None,
+                       help="rows to keep (default: every full row the input yields); too few is an error")
+    build.add_argument("--seed", type=int, default=42, help="seed of the conversation permutation")
+    build.add_argument("--template-kwargs", nargs="*", default=[], metavar="K=V",
+                       help="extra chat-template variables, e.g. current_date=2026-10-01 reasoning_effort=xhigh")
+    build.add_argument("--chat-template", default=None,
+                       help="template file or built-in name (qwen3, muse_spark) instead of the tokenizer's")
+    build.add_argument("--eos-token", default=None,
+                       help="token appended after each conversation (default: the loss-mask format's)")
+    build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")
+    build.add_argument("--skip-invalid", action="store_true",
+                       help="count and skip invalid conversations instead of failing on the first")
+    build.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.add_argument("--out", required=True, help="output directory")
+    build.set_defaults(func=_build)
+    parser.set_defaults(func=lambda args: _missing(parser))
+
+
+def _missing(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _build(args: argparse.Namespace) -> int:
+    from openrecipes.data.build import BuildConfig, build
+    from openrecipes.data.templates import parse_template_kwargs
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"--out: {out} exists and is not empty (pass --overwrite to replace it)")
+    config = BuildConfig(
+        input=Path(args.input), tokenizer=Path(args.tokenizer), loss_mask=args.loss_mask,
+        row_tokens=args.row_tokens, rows=args.rows, seed=args.seed,
+        template_kwargs=parse_template_kwargs(args.template_kwargs), chat_template=args.chat_template,
+        eos_token=args.eos_token, name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,
+        progress=not args.no_progress, out=out)
+    manifest = build(config)
+    summary = {key: manifest[key] for key in ("name", "rows", "row_tokens", "supervised_token_ratio",
+                                              "rows_sha256", "parquet_sha256")}
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,125 @@
+"""rows.parquet writing and hashing, and the manifest that describes a build.
+
+rows.parquet columns (one parquet row per training row):
+  input_ids  list<int32>  exactly row_tokens token ids
+  loss_mask  list<int8>   1 where the token is a target of the loss, else 0
+  doc_lens   list<int32>  lengths of the document pieces in the row, in order; they sum to row_tokens
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROWS_FILE = "rows.parquet"
+MANIFEST_FILE = "manifest.json"
+FORMAT = "openrecipes.sft-rows.v1"
+ROWS_SHA256_DEFINITION = (
+    "SHA-256 over the rows in file order; for each row, its row_tokens input_ids as little-endian int32 "
+    "bytes followed by its row_tokens loss_mask values as uint8 bytes; nothing else (no lengths, "
+    "separators or document boundaries)")
+# Row groups hold a fixed number of rows, so the file layout depends only on the rows.
+ROW_GROUP_TOKENS = 1 << 22
+
+
+def update_rows_hash(digest: Any, input_ids: np.ndarray, loss_mask: np.ndarray) -> None:
+    """Feed (R, T) rows into ``digest`` as ROWS_SHA256_DEFINITION says."""
+    ids = np.ascontiguousarray(input_ids, dtype="<i4")
+    mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
+    for r in range(ids.shape[0]):
+        digest.update(ids[r].tobytes())
+        digest.update(mask[r].tobytes())
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+                      ("doc_lens", pa.list_(pa.int32()))])
+
+
+class RowsWriter:
+    """Streams rows into a parquet file in fixed-size row groups and hashes them."""
+
+    def __init__(self, path: Path, row_tokens: int) -> None:
+        import pyarrow.parquet as pq
+
+        self.path = path
+        self.row_tokens = row_tokens
+        self.group_rows = max(1, ROW_GROUP_TOKENS // row_tokens)
+        self.digest = hashlib.sha256()
+        self.rows = 0
+        self.supervised = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = []
+        self._pending_rows = 0
+        self._writer = pq.ParquetWriter(str(path), _schema(), compression="zstd", use_dictionary=False,
+                                        write_statistics=False)
+
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, doc_lens: list[np.ndarray]) -> None:
+        if input_ids.shape[0] == 0:
+            return
+        update_rows_hash(self.digest, input_ids, loss_mask)
+        self.rows += input_ids.shape[0]
+        self.supervised += int(loss_mask.sum(dtype=np.int64))
+        self._pending.append((input_ids, loss_mask, doc_lens))
+        self._pending_rows += input_ids.shape[0]
+        while self._pending_rows >= self.group_rows:
+            self._flush(self.group_rows)
+
+    def _flush(self, n: int) -> None:
+        import pyarrow as pa
+
+        ids = np.concatenate([p[0] for p in self._pending])
+        mask = np.concatenate([p[1] for p in self._pending])
+        lens = [x for p in self._pending for x in p[2]]
+        T = self.row_tokens
+        offsets = pa.array(np.arange(n + 1, dtype=np.int32) * T)
+        doc_counts = np.array([x.size for x in lens[:n]], dtype=np.int32)
+        doc_offsets = pa.array(np.concatenate([[0], np.cumsum(doc_counts)]).astype(np.int32))
+        flat_lens = np.concatenate(lens[:n]).astype(np.int32) if n else np.zeros(0, np.int32)
+        table = pa.Table.from_arrays(
+            [pa.ListArray.from_arrays(offsets, pa.array(ids[:n].reshape(-1))),
+             pa.ListArray.from_arrays(offsets, pa.array(mask[:n].reshape(-1))),
+             pa.ListArray.from_arrays(doc_offsets, pa.array(flat_lens))],
+            schema=_schema())
+        self._writer.write_table(table, row_group_size=n)
+        rest = ids.shape[0] - n
+        self._pending = [(ids[n:], mask[n:], lens[n:])] if rest else []
+        self._pending_rows = rest
+
+    def close(self) -> None:
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        self._writer.close()
+
+    @property
+    def rows_sha256(self) -> str:
+        return self.digest.hexdigest()
+
+
+def rows_sha256_of(path: str | Path) -> str:
+    """Recompute rows_sha256 from a rows.parquet file."""
+    import pyarrow.parquet as pq
+
+    digest = hashlib.sha256()
+    parquet = pq.ParquetFile(str(path))
+    for group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(group, columns=["input_ids", "loss_mask"])
+        n = table.num_rows
+        if n == 0:
+            continue
+        ids = table.column("input_ids").combine_chunks().flatten().to_numpy()
+        mask = table.column("loss_mask").combine_chunks().flatten().to_numpy()
+        update_rows_hash(digest, ids.reshape(n, -1), mask.reshape(n, -1))
+    return digest.hexdigest()
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (not a built rows directory)")
+    return json.loads(path.read_text(encoding="utf-8"))

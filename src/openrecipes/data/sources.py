@@ -1,0 +1,229 @@
+"""Conversation inputs: JSON Lines, Parquet, or a local Hugging Face dataset directory.
+
+Every record is read and checked once up front (``scan``), so a malformed JSON line stops the
+build with its file and line number before anything is written, and the counts in the
+manifest cover the whole input. The build then reads the records it needs again, by index,
+in the order of its seeded permutation (``load``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+ROLES = ("system", "user", "assistant", "tool")
+_SCAN_BATCH = 4096
+
+
+class InvalidConversation(ValueError):
+    """A conversation the chat template cannot render into a supervised document."""
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Parquet/Arrow structs cannot tell an absent field from a null one: drop null fields."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+@dataclass(kw_only=True)
+class _File:
+    path: Path
+    kind: str  # "jsonl" or "table"
+    count: int = 0
+    line_offsets: np.ndarray | None = None  # jsonl: byte offset of each record's line
+    line_numbers: np.ndarray | None = None  # jsonl: 1-based line number of each record
+    table: Any = None  # pyarrow.Table with a messages column
+
+    def where(self, local: int) -> str:
+        if self.kind == "jsonl":
+            return f"{self.path} line {int(self.line_numbers[local])}"
+        return f"{self.path} row {local + 1}"
+
+
+def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
+    """Yield (where, record) per non-blank line, filling ``f``'s offsets as it goes."""
+    offsets: list[int] = []
+    numbers: list[int] = []
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():  # blank lines (e.g. a trailing newline) carry no record
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    raise ValueError(f"{path} line {number}: malformed JSON: {error}") from None
+                offsets.append(offset)
+                numbers.append(number)
+                yield f"{path} line {number}", record
+            offset += len(line)
+    f.line_offsets = np.asarray(offsets, dtype=np.int64)
+    f.line_numbers = np.asarray(numbers, dtype=np.int64)
+    f.count = len(offsets)
+
+
+def _read_table(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        table = pq.read_table(path)
+    else:  # .arrow files of a saved Hugging Face dataset (IPC stream, or IPC file)
+        with pa.memory_map(str(path)) as source:
+            try:
+                table = pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_file(source).read_all()
+    if "messages" not in table.column_names:
+        raise ValueError(f"{path}: no 'messages' column (columns: {', '.join(table.column_names)})")
+    keep = [name for name in ("messages", "metadata", "tools") if name in table.column_names]
+    return table.select(keep)
+
+
+def _dataset_files(directory: Path) -> list[Path]:
+    if (directory / "dataset_dict.json").is_file():
+        if not (directory / "train").is_dir():
+            raise FileNotFoundError(f"{directory}: dataset_dict.json without a 'train' split directory")
+        directory = directory / "train"
+    state = directory / "state.json"
+    if state.is_file():
+        names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+        return [directory / name for name in names]
+    files = sorted(p for p in directory.rglob("*") if p.suffix in (".jsonl", ".parquet", ".arrow")
+                   and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no .jsonl, .parquet or .arrow files")
+    return files
+
+
+@dataclass(kw_only=True)
+class ConversationSource:
+    """All conversations of an input, addressable by a global index."""
+
+    description: str
+    files: list[_File] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return sum(f.count for f in self.files)
+
+    def where(self, index: int) -> str:
+        for f in self.files:
+            if index < f.count:
+                return f.where(index)
+            index -= f.count
+        raise IndexError(index)
+
+    def load(self, indices: np.ndarray) -> list[dict[str, Any]]:
+        """Raw records at global ``indices``, in that order (each file opened once per call)."""
+        out: list[Any] = [None] * len(indices)
+        starts = np.cumsum([0] + [f.count for f in self.files])
+        file_of = np.searchsorted(starts, indices, side="right") - 1
+        for number, f in enumerate(self.files):
+            positions = np.flatnonzero(file_of == number)
+            if positions.size == 0:
+                continue
+            local = indices[positions] - starts[number]
+            if f.kind == "jsonl":
+                with open(f.path, "rb") as handle:
+                    for position, offset in zip(positions.tolist(), f.line_offsets[local].tolist()):
+                        handle.seek(offset)
+                        out[position] = json.loads(handle.readline())
+            else:
+                rows = _drop_nulls(f.table.take(local).to_pylist())
+                for position, row in zip(positions.tolist(), rows):
+                    out[position] = row
+        return out
+
+
+def open_source(path: str | Path) -> tuple[ConversationSource, Iterator[tuple[int, str, Any]]]:
+    """Open an input; return it and an iterator over (global index, where, record).
+
+    The source knows its files only once the iterator is exhausted."""
+    path = Path(path)
+    if path.is_dir():
+        files = _dataset_files(path)
+        description = f"Hugging Face dataset directory {path} ({len(files)} file(s))"
+    elif path.is_file():
+        if path.suffix not in (".jsonl", ".parquet", ".arrow"):
+            raise ValueError(f"{path}: unsupported input (expected .jsonl, .parquet or a dataset directory)")
+        files, description = [path], f"{path.suffix.lstrip('.')} file {path}"
+    else:
+        raise FileNotFoundError(f"input {path} not found")
+    source = ConversationSource(description=description)
+
+    def scan() -> Iterator[tuple[int, str, Any]]:
+        base = 0
+        for file_path in files:
+            if file_path.suffix == ".jsonl":
+                f = _File(path=file_path, kind="jsonl")
+                for local, (where, record) in enumerate(_json_lines(file_path, f)):
+                    yield base + local, where, record
+            else:
+                table = _read_table(file_path)
+                f = _File(path=file_path, kind="table", count=table.num_rows, table=table)
+                for start in range(0, table.num_rows, _SCAN_BATCH):
+                    for local, record in enumerate(_drop_nulls(table.slice(start, _SCAN_BATCH).to_pylist()),
+                                               start=start):
+                        yield base + local, f.where(local), record
+            source.files.append(f)
+            base += f.count
+
+    return source, scan()
+
+
+def _text_field(message: dict[str, Any], key: str, where: str, position: int) -> str:
+    value = message.get(key)
+    if not isinstance(value, str):
+        raise InvalidConversation(f"{where}: message {position}: {key!r} must be a string, "
+                                  f"got {type(value).__name__}")
+    return value
+
+
+def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tuple[list[dict[str, Any]], Any]:
+    """Check one record; return (messages, tools) or raise InvalidConversation naming ``where``.
+
+    Keys whose value is null are dropped (Parquet fills absent struct fields with nulls).
+    An assistant message with tool calls may have null content; it becomes "".
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+        raise InvalidConversation(f"{where}: expected an object with a 'messages' list")
+    metadata = record.get("metadata")
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata) if metadata else None
+        except json.JSONDecodeError:
+            raise InvalidConversation(f"{where}: 'metadata' is a string but not JSON") from None
+    tools = (metadata or {}).get("tools") if isinstance(metadata, dict) else None
+    tools = tools if tools is not None else record.get("tools")
+    messages = []
+    for position, raw in enumerate(record["messages"], start=1):
+        if not isinstance(raw, dict):
+            raise InvalidConversation(f"{where}: message {position} is not an object")
+        message = {k: v for k, v in raw.items() if v is not None}
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidConversation(f"{where}: message {position}: unknown role {role!r} "
+                                      f"(expected one of {', '.join(ROLES)})")
+        if role == "assistant" and message.get("tool_calls") and "content" not in message:
+            message["content"] = ""
+        for key in ("content", "reasoning_content"):
+            if key == "content" or key in message:
+                text = _text_field(message, key, where, position)
+                if forbidden is not None and (hit := forbidden.search(text)):
+                    raise InvalidConversation(f"{where}: message {position}: {key} contains the special "
+                                              f"token {hit.group(0)!r}")
+        if role == "system" and position != 1:
+            raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first")
+        messages.append(message)
+    if not messages:
+        raise InvalidConversation(f"{where}: empty conversation (no messages)")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise")
+    return messages, tools

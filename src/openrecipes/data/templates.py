@@ -1,0 +1,165 @@
+"""Chat templates and loss-mask formats.
+
+A conversation is rendered once with the tokenizer's Jinja chat template (the same sandboxed
+Jinja settings Hugging Face tokenizers use), then cut into pieces at the edges of the
+supervised spans. A loss-mask format names the text that opens an assistant turn (the
+generation header) and the token that closes it; everything between, the closing token
+included, is supervised. The pieces are tokenized separately (see ``build``), so every token
+belongs to exactly one piece and its mask is exact by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ASSETS = Path(__file__).with_name("assets")
+BUILTIN_TEMPLATES = {"qwen3": ASSETS / "templates" / "qwen3.jinja",
+                     "muse_spark": ASSETS / "templates" / "muse_spark.jinja"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossMaskFormat:
+    """Where supervised text sits in a rendered conversation.
+
+    ``header``: the generation header opening an assistant turn (never supervised).
+    ``end``: the token closing the assistant turn (supervised).
+    ``separator``: the default token appended after each conversation (never supervised).
+    """
+
+    name: str
+    header: str
+    end: str
+    separator: str
+
+    def marker_tokens(self) -> list[str]:
+        """Special tokens this format relies on; the tokenizer must know each as one token."""
+        return sorted(set(re.findall(r"<\|[^|]+\|>", self.header + self.end + self.separator)))
+
+
+LOSS_MASKS: dict[str, LossMaskFormat] = {
+    # Supervise assistant content and <|im_end|>; the "\n" after <|im_end|> belongs to the
+    # unsupervised text that follows.
+    "qwen3": LossMaskFormat(name="qwen3", header="<|im_start|>assistant\n", end="<|im_end|>",
+                            separator="<|endoftext|>"),
+    # The project's own Muse Spark format (templates/muse_spark.jinja).
+    "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
+                                 end="<|eot|>", separator="<|end_of_text|>"),
+}
+
+
+def get_loss_mask(name: str) -> LossMaskFormat:
+    if name not in LOSS_MASKS:
+        raise ValueError(f"--loss-mask: unknown loss mask {name!r}; choose one of {', '.join(LOSS_MASKS)}")
+    return LOSS_MASKS[name]
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    # Present for templates that call it; a build that relies on it is not reproducible,
+    # so pass current_date explicitly instead.
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def compile_template(source: str) -> Any:
+    """Compile a chat template in a sandbox with the Hugging Face Jinja conventions."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatRenderer:
+    """Renders conversations with one template and splits them into masked pieces."""
+
+    template: str
+    loss_mask: LossMaskFormat
+    special_tokens: dict[str, str | None]  # bos_token / eos_token as the template sees them
+    template_kwargs: dict[str, Any]
+
+    def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+        compiled = compile_template(self.template)
+        return compiled.render(messages=messages, tools=tools, add_generation_prompt=False,
+                               **self.special_tokens, **self.template_kwargs)
+
+    def pieces(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> tuple[list[str], list[int]]:
+        """Return the rendered text cut into pieces and each piece's mask (0 or 1).
+
+        Raises ValueError when the rendering does not contain one supervised span per
+        assistant message: the template and the loss-mask format do not belong together.
+        """
+        text = self.render(messages, tools)
+        header, end = self.loss_mask.header, self.loss_mask.end
+        pieces: list[str] = []
+        masks: list[int] = []
+        cursor = 0
+        found = 0
+        while True:
+            start = text.find(header, cursor)
+            if start < 0:
+                break
+            content_start = start + len(header)
+            stop = text.find(end, content_start)
+            if stop < 0:
+                raise ValueError(f"rendered assistant turn has no closing {end!r} "
+                                 f"(template does not fit the {self.loss_mask.name} loss mask)")
+            if text.find(header, content_start, stop) >= 0:
+                raise ValueError(f"rendered assistant turn is not closed by {end!r} before the next one")
+            content_stop = stop + len(end)
+            pieces += [text[cursor:content_start], text[content_start:content_stop]]
+            masks += [0, 1]
+            cursor = content_stop
+            found += 1
+        pieces.append(text[cursor:])
+        masks.append(0)
+        expected = sum(1 for m in messages if m.get("role") == "assistant")
+        if found != expected:
+            raise ValueError(f"the chat template rendered {found} assistant turn(s) in the "
+                             f"{self.loss_mask.name} format ({header!r} ... {end!r}) for {expected} "
+                             f"assistant message(s); the template does not fit --loss-mask {self.loss_mask.name}")
+        keep = [i for i, piece in enumerate(pieces) if piece]
+        return [pieces[i] for i in keep], [masks[i] for i in keep]
+
+
+def load_template_text(spec: str) -> tuple[str, str]:
+    """Resolve ``--chat-template``: a built-in name or a file path. Returns (text, description)."""
+    if spec in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[spec].read_text(encoding="utf-8"), f"built-in {spec}"
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--chat-template: {spec} is neither a built-in template "
+                                f"({', '.join(BUILTIN_TEMPLATES)}) nor a file")
+    return path.read_text(encoding="utf-8"), str(path)
+
+
+def parse_template_kwargs(items: list[str] | None) -> dict[str, Any]:
+    """Parse ``k=v`` strings. ``true``/``false`` become booleans; everything else stays a string."""
+    kwargs: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--template-kwargs: expected key=value, got {item!r}")
+        key = key.strip()
+        if key in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+            raise ValueError(f"--template-kwargs: {key!r} is set by the builder and cannot be overridden")
+        lowered = value.strip().lower()
+        kwargs[key] = True if lowered == "true" else False if lowered == "false" else value
+    return kwargs

@@ -1,0 +1,98 @@
+"""Load a Hugging Face tokenizer directory without transformers.
+
+A directory holds ``tokenizer.json`` and, for the chat template, ``chat_template.jinja``
+and/or a ``chat_template`` field in ``tokenizer_config.json`` (the .jinja file wins, as in
+transformers). Only the ``tokenizers`` library is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openrecipes.utils import sha256_file
+
+BUNDLED_TOKENIZER = Path(__file__).with_name("assets") / "tokenizer"
+
+
+@dataclass(kw_only=True)
+class TokenizerBundle:
+    directory: Path
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat_template: str | None
+    chat_template_source: str | None
+    config: dict[str, Any]
+    file_sha256: dict[str, str] = field(default_factory=dict)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def special_token_strings(self) -> list[str]:
+        """Added tokens marked special; a conversation quoting one could forge turn markers."""
+        return sorted(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special)
+
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        tokens = self.special_token_strings()
+        if not tokens:
+            return None
+        return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+    def config_token(self, key: str) -> str | None:
+        """``eos_token`` etc. from tokenizer_config.json, given as a string or {"content": ...}."""
+        value = self.config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) else None
+
+
+def _template_from_config(config: dict[str, Any], path: Path) -> str | None:
+    template = config.get("chat_template")
+    if template is None:
+        return None
+    if isinstance(template, str):
+        return template
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        for entry in template:
+            if isinstance(entry, dict) and entry.get("name") == "default":
+                return str(entry.get("template"))
+        raise ValueError(f"{path}: chat_template is a list without a 'default' entry")
+    raise ValueError(f"{path}: chat_template must be a string or a list of named templates")
+
+
+def load_tokenizer(directory: str | Path) -> TokenizerBundle:
+    """Load ``directory``; raise FileNotFoundError / ValueError naming the file at fault."""
+    from tokenizers import Tokenizer
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"--tokenizer: {directory} is not a directory")
+    tokenizer_json = directory / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        raise FileNotFoundError(f"--tokenizer: {tokenizer_json} not found (a tokenizer directory needs "
+                                "tokenizer.json)")
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as error:  # the Rust error type is not importable by name
+        raise ValueError(f"{tokenizer_json}: cannot load tokenizer: {error}") from error
+    hashes = {"tokenizer.json": sha256_file(tokenizer_json)}
+    config: dict[str, Any] = {}
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{config_path}: line {error.lineno}: invalid JSON: {error.msg}") from error
+        hashes["tokenizer_config.json"] = sha256_file(config_path)
+    template, source = None, None
+    jinja_path = directory / "chat_template.jinja"
+    if jinja_path.is_file():
+        template, source = jinja_path.read_text(encoding="utf-8"), str(jinja_path)
+        hashes["chat_template.jinja"] = sha256_file(jinja_path)
+    elif config:
+        template = _template_from_config(config, config_path)
+        source = f"{config_path} (chat_template)" if template is not None else None
+    return TokenizerBundle(directory=directory, tokenizer=tokenizer, chat_template=template,
+                           chat_template_source=source, config=config, file_sha256=hashes)

@@ -1,0 +1,217 @@
+"""Adam with decoupled weight decay, in three precisions, with optional CPU offload of optimizer state.
+
+``master``:
+- ``param``: the parameters are the fp32 masters (fp32 training).
+- ``fp32``: bf16 parameters plus an explicit fp32 master copy (the usual mixed-precision optimizer).
+- ``remainder``: bf16 parameters plus an int16 remainder; together they are the fp32 master, bitwise
+  (``remainders.py``). Saves 2 bytes per parameter against ``fp32``.
+``moment_dtype``: fp32 or bf16 storage for both moments. All arithmetic is fp32 whatever is stored.
+
+Gradients are read from ``param.main_grad`` (an fp32 accumulation buffer the training loop keeps for bf16
+parameters) when present, else ``param.grad``. Weight decay applies to tensors of two or more dimensions.
+
+Offload: whole parameters, in order, have their optimizer state on (pinned) CPU memory until they hold
+``offload_fraction`` of all elements; their update runs on the CPU. With ``overlap`` on CUDA, gradient copies to
+the host run on a side stream while the on-GPU parameters update, and each updated parameter is copied back as
+soon as it is ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from openrecipes.optim.remainders import join_master, split_master
+
+MASTER_MODES = ("param", "fp32", "remainder")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamConfig:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    master: str = "fp32"
+    moment_dtype: str = "fp32"
+    offload_fraction: float = 0.0
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.master not in MASTER_MODES:
+            raise ValueError(f"optimizer.master: {self.master!r} is not one of {MASTER_MODES}")
+        if self.moment_dtype not in _DTYPES:
+            raise ValueError(f"optimizer.moment_dtype: {self.moment_dtype!r} is not one of {tuple(_DTYPES)}")
+        if not 0.0 <= self.offload_fraction <= 1.0:
+            raise ValueError(f"offload.fraction must be in [0, 1], got {self.offload_fraction}")
+        if not (0.0 <= self.betas[0] < 1.0 and 0.0 <= self.betas[1] < 1.0):
+            raise ValueError(f"optimizer.betas must be in [0, 1), got {self.betas}")
+
+
+def bytes_per_param(*, param_dtype: str, master: str, moment_dtype: str) -> int:
+    """Device + host bytes one parameter costs: param, fp32 gradient accumulator (bf16 params), master, moments."""
+    param = 4 if param_dtype == "fp32" else 2
+    grad = 4
+    master_bytes = {"param": 0, "fp32": 4, "remainder": 2}[master]
+    moments = 2 * (4 if moment_dtype == "fp32" else 2)
+    return param + grad + master_bytes + moments
+
+
+def adam_math(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+              step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    """One AdamW update of fp32 tensors, in place, in the order torch.optim.AdamW uses."""
+    if weight_decay:
+        master.mul_(1.0 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    bias_correction1 = 1.0 - beta1 ** step
+    bias_correction2 = 1.0 - beta2 ** step
+    denom = (exp_avg_sq.sqrt() / bias_correction2 ** 0.5).add_(eps)
+    master.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+
+
+class MixedPrecisionAdam(torch.optim.Optimizer):
+    def __init__(self, params: Iterable[torch.nn.Parameter], config: AdamConfig) -> None:
+        defaults = dict(lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+        super().__init__(params, defaults)
+        self.config = config
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if config.master == "param" and any(p.dtype != torch.float32 for p in all_params):
+            raise ValueError("optimizer.master 'param' needs fp32 parameters; use 'fp32' or 'remainder' for bf16")
+        if config.master != "param" and any(p.dtype != torch.bfloat16 for p in all_params):
+            raise ValueError(f"optimizer.master {config.master!r} needs bf16 parameters; use 'param' for fp32")
+        self._offloaded = _choose_offloaded(all_params, config.offload_fraction)
+        for p in all_params:
+            self._init_state(p)
+
+    def _init_state(self, p: torch.nn.Parameter) -> None:
+        local = _local(p)
+        device = torch.device("cpu") if p in self._offloaded else local.device
+        pin = device.type == "cpu" and local.is_cuda
+        moment = _DTYPES[self.config.moment_dtype]
+        state = self.state[p]
+        state["step"] = torch.zeros((), dtype=torch.int64)
+        state["exp_avg"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
+        state["exp_avg_sq"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
+        if self.config.master == "fp32":
+            state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
+        elif self.config.master == "remainder":
+            state["remainder"] = torch.zeros(local.shape, dtype=torch.int16, device=device, pin_memory=pin)
+        if p in self._offloaded and self.config.master == "param":
+            state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D401 - torch.optim signature
+        if closure is not None:
+            raise ValueError("MixedPrecisionAdam does not take a closure")
+        on_device, offloaded = [], []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if _grad(p) is None:
+                    continue
+                (offloaded if p in self._offloaded else on_device).append((p, group))
+        copy_stream = None
+        host_grads = {}
+        if offloaded:
+            copy_stream, host_grads = self._start_grad_copies(offloaded)
+        for p, group in on_device:
+            self._update(p, group, _grad(p))
+        if copy_stream is not None:
+            copy_stream.synchronize()  # the host must not read a gradient before its copy has landed
+        for p, group in offloaded:
+            self._update(p, group, host_grads[p])
+        return None
+
+    def _start_grad_copies(self, offloaded):
+        host_grads = {}
+        stream = None
+        if self.config.overlap and torch.cuda.is_available() and _local(offloaded[0][0]).is_cuda:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            for p, _ in offloaded:
+                grad = _local(_grad(p))
+                host_grads[p] = grad.to("cpu", non_blocking=stream is not None)
+        return stream, host_grads
+
+    def _update(self, p: torch.nn.Parameter, group: dict, grad: torch.Tensor) -> None:
+        state = self.state[p]
+        state["step"] += 1
+        local = _local(p)
+        state_device = state["exp_avg"].device
+        grad32 = grad.to(device=state_device, dtype=torch.float32)
+        if "master" in state:
+            master = state["master"]
+        elif "remainder" in state:
+            master = join_master(local.to(state_device, non_blocking=False), state["remainder"])
+        else:
+            master = local
+        exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
+        beta1, beta2 = group["betas"]
+        adam_math(master, grad32, exp_avg, exp_avg_sq, step=int(state["step"]), lr=group["lr"], beta1=beta1,
+                  beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"] if local.dim() >= 2 else 0.0)
+        state["exp_avg"].copy_(exp_avg)
+        state["exp_avg_sq"].copy_(exp_avg_sq)
+        if "remainder" in state:
+            new_param, remainder = split_master(master)
+            state["remainder"].copy_(remainder)
+            local.copy_(new_param, non_blocking=self.config.overlap)
+        elif master is not local:
+            local.copy_(master, non_blocking=self.config.overlap)
+
+    def master_weights(self) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """The fp32 master of every parameter (rebuilt from remainders where they are used)."""
+        out = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "master" in state:
+                    out[p] = state["master"].clone()
+                elif "remainder" in state:
+                    out[p] = join_master(_local(p).to(state["remainder"].device), state["remainder"])
+                else:
+                    out[p] = _local(p).detach().clone()
+        return out
+
+    def offloaded_fraction(self) -> float:
+        total = sum(_local(p).numel() for g in self.param_groups for p in g["params"])
+        return sum(_local(p).numel() for p in self._offloaded) / max(1, total)
+
+
+def _choose_offloaded(params: list[torch.nn.Parameter], fraction: float) -> set:
+    """Whole parameters, in order, until they hold at least ``fraction`` of all elements."""
+    if fraction <= 0:
+        return set()
+    total = sum(_local(p).numel() for p in params)
+    chosen, held = set(), 0
+    for p in params:
+        if held >= fraction * total:
+            break
+        chosen.add(p)
+        held += _local(p).numel()
+    return chosen
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2 / tensor parallel), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor | None:
+    main_grad = getattr(p, "main_grad", None)
+    return main_grad if main_grad is not None else p.grad
+
+
+def _empty_like(t: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,38 @@
+"""Shared helpers of the data tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openrecipes.data.build import BuildConfig, build
+from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
+
+BUNDLED_CONVERSATIONS = BUNDLED_TOKENIZER.parent / "conversations.jsonl"
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def read_rows(out: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "rows.parquet")
+    n = table.num_rows
+    return {
+        "input_ids": np.array(table.column("input_ids").to_pylist(), dtype=np.int64).reshape(n, -1),
+        "loss_mask": np.array(table.column("loss_mask").to_pylist(), dtype=np.int64).reshape(n, -1),
+        "doc_lens": table.column("doc_lens").to_pylist(),
+    }
+
+
+def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
+    options: dict[str, Any] = dict(input=BUNDLED_CONVERSATIONS, tokenizer=BUNDLED_TOKENIZER, loss_mask="qwen3",
+                                   row_tokens=256, out=out, progress=False, name="test")
+    options.update(overrides)
+    return build(BuildConfig(**options))

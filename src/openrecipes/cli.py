@@ -17,6 +17,7 @@ VERB_MODULES: dict[str, str] = {
     "demo": "openrecipes.demo",
     "models": "openrecipes.models.cli",
     "convert": "openrecipes.checkpoint.cli",
+    "train": "openrecipes.train.cli",
     "plan": "openrecipes.plan.cli",
     "data": "openrecipes.data.cli",
     "measure": "openrecipes.measure.cli",

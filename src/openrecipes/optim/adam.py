@@ -162,6 +162,27 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         elif master is not local:
             local.copy_(master, non_blocking=self.config.overlap)
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Copy saved values into the existing state tensors. torch's default would cast fp32 masters and moments to
+        the bf16 parameter dtype and move offloaded state to the parameter's device."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"optimizer state has {len(saved_groups)} parameter groups, expected {len(self.param_groups)}")
+        index_to_param = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError("optimizer state does not match the parameters (different parameter count)")
+            index_to_param.update(zip(saved["params"], group["params"]))
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        for index, values in state_dict["state"].items():
+            state = self.state[index_to_param[index]]
+            for key, value in values.items():
+                if key not in state:
+                    raise ValueError(f"optimizer state key {key!r} does not exist in this optimizer's configuration")
+                target = state[key]
+                source = value.to_local() if hasattr(value, "to_local") else value
+                target.copy_(source.reshape(target.shape) if torch.is_tensor(source) else torch.as_tensor(source))
+
     def master_weights(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         """The fp32 master of every parameter (rebuilt from remainders where they are used)."""
         out = {}
@@ -215,3 +236,4 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+

@@ -1,0 +1,1 @@
+"""Training: the recipe (one config tree), the loop, metrics, checkpoints and launch."""

@@ -1,0 +1,52 @@
+"""`openrecipes train RECIPE [--set k=v ...] [--stop-after N]` and `openrecipes train --resume RUN_DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train a recipe (or resume a run directory)",
+        description="Train the recipe in RECIPE (YAML). Keys can be overridden with --set a.b=c (values are YAML). "
+                    "Writes RUN_DIR/recipe.yaml, run.json, metrics.jsonl and checkpoints/.")
+    parser.add_argument("recipe", nargs="?", help="recipe YAML file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key, e.g. --set layout.dp=2 --set steps=5")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--stop-after", type=int, metavar="N",
+                        help="stop after step N (0-based) with a checkpoint, as an interruption would")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from openrecipes.train.loop import TrainingStopped, train
+    from openrecipes.train.recipe import load_recipe
+
+    if args.stop_after is not None and args.stop_after < 0:
+        raise ValueError(f"--stop-after must be >= 0, got {args.stop_after}")
+    if args.resume:
+        if args.recipe:
+            raise ValueError("give either RECIPE or --resume RUN_DIR, not both")
+        recipe_path = Path(args.resume) / "recipe.yaml"
+        if not recipe_path.is_file():
+            raise FileNotFoundError(f"{recipe_path} is missing: {args.resume} is not a run directory")
+        recipe = load_recipe(recipe_path, args.overrides)
+        if Path(recipe.run_dir).resolve() != Path(args.resume).resolve():
+            recipe = recipe.model_copy(update={"run_dir": str(args.resume)})
+    elif args.recipe:
+        recipe = load_recipe(args.recipe, args.overrides)
+    else:
+        raise ValueError("give a RECIPE file or --resume RUN_DIR")
+    command = "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}"
+    try:
+        run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
+    except TrainingStopped as stopped:
+        print(f"openrecipes train: stopped: {stopped}", file=sys.stderr)
+        return 1
+    print(f"run directory: {run_dir}")
+    return 0

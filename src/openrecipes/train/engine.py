@@ -1,0 +1,155 @@
+"""The pieces of one training step: the model as the recipe asks for it, the per-token loss, gradients in fp32."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from openrecipes.models.common.attention import Documents
+from openrecipes.models.common.moe import Routing, SoftmaxTopKRouter, set_expert_backend
+from openrecipes.parallel.recompute import apply_recompute
+from openrecipes.train.recipe import Recipe
+
+
+def model_config(recipe: Recipe) -> Any:
+    """The model config named by the recipe (registry name or HF directory), with its overrides applied."""
+    from openrecipes.models.registry import get_config, names
+
+    if recipe.model in names():
+        if recipe.init == "checkpoint":
+            raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {recipe.model!r}")
+        config = get_config(recipe.model)
+    elif Path(recipe.model).is_dir():
+        from openrecipes.checkpoint.hf import read_config
+        from openrecipes.checkpoint.safetensors_io import HFCheckpoint
+
+        _, config = read_config(HFCheckpoint(recipe.model))
+    else:
+        raise ValueError(f"model: {recipe.model!r} is neither a registered model ({', '.join(names())}) "
+                         "nor a checkpoint directory")
+    if recipe.model_overrides:
+        known = {f.name for f in dataclasses.fields(config)}
+        unknown = sorted(set(recipe.model_overrides) - known)
+        if unknown:
+            raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
+        config = dataclasses.replace(config, **recipe.model_overrides)
+    return config
+
+
+def build_model(recipe: Recipe, device: torch.device) -> nn.Module:
+    from openrecipes.models.families import family_for_config
+
+    config = model_config(recipe)
+    dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    if recipe.init == "checkpoint":
+        from openrecipes.checkpoint.hf import from_hf
+
+        model = from_hf(recipe.model, dtype=dtype, device=device)
+    else:
+        model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed)
+    configure_kernels(model, attention=recipe.kernels.attention, experts=recipe.kernels.experts)
+    if recipe.debug.force_load_balance:
+        force_load_balance(model)
+    apply_recompute(decoder_layers(model), granularity=recipe.recompute.granularity,
+                    method=recipe.recompute.method, num_layers=recipe.recompute.num_layers)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    return list(model.model.layers.values())
+
+
+def configure_kernels(model: nn.Module, *, attention: str, experts: str) -> None:
+    set_expert_backend(experts)
+    for module in model.modules():
+        if hasattr(module, "backend") and hasattr(module, "head_dim"):
+            module.backend = attention
+
+
+def force_load_balance(model: nn.Module) -> None:
+    """Route token copies round-robin over the experts (every expert gets the same load). The router still runs
+    and its gating weights still get gradients; only the expert choice is replaced. For benchmarks only."""
+    for module in model.modules():
+        if isinstance(module, SoftmaxTopKRouter):
+            original = module.forward
+            num_experts = module.weight.shape[0]
+
+            def forward(x_TD, _original=original, _experts=num_experts):
+                routing = _original(x_TD)
+                tokens, top_k = routing.experts_TK.shape
+                balanced = torch.arange(tokens * top_k, device=x_TD.device) % _experts
+                return Routing(experts_TK=balanced.view(tokens, top_k), weights_TK=routing.weights_TK)
+
+            module.forward = forward
+
+
+def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Weight of each next-token target (B, T-1): the loss mask of the target, never across a document start."""
+    return batch["loss_mask"][:, 1:] * (batch["position_ids"][:, 1:] != 0)
+
+
+def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of the masked next-token cross entropies of one microbatch (fp32)."""
+    documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
+                          max_seqlen=int(batch["max_seqlen"]))
+    logits = model(batch["input_ids"], batch["position_ids"], documents)
+    targets = batch["input_ids"][:, 1:].reshape(-1)
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets, reduction="none")
+    return (per_token * loss_weights(batch).reshape(-1)).sum()
+
+
+def attach_fp32_grad_accumulators(model: nn.Module) -> None:
+    """bf16 parameters fold each backward's gradient into an fp32 ``main_grad`` and free the bf16 one at once,
+    so accumulation over microbatches happens in fp32 and only one bf16 gradient lives at a time."""
+    for param in model.parameters():
+        if param.dtype == torch.float32 or not param.requires_grad:
+            continue
+        param.main_grad = None
+
+        def fold(p: torch.Tensor) -> None:
+            if p.main_grad is None:
+                p.main_grad = p.grad.float()
+            else:
+                p.main_grad.add_(p.grad)
+            p.grad = None
+
+        param.register_post_accumulate_grad_hook(fold)
+
+
+def gradients(model: nn.Module) -> list[torch.Tensor]:
+    out = []
+    for param in model.parameters():
+        grad = getattr(param, "main_grad", None)
+        grad = grad if grad is not None else param.grad
+        if grad is not None:
+            out.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+    return out
+
+
+def zero_gradients(model: nn.Module) -> None:
+    for param in model.parameters():
+        param.grad = None
+        if hasattr(param, "main_grad"):
+            param.main_grad = None
+
+
+def clip_gradients(grads: list[torch.Tensor], max_norm: float | None, *, norm_sq_reduce=None) -> torch.Tensor:
+    """Global L2 norm of ``grads`` (fp32); scales them in place when it exceeds ``max_norm``.
+
+    ``norm_sq_reduce`` sums the squared norm across ranks holding different shards (parallel runs)."""
+    if not grads:
+        return torch.zeros(())
+    norm_sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
+    if norm_sq_reduce is not None:
+        norm_sq = norm_sq_reduce(norm_sq)
+    norm = norm_sq.sqrt()
+    if max_norm is not None:
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(scale.to(grad.device))
+    return norm

@@ -1,0 +1,201 @@
+"""The training loop: data, model, optimizer, per-token loss over the global batch, metrics, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from openrecipes import __version__
+from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
+from openrecipes.optim.schedule import lr_at
+from openrecipes.train import engine
+from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from openrecipes.train.metrics import METRICS_FILE, MetricsStream, truncate_after
+from openrecipes.train.recipe import Recipe, dump_recipe
+from openrecipes.utils import atomic_write_text
+
+KNOWN_GPUS = ("GB200", "B200", "H200", "H100", "A100")
+
+
+class TrainingStopped(ValueError):
+    """The run stopped on purpose (a non-finite loss or gradient norm); the message says where."""
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce(value: torch.Tensor, op=None) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(value, op=op or dist.ReduceOp.SUM)
+    return value
+
+
+def gpu_type(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    return next((known for known in KNOWN_GPUS if re.search(known, name)), name)
+
+
+def prepare_rows(recipe: Recipe, run_dir: Path) -> Path:
+    """The rows directory the run reads; built into RUN_DIR/rows (once, by rank 0) when the recipe says so."""
+    if recipe.data.rows is not None:
+        return Path(recipe.data.rows)
+    out = run_dir / "rows"
+    rank, _ = _rank_and_world()
+    if rank == 0 and not (out / "manifest.json").is_file():
+        from openrecipes.data.build import BuildConfig, build
+        from openrecipes.data.cli import ASSETS
+
+        spec = recipe.data.build
+        build(BuildConfig(
+            input=Path(ASSETS / "conversations.jsonl" if spec.input == "bundled" else spec.input),
+            tokenizer=Path(ASSETS / "tokenizer" if spec.tokenizer == "bundled" else spec.tokenizer),
+            loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
+            template_kwargs=dict(spec.template_kwargs), out=out, progress=False))
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def _run_info(recipe: Recipe, config, device: torch.device, command: str, world: int) -> dict:
+    return {
+        "command": command,
+        "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "model": {"name": recipe.model, "active_params": config.active_params(),
+                  "total_params": config.total_params(), "num_layers": config.num_hidden_layers,
+                  "hidden_size": config.hidden_size, "num_attention_heads": config.num_attention_heads,
+                  "head_dim": config.head_dim},
+        "gpu": {"type": gpu_type(device), "count": world},
+        "world_size": world,
+        "global_batch": recipe.global_batch,
+        "steps": recipe.steps,
+        "versions": {"openrecipes": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                     "cuda": torch.version.cuda},
+    }
+
+
+def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
+          device: torch.device | None = None) -> Path:
+    """Run (or resume) the recipe; returns the run directory."""
+    from openrecipes.data.batching import RowLoader, load_rows
+    from openrecipes.parallel.layout import validate_layout
+
+    rank, world = _rank_and_world()
+    run_dir = Path(recipe.run_dir)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    config = engine.model_config(recipe)
+    validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
+                    num_experts=config.num_experts)
+    if not resume and (run_dir / METRICS_FILE).exists():
+        raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(recipe.seed)
+
+    dataset = load_rows(prepare_rows(recipe, run_dir))
+    row_tokens = dataset.row_tokens
+    rows_per_microbatch = recipe.layout.rows_per_microbatch or max(1, recipe.layout.max_tokens_per_gpu // row_tokens)
+    if rows_per_microbatch * row_tokens > recipe.layout.max_tokens_per_gpu:
+        raise ValueError(f"layout.rows_per_microbatch: {rows_per_microbatch} rows of {row_tokens} tokens exceed "
+                         f"layout.max_tokens_per_gpu={recipe.layout.max_tokens_per_gpu}")
+    dp_rank, dp_size = rank, world  # one process per data-parallel rank until other layouts are applied
+    loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
+                       max_tokens_per_gpu=rows_per_microbatch * row_tokens)
+
+    model = engine.build_model(recipe, device)
+    if recipe.precision == "bf16":
+        engine.attach_fp32_grad_accumulators(model)
+    opt = recipe.optimizer
+    optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
+        lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, master=recipe.optimizer_master(),
+        moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
+
+    start = 0
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ValueError(f"--resume: {run_dir} has no complete checkpoint")
+        start = load_checkpoint(checkpoint, model, optimizer) + 1
+        if rank == 0:
+            truncate_after(run_dir, start - 1)
+    elif rank == 0:
+        atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
+        atomic_write_text(run_dir / "run.json",
+                          json.dumps(_run_info(recipe, config, device, command, world), indent=2) + "\n")
+
+    metrics = MetricsStream(run_dir, total_steps=recipe.steps, progress=recipe.logging.progress,
+                            tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
+                            wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
+    last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
+    try:
+        for step in range(start, last + 1):
+            record = train_step(model, optimizer, loader, recipe, step, device)
+            finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
+            metrics.log(record)
+            if not finite and not recipe.debug.skip_nonfinite_steps:
+                previous = latest_checkpoint(run_dir)
+                raise TrainingStopped(f"step {step}: non-finite loss {record['loss']} or gradient norm "
+                                      f"{record['grad_norm']}; the update was not applied; last good checkpoint: "
+                                      f"{previous or 'none'}")
+            every = recipe.checkpoint.every
+            if step == last or (every and (step + 1) % every == 0):
+                save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+    finally:
+        metrics.close()
+    return run_dir
+
+
+def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device) -> dict:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    microbatches = loader.microbatches(step)
+    counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
+                           sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64)
+    supervised, sum_doc_len_sq = _all_reduce(counts).tolist()
+    if supervised == 0:
+        raise ValueError(f"step {step}: the global batch has no supervised tokens")
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for batch in microbatches:
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        micro_loss = engine.microbatch_loss_sum(model, batch)
+        (micro_loss / supervised).backward()
+        loss_sum += micro_loss.detach().double()
+    loss = float(_all_reduce(loss_sum)) / supervised
+    lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
+               warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
+    grad_norm = float(engine.clip_gradients(engine.gradients(model), recipe.optimizer.grad_clip))
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    engine.zero_gradients(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    record = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+              "tokens": recipe.global_batch * loader.dataset.row_tokens, "supervised_tokens": int(supervised),
+              "sum_doc_len_sq": int(sum_doc_len_sq), "step_time_s": time.perf_counter() - started,
+              "peak_memory_gib": None, "peak_reserved_gib": None}
+    if device.type == "cuda":
+        peaks = _all_reduce(torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+                                         dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
+        record["peak_memory_gib"], record["peak_reserved_gib"] = (peaks / 2**30).tolist()
+    return record
+
+
+def _sum_doc_len_sq(batch: dict) -> float:
+    lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).double()
+    return float((lengths * lengths).sum())

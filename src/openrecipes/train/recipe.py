@@ -1,0 +1,188 @@
+"""The recipe: one config tree, loaded from YAML, overridable with ``--set a.b=c``.
+
+Every section forbids unknown keys, so a misspelt key is an error that names it. The resolved tree is written
+to the run directory as ``recipe.yaml`` and embedded in the recipe card.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from openrecipes.parallel.layout import LayoutConfig
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class DataBuild(BaseModel):
+    """Rows built at the start of the run (into RUN_DIR/rows) with `openrecipes data build` semantics."""
+
+    model_config = _STRICT
+    input: str = "bundled"          # "bundled": the conversations that ship with openrecipes
+    tokenizer: str = "bundled"
+    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"
+    row_tokens: int = Field(..., ge=1)
+    rows: int | None = Field(None, ge=1)
+    seed: int = 42
+    template_kwargs: dict[str, str] = Field(default_factory=dict)
+
+
+class Data(BaseModel):
+    model_config = _STRICT
+    rows: str | None = None          # a directory written by `openrecipes data build`
+    build: DataBuild | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Data":
+        if (self.rows is None) == (self.build is None):
+            raise ValueError("give exactly one of data.rows (a built rows directory) or data.build")
+        return self
+
+
+class Recompute(BaseModel):
+    model_config = _STRICT
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] = "uniform"
+    num_layers: int = Field(1, ge=1)
+
+
+class Optimizer(BaseModel):
+    model_config = _STRICT
+    name: Literal["adam"] = "adam"
+    lr: float = Field(1e-5, gt=0)
+    min_lr: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_fraction: float = Field(0.0, ge=0, le=1)
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    grad_clip: float | None = Field(1.0, gt=0)
+    precision_aware: bool = False     # bf16 params + (remainders | fp32 masters), moments in moment_dtype
+    param_remainders: bool = True     # with precision_aware: int16 remainders instead of fp32 masters
+    moment_dtype: Literal["fp32", "bf16"] = "fp32"
+
+
+class Offload(BaseModel):
+    model_config = _STRICT
+    fraction: float = Field(0.0, ge=0, le=1)
+    overlap: bool = True
+
+
+class Checkpoint(BaseModel):
+    model_config = _STRICT
+    every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
+    keep: int = Field(2, ge=1)               # newest checkpoints kept
+
+
+class Logging(BaseModel):
+    model_config = _STRICT
+    progress: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "openrecipes"
+
+
+class Kernels(BaseModel):
+    model_config = _STRICT
+    attention: Literal["auto", "reference", "sdpa", "varlen"] = "auto"
+    experts: Literal["auto", "grouped_mm", "loop"] = "auto"
+
+
+class Debug(BaseModel):
+    model_config = _STRICT
+    force_load_balance: bool = False   # route tokens round-robin over experts (benchmarks only)
+    skip_nonfinite_steps: bool = False  # skip an update with a non-finite loss or grad norm instead of stopping
+
+
+class Recipe(BaseModel):
+    model_config = _STRICT
+    name: str = "run"
+    model: str                                  # registry name or Hugging Face checkpoint directory
+    model_overrides: dict[str, Any] = Field(default_factory=dict)  # e.g. {num_hidden_layers: 8}
+    init: Literal["random", "checkpoint"] = "random"  # checkpoint: load the weights of `model` (an HF dir)
+    data: Data
+    layout: LayoutConfig
+    recompute: Recompute = Field(default_factory=Recompute)
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    offload: Offload = Field(default_factory=Offload)
+    precision: Literal["bf16", "fp32"] = "bf16"
+    steps: int = Field(..., ge=1)
+    global_batch: int = Field(..., ge=1)       # rows per optimizer step
+    seed: int = 0
+    run_dir: str = "runs/run"
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    logging: Logging = Field(default_factory=Logging)
+    kernels: Kernels = Field(default_factory=Kernels)
+    debug: Debug = Field(default_factory=Debug)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Recipe":
+        if self.precision == "fp32" and self.optimizer.precision_aware:
+            raise ValueError("optimizer.precision_aware needs precision: bf16")
+        if self.offload.fraction and self.precision == "fp32":
+            raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
+        if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
+            raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
+        return self
+
+    def optimizer_master(self) -> str:
+        if self.precision == "fp32":
+            return "param"
+        return "remainder" if self.optimizer.precision_aware and self.optimizer.param_remainders else "fp32"
+
+
+def _format_error(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"{source}: {where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=c`` -> (["a", "b"], value parsed as YAML scalar/flow)."""
+    if "=" not in text:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE, e.g. layout.dp=2")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ValueError(f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = tree
+        for part in path[:-1]:
+            if not isinstance(node.get(part, {}), dict):
+                raise ValueError(f"--set {text!r}: {part} is not a section")
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return tree
+
+
+def recipe_from_dict(tree: dict, *, source: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as error:
+        raise ValueError(_format_error(error, source)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    from openrecipes.cards.safe_yaml import load_plain_yaml_file
+
+    tree, _, _ = load_plain_yaml_file(path)
+    if not isinstance(tree, dict):
+        raise ValueError(f"{path}: a recipe must be a YAML mapping")
+    return recipe_from_dict(apply_overrides(tree, overrides or []), source=str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,58 @@
+"""Recipe loading: overrides, and errors that name the key."""
+
+import pytest
+
+from openrecipes.cli import main
+from openrecipes.train.recipe import apply_overrides, load_recipe
+
+
+def write(tmp_path, text):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+model: qwen3-moe-tiny
+data: {rows: /nowhere}
+layout: {max_tokens_per_gpu: 128}
+steps: 3
+global_batch: 4
+"""
+
+
+def test_overrides_are_typed_and_nested(tmp_path):
+    recipe = load_recipe(write(tmp_path, BASE), ["layout.dp=2", "optimizer.lr=1e-4", "precision=fp32"])
+    assert recipe.layout.dp == 2 and recipe.optimizer.lr == 1e-4 and recipe.precision == "fp32"
+
+
+@pytest.mark.parametrize("extra,field", [
+    ("optimiser: {lr: 1}", "optimiser"),
+    ("layout: {max_tokens_per_gpu: 128, tp: 0}", "layout.tp"),
+    ("recompute: {granularity: sometimes}", "recompute.granularity"),
+    ("offload: {fraction: 2}", "offload.fraction"),
+])
+def test_bad_values_name_the_key(tmp_path, extra, field):
+    text = BASE.replace("layout: {max_tokens_per_gpu: 128}\n", "") + extra + "\n"
+    if "layout" not in extra:
+        text += "layout: {max_tokens_per_gpu: 128}\n"
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        load_recipe(write(tmp_path, text))
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_overrides({}, ["layout.dp"])
+
+
+def test_cli_reports_the_key_and_exits_2(tmp_path, capsys):
+    assert main(["train", str(write(tmp_path, BASE)), "--set", "steps=0"]) == 2
+    assert "steps" in capsys.readouterr().err
+
+
+def test_example_recipe_loads():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+    recipe = load_recipe(example)
+    assert recipe.optimizer_master() == "remainder"

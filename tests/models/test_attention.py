@@ -64,9 +64,10 @@ def test_attention_output_of_one_document_ignores_the_other_bitwise(backend):
     assert torch.equal(out[:, :, 6:], out2[:, :, 6:])
 
 
-def test_changing_one_document_leaves_the_other_bit_identical():
-    # fp64: the expert matmuls group tokens of both documents, and fp32 GEMMs may round a row differently when
-    # the group size changes; in fp64 any leak across documents would still show, rounding noise would not.
+def test_changing_one_document_leaves_the_other_unchanged():
+    # Attention itself is bitwise isolated (test above). Through the whole model, the expert GEMMs group tokens
+    # of both documents, and a BLAS may round a row differently when the group size changes, so the model-level
+    # check is fp64 at 1e-12: a leak across documents would be ~1e-2, rounding noise is ~1e-16.
     model = build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=0).double()
     lengths = [10, 14]
     documents = Documents.from_document_ids(packed_ids(lengths))
@@ -78,6 +79,6 @@ def test_changing_one_document_leaves_the_other_bit_identical():
         a = model(input_ids, position_ids, documents)
         b = model(changed, position_ids, documents)
         alone = model(input_ids[:, 10:], position_ids[:, 10:])  # document B alone, at the start of a row
-    assert not torch.equal(a[0, :10], b[0, :10])
-    assert torch.equal(a[0, 10:], b[0, 10:])
+    assert not torch.allclose(a[0, :10], b[0, :10], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(b[0, 10:], a[0, 10:], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(alone[0], a[0, 10:], rtol=1e-10, atol=1e-12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,18 +26,30 @@ def _expected_shapes(family: ModelFamily, config: Any) -> dict[str, tuple[torch.
     return {name: (param.shape, param.dtype) for name, param in model.named_parameters()}
 
 
-def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any,
+                        skipped: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (native name, tensor) for every native parameter, stacking per-expert HF tensors.
 
     Unknown, missing, duplicated or misshapen tensors raise ValueError naming the tensor and its file.
+    Tensors the family ignores (``family.ignored_key``, e.g. a vision tower in text-only mode) are skipped: their
+    names are appended to ``skipped`` when given, and a warning states how many there were.
     """
     expected = _expected_shapes(family, config)
     pieces: dict[str, dict[int | None, str]] = defaultdict(dict)
+    ignored: list[str] = []
     for hf_key in checkpoint.keys():
+        if family.ignored_key is not None and family.ignored_key(hf_key):
+            ignored.append(hf_key)
+            continue
         name, expert = family.native_key(hf_key)
         if name not in expected:
             raise ValueError(f"unknown tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}")
         pieces[name][expert] = hf_key
+    if ignored:
+        if skipped is not None:
+            skipped.extend(ignored)
+        warnings.warn(f"{checkpoint.path}: skipped {len(ignored)} tensor(s) outside the text model "
+                      f"(e.g. {ignored[0]!r})", stacklevel=2)
     missing = [name for name in expected if name not in pieces]
     if missing:
         raise ValueError(f"{checkpoint.path}: missing tensor(s) for {missing[:5]}"

@@ -21,6 +21,8 @@ class ModelFamily:
     build: Callable[..., nn.Module]                           # build(config, *, device, dtype, seed)
     native_key: Callable[[str], tuple[str, int | None]]       # HF name -> (native name, expert index or None)
     to_hf: Callable[[str, torch.Tensor, Any], list[tuple[str, torch.Tensor]]]  # native -> HF tensors
+    # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
+    ignored_key: Callable[[str], bool] | None = None
 
 
 _FAMILIES: list[ModelFamily] = []
@@ -60,4 +62,15 @@ def _ensure_registered() -> None:
         config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
         native_key=qwen3_hf.native_key,
         to_hf=lambda name, tensor, config: qwen3_hf.to_hf(name, tensor, config.num_experts),
+    ))
+
+    from openrecipes.models.muse_spark import hf as muse_hf
+    from openrecipes.models.muse_spark.config import MODEL_TYPE, MuseSparkConfig
+    from openrecipes.models.muse_spark.model import build_muse_spark
+
+    register_family(ModelFamily(
+        model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
+        config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
+        config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
+        native_key=muse_hf.native_key, to_hf=muse_hf.to_hf, ignored_key=muse_hf.ignored_key,
     ))

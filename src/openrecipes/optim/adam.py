@@ -23,6 +23,7 @@ from typing import Iterable
 
 import torch
 
+from openrecipes.optim import fused_cuda
 from openrecipes.optim.remainders import join_master, split_master
 
 MASTER_MODES = ("param", "fp32", "remainder")
@@ -84,6 +85,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         if config.master != "param" and any(p.dtype != torch.bfloat16 for p in all_params):
             raise ValueError(f"optimizer.master {config.master!r} needs bf16 parameters; use 'param' for fp32")
         self._offloaded = _choose_offloaded(all_params, config.offload_fraction)
+        self._grad_scale = 1.0
         for p in all_params:
             self._init_state(p)
 
@@ -104,9 +106,11 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: D401 - torch.optim signature
+    def step(self, closure=None, *, grad_scale: float = 1.0):  # noqa: D401 - torch.optim signature
+        """``grad_scale`` multiplies every gradient as it is read (gradient clipping without an extra pass)."""
         if closure is not None:
             raise ValueError("MixedPrecisionAdam does not take a closure")
+        self._grad_scale = float(grad_scale)
         on_device, offloaded = [], []
         for group in self.param_groups:
             for p in group["params"]:
@@ -142,7 +146,18 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         state["step"] += 1
         local = _local(p)
         state_device = state["exp_avg"].device
+        beta1, beta2 = group["betas"]
+        weight_decay = group["weight_decay"] if local.dim() >= 2 else 0.0
+        grad = _local(grad)
+        if fused_cuda.available(local) and state_device == local.device:
+            fused_cuda.fused_adam_update(
+                local, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], master=state.get("master"),
+                remainder=state.get("remainder"), step=int(state["step"]), lr=group["lr"], beta1=beta1,
+                beta2=beta2, eps=group["eps"], weight_decay=weight_decay, grad_scale=self._grad_scale)
+            return
         grad32 = grad.to(device=state_device, dtype=torch.float32)
+        if self._grad_scale != 1.0:
+            grad32 = grad32 * self._grad_scale
         if "master" in state:
             master = state["master"]
         elif "remainder" in state:
@@ -150,9 +165,8 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         else:
             master = local
         exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
-        beta1, beta2 = group["betas"]
         adam_math(master, grad32, exp_avg, exp_avg_sq, step=int(state["step"]), lr=group["lr"], beta1=beta1,
-                  beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"] if local.dim() >= 2 else 0.0)
+                  beta2=beta2, eps=group["eps"], weight_decay=weight_decay)
         state["exp_avg"].copy_(exp_avg)
         state["exp_avg_sq"].copy_(exp_avg_sq)
         if "remainder" in state:

@@ -105,13 +105,19 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tor
 
 def attach_fp32_grad_accumulators(model: nn.Module) -> None:
     """bf16 parameters fold each backward's gradient into an fp32 ``main_grad`` and free the bf16 one at once,
-    so accumulation over microbatches happens in fp32 and only one bf16 gradient lives at a time."""
+    so accumulation over microbatches happens in fp32 and only one bf16 gradient lives at a time.
+
+    With a single microbatch per step nothing needs accumulating: ``model.fold_grads = False`` leaves the bf16
+    gradient in place (the optimizer upcasts it as it reads), which saves a full pass over the gradients."""
+    model.fold_grads = True
     for param in model.parameters():
         if param.dtype == torch.float32 or not param.requires_grad:
             continue
         param.main_grad = None
 
         def fold(p: torch.Tensor) -> None:
+            if not model.fold_grads and p.main_grad is None:
+                return
             if p.main_grad is None:
                 p.main_grad = p.grad.float()
             else:
@@ -138,18 +144,18 @@ def zero_gradients(model: nn.Module) -> None:
             param.main_grad = None
 
 
-def clip_gradients(grads: list[torch.Tensor], max_norm: float | None, *, norm_sq_reduce=None) -> torch.Tensor:
-    """Global L2 norm of ``grads`` (fp32); scales them in place when it exceeds ``max_norm``.
+def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, *,
+                             norm_sq_reduce=None) -> tuple[float, float]:
+    """Global L2 norm of ``grads`` and the factor that clips it to ``max_norm`` (1.0 when it is within).
 
+    The optimizer applies the factor as it reads each gradient, so clipping costs no extra pass.
     ``norm_sq_reduce`` sums the squared norm across ranks holding different shards (parallel runs)."""
     if not grads:
-        return torch.zeros(())
-    norm_sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
+        return 0.0, 1.0
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    norm_sq = torch.stack([n.double() for n in norms]).pow(2).sum()
     if norm_sq_reduce is not None:
         norm_sq = norm_sq_reduce(norm_sq)
-    norm = norm_sq.sqrt()
-    if max_norm is not None:
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for grad in grads:
-            grad.mul_(scale.to(grad.device))
-    return norm
+    norm = float(norm_sq.sqrt())
+    scale = 1.0 if max_norm is None or not norm > max_norm else max_norm / (norm + 1e-6)
+    return norm, scale

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import os
 import platform
 import re
 import time
@@ -140,9 +142,16 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                             tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
                             wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
     last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
+    profile_step = int(os.environ.get("OPENRECIPES_PROFILE_STEP", "-1"))
+    gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     try:
         for step in range(start, last + 1):
-            record = train_step(model, optimizer, loader, recipe, step, device)
+            if step == profile_step:
+                record = _profiled(run_dir, lambda: train_step(model, optimizer, loader, recipe, step, device))
+            else:
+                record = train_step(model, optimizer, loader, recipe, step, device)
+            if step % 50 == 0:
+                gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
             metrics.log(record)
             if not finite and not recipe.debug.skip_nonfinite_steps:
@@ -151,11 +160,26 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                       f"{record['grad_norm']}; the update was not applied; last good checkpoint: "
                                       f"{previous or 'none'}")
             every = recipe.checkpoint.every
-            if step == last or (every and (step + 1) % every == 0):
+            at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
+            if at_end or (every and (step + 1) % every == 0):
                 save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
     finally:
+        gc.enable()
         metrics.close()
     return run_dir
+
+
+def _profiled(run_dir: Path, fn):
+    """Run one step under torch.profiler; write the kernel table to RUN_DIR/profile.txt (rank 0)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        record = fn()
+    if _rank_and_world()[0] == 0:
+        sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        atomic_write_text(run_dir / "profile.txt", prof.key_averages().table(sort_by=sort, row_limit=40))
+    return record
 
 
 def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device) -> dict:
@@ -169,19 +193,22 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if supervised == 0:
         raise ValueError(f"step {step}: the global batch has no supervised tokens")
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    if hasattr(model, "fold_grads"):
+        model.fold_grads = len(microbatches) > 1
     for batch in microbatches:
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        # max_seqlen stays on the host: reading it back from the GPU would stall the step
+        batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         micro_loss = engine.microbatch_loss_sum(model, batch)
         (micro_loss / supervised).backward()
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
-    grad_norm = float(engine.clip_gradients(engine.gradients(model), recipe.optimizer.grad_clip))
+    grad_norm, clip_scale = engine.grad_norm_and_clip_scale(engine.gradients(model), recipe.optimizer.grad_clip)
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.step()
+        optimizer.step(grad_scale=clip_scale)
     engine.zero_gradients(model)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -75,6 +75,7 @@ class Checkpoint(BaseModel):
     model_config = _STRICT
     every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
     keep: int = Field(2, ge=1)               # newest checkpoints kept
+    at_end: bool = True                      # save after the last step (benchmarks turn it off)
 
 
 class Logging(BaseModel):

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 BACKENDS = ("auto", "reference", "sdpa", "varlen")
+_CUDA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.MATH]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,10 @@ def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
               documents: Documents | None = None, window: int | None = None,
               backend: str = "auto") -> torch.Tensor:
     """Causal attention within documents (and within ``window`` tokens when given). Returns (B, H, T, D)."""
+    rows, tokens = q_BHTD.shape[0], q_BHTD.shape[2]
+    if (documents is not None and documents.max_seqlen == tokens
+            and documents.cu_seqlens.numel() - 1 == rows):
+        documents = None  # one whole document per row: plain causal attention (the fastest kernels)
     if backend == "auto":
         packed_or_windowed = documents is not None or window is not None
         backend = "varlen" if q_BHTD.is_cuda and packed_or_windowed and _varlen_available() else "sdpa"
@@ -88,8 +95,9 @@ def _expand_kv(x_BKTD: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _reference(q, k, v, *, scale, documents, window):
     groups = q.shape[1] // k.shape[1]
-    k, v = _expand_kv(k, groups).float(), _expand_kv(v, groups).float()
-    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    wide = torch.promote_types(q.dtype, torch.float32)
+    k, v = _expand_kv(k, groups).to(wide), _expand_kv(v, groups).to(wide)
+    scores = torch.matmul(q.to(wide), k.transpose(-1, -2)) * scale
     mask = attention_mask(q.shape[2], documents=documents, window=window, device=q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v).to(q.dtype)
@@ -98,6 +106,10 @@ def _reference(q, k, v, *, scale, documents, window):
 def _sdpa(q, k, v, *, scale, documents, window):
     groups = q.shape[1] // k.shape[1]
     if documents is None and window is None:
+        if q.is_cuda:
+            # cuDNN attention is ~1.8x the flash backend for long causal rows on Hopper (peers/ATTENTION.md)
+            with sdpa_kernel(_CUDA_PRIORITY, set_priority=True):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=groups > 1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=groups > 1)
     mask = attention_mask(q.shape[2], documents=documents, window=window, device=q.device)
     # Masked SDPA kernels do not all take GQA; expanding K/V keeps every backend available.

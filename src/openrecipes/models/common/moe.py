@@ -92,18 +92,56 @@ class GroupedExperts(nn.Module):
         return grouped_linear(F.silu(gate_RF) * up_RF, self.down_proj, counts_E, offsets)
 
 
+class _GatherTokenCopies(torch.autograd.Function):
+    """x_TD -> x_RD: the K copies of every token, sorted by expert. The backward gathers each copy's gradient
+    back by the inverse permutation and sums the K copies: no scatter, no atomics."""
+
+    @staticmethod
+    def forward(ctx, x_TD, order_R, inverse_R, top_k):
+        ctx.save_for_backward(inverse_R)
+        ctx.top_k = top_k
+        return x_TD.index_select(0, torch.div(order_R, top_k, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad_RD):
+        (inverse_R,) = ctx.saved_tensors
+        grad_TKD = grad_RD.index_select(0, inverse_R).view(-1, ctx.top_k, grad_RD.shape[-1])
+        return grad_TKD.sum(dim=1), None, None, None
+
+
+class _PermuteRows(torch.autograd.Function):
+    """y[i] = x[index[i]] for a permutation ``index``; the backward is the gather by its inverse."""
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def sort_by_expert(experts_TK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order_R, inverse_R, counts_E): token copies sorted by expert, the inverse permutation, copies per expert."""
+    flat_experts_R = experts_TK.flatten()
+    order_R = torch.argsort(flat_experts_R, stable=True)
+    inverse_R = torch.empty_like(order_R)
+    inverse_R[order_R] = torch.arange(order_R.numel(), device=order_R.device)
+    counts_E = torch.bincount(flat_experts_R, minlength=num_experts)
+    return order_R, inverse_R, counts_E
+
+
 class LocalTokenDispatcher:
-    """All experts on this process: sort token copies by expert, run them, weight and sum them back."""
+    """All experts on this process: sort token copies by expert, run them, unsort, weight and sum the K copies."""
 
     def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
         tokens, top_k = routing.experts_TK.shape
-        flat_experts_R = routing.experts_TK.flatten()
-        order_R = torch.argsort(flat_experts_R, stable=True)
-        token_of_R = order_R // top_k
-        counts_E = torch.bincount(flat_experts_R, minlength=experts.num_experts)
-        out_RD = experts(x_TD[token_of_R], counts_E)
-        out_RD = out_RD * routing.weights_TK.flatten()[order_R, None]
-        return torch.zeros_like(x_TD).index_add_(0, token_of_R, out_RD.to(x_TD.dtype))
+        order_R, inverse_R, counts_E = sort_by_expert(routing.experts_TK, experts.num_experts)
+        out_RD = experts(_GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k), counts_E)
+        out_TKD = _PermuteRows.apply(out_RD, inverse_R, order_R).view(tokens, top_k, -1)
+        return (out_TKD * routing.weights_TK.unsqueeze(-1)).sum(dim=1)
 
 
 class SparseMoeBlock(nn.Module):

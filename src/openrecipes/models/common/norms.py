@@ -1,4 +1,4 @@
-"""RMSNorm, computed in fp32 whatever the activation dtype."""
+"""RMSNorm, computed in fp32 (or wider) whatever the activation dtype."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ class RMSNorm(nn.Module):
         nn.init.zeros_(self.weight) if self.zero_centered else nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_f32 = x.float()
-        normed = x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 for bf16/fp16, fp64 stays fp64
+        x_wide = x.to(compute_dtype)
+        normed = x_wide * torch.rsqrt(x_wide.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.zero_centered:
-            return ((1.0 + self.weight.float()) * normed).to(x.dtype)
+            return ((1.0 + self.weight.to(compute_dtype)) * normed).to(x.dtype)
         # Cast back before scaling, as transformers does, so bf16 results match it bit for bit.
         return self.weight * normed.to(x.dtype)

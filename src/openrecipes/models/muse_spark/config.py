@@ -18,10 +18,22 @@ last layer (61), so the final block always sees the whole context and there are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
+MODEL_TYPE = "muse_spark"
+
+# config.json keys read but not used by the text model (generation, dtype hints, the other modalities)
+_IGNORED_HF_KEYS = {
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "hidden_act", "attention_dropout",
+    "text_config", "vision_config", "audio_config", "image_token_id", "audio_token_id",
+}
 
 
 def default_layer_types(num_layers: int) -> tuple[str, ...]:
@@ -54,6 +66,9 @@ class MuseSparkConfig:
     moe_intermediate_size: int = 4096  # per-expert SwiGLU width (gate, up, down)
     router_score: str = "sigmoid"
     router_dtype: str = "float32"
+    # Sigmoid scores are not a distribution; renormalising the top-k keeps the expert output's scale
+    # independent of how confident the router is (not published; DeepSeek-V3-style choice).
+    norm_topk_prob: bool = True
     final_logit_softcap: float = 20.0
     tie_word_embeddings: bool = False
     # two FP32 residual gates per layer (attention and MoE branch); shape assumed (hidden_size,)
@@ -91,6 +106,13 @@ class MuseSparkConfig:
             raise ValueError(f"router_score={self.router_score!r} is not supported (only 'sigmoid')")
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings=true is not supported: Muse Spark uses an untied LM head")
+        if self.router_dtype != "float32":
+            raise ValueError(f"router_dtype={self.router_dtype!r} is not supported (only 'float32')")
+        if self.residual_gates_per_layer != 2:
+            raise ValueError(f"residual_gates_per_layer={self.residual_gates_per_layer} is not supported "
+                             "(the model has one gate per residual branch: 2)")
+        if not (math.isfinite(self.final_logit_softcap) and self.final_logit_softcap > 0):
+            raise ValueError(f"final_logit_softcap must be a positive number, got {self.final_logit_softcap}")
 
     @property
     def num_kv_groups(self) -> int:
@@ -157,3 +179,35 @@ class MuseSparkConfig:
         """
         per_layer = self.dense_layer_params() + self.num_experts_per_tok * self.expert_params()
         return self.num_hidden_layers * per_layer + self.lm_head_params()
+
+    # ---- Hugging Face config.json (flat text-model fields; a nested ``text_config`` is read too) ----
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "config.json") -> "MuseSparkConfig":
+        model_type = raw.get("model_type")
+        if model_type not in (None, MODEL_TYPE):
+            raise ValueError(f"{source}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
+        text = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in text.items():
+            if key in known:
+                kwargs[key] = tuple(value) if key == "layer_types" and value is not None else value
+            elif key not in _IGNORED_HF_KEYS:
+                raise ValueError(f"{source}: unknown Muse Spark config field {key!r}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_hf_json(cls, path: str | Path) -> "MuseSparkConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from error
+        return cls.from_hf_dict(raw, source=str(path))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["layer_types"] = list(self.layer_types)
+        out.update(architectures=["MuseSparkForCausalLM"], model_type=MODEL_TYPE, hidden_act="silu",
+                   initializer_range=0.02, use_cache=True)
+        return out

@@ -1,0 +1,131 @@
+"""Training throughput of the engine on reduced-depth Qwen3-30B-A3B (real widths), one GPU.
+
+Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-19):
+  single_bal   one 8,192-token document per row, 1 row per step, balanced routing  (the peers' workload)
+  single_nat   same, natural routing from random init
+  packed_bal   packed rows of many short documents (200-1,800 tokens), 1 row per step, balanced
+  accum8_bal   8 single-document rows per step (8 microbatches of 1 row, gradient accumulation), balanced
+Recipe: bf16, full recompute (uniform, 1 layer), precision-aware Adam (int16 remainders, bf16 moments), grad
+clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
+memory) go to --out as JSON.
+
+Usage: python bench/engine_speed.py --out results.json [--variants single_bal,...] [--layers 8] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from openrecipes.measure import measure_run_dir  # noqa: E402
+from openrecipes.train.loop import train  # noqa: E402
+from openrecipes.train.recipe import recipe_from_dict  # noqa: E402
+
+VARIANTS = {
+    "single_bal": dict(packed=False, rows_per_step=1, balanced=True),
+    "single_nat": dict(packed=False, rows_per_step=1, balanced=False),
+    "packed_bal": dict(packed=True, rows_per_step=1, balanced=True),
+    "accum8_bal": dict(packed=False, rows_per_step=8, balanced=True),
+}
+
+
+def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
+    """Synthetic rows in the `openrecipes data build` format: random ids, every target supervised."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(rows, row_tokens), dtype=np.int32)
+    mask = np.ones((rows, row_tokens), dtype=np.int8)
+    doc_lens = []
+    for _ in range(rows):
+        if not packed:
+            doc_lens.append([row_tokens])
+            continue
+        lens, left = [], row_tokens
+        while left > 0:
+            n = min(left, int(rng.integers(200, 1801)))
+            lens.append(n)
+            left -= n
+        doc_lens.append(lens)
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"input_ids": [list(r) for r in ids], "loss_mask": [list(m) for m in mask],
+                      "doc_lens": doc_lens},
+                     schema=pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+                                       ("doc_lens", pa.list_(pa.int32()))]))
+    pq.write_table(table, out / "rows.parquet")
+    (out / "manifest.json").write_text(json.dumps({"rows": rows, "row_tokens": row_tokens, "synthetic": True}))
+    return out
+
+
+def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str) -> dict:
+    tiny = device_type == "cpu"
+    row_tokens = 256 if tiny else 8192
+    vocab = 1024 if tiny else 151936
+    rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
+                          vocab=vocab, packed=spec["packed"])
+    recipe = recipe_from_dict({
+        "name": f"engine-speed-{name}",
+        "model": "qwen3-moe-tiny" if tiny else "qwen3-30b-a3b",
+        "model_overrides": {} if tiny else {"num_hidden_layers": layers},
+        "data": {"rows": str(rows_dir)},
+        "layout": {"max_tokens_per_gpu": row_tokens},
+        "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
+        "optimizer": {"lr": 1e-5, "min_lr": 1e-6, "warmup_fraction": 0.1, "weight_decay": 0.1,
+                      "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": True, "moment_dtype": "bf16"},
+        "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
+        "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
+        "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"]},
+    })
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    run_dir = train(recipe, command=f"bench/engine_speed.py {name}")
+    wall = time.perf_counter() - started
+    measured = measure_run_dir(run_dir, window=(5, min(19, steps - 1)),
+                               gpu_type="H200" if device_type == "cuda" else None).to_dict()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    result = {"variant": name, **spec, "row_tokens": row_tokens, "wall_s": wall, "measure": measured,
+              "step_times_s": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records]}
+    profile = run_dir / "profile.txt"
+    if profile.is_file():
+        result["profile"] = profile.read_text()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.variants.split(","):
+            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name == "single_bal" else "-1"
+            results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
+                                       workdir=Path(tmp), device_type=device_type))
+            m = results[-1]["measure"]
+            print(f"RESULT {name}: {m.get('tokens_per_s_per_gpu')} tok/s/GPU, MFU {m.get('mfu')}, "
+                  f"CV {m.get('step_time_cv')}, peak {m.get('peak_memory_gib')} GiB", flush=True)
+    report = {"benchmark": "engine_speed", "date": time.strftime("%Y-%m-%d"),
+              "gpu": torch.cuda.get_device_name() if device_type == "cuda" else "cpu",
+              "torch": torch.__version__, "cuda": torch.version.cuda, "layers": args.layers, "steps": args.steps,
+              "results": results}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

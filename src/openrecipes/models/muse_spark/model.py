@@ -1,0 +1,226 @@
+"""Muse Spark Open language model in pure PyTorch (text-only: the decoder and its LM head).
+
+Parameter names follow the Hugging Face layout of a multimodal checkpoint: the decoder lives under
+``model.language_model.*``, the LM head is ``lm_head.weight``; grouped experts are the one exception
+(``...mlp.experts.{gate,up,down}_proj`` of shape (E, out, in), split per expert by ``hf.py``).
+
+One layer (pre-norm, gated residuals, both gates fp32 and initialised to ones):
+    h   = x + g_attn ⊙ Attn(RMSNorm(x))
+    out = h + g_mlp  ⊙ LatentMoE(RMSNorm(h))
+Attn: q/k RMSNorm per head; sliding layers rotate q, k with adjacent-pair RoPE and see ``sliding_window`` tokens,
+full layers use no RoPE and see the whole (causal, same-document) past; per-head RMSNorm of the attention output,
+then the sigmoid output gate sigmoid(x @ W_gateᵀ) (x = the layer's normed input), then o_proj.
+LatentMoE: the router scores the hidden state; the token is projected hidden -> latent, RMS-normed, sent to its
+top-k experts (SwiGLU on the latent width), the gated sum is RMS-normed, then projected latent -> hidden.
+Final: zero-centered RMSNorm (1 + w), untied LM head, logits = cap · tanh(logits / cap) with cap 20.
+
+Where the published material is silent, our choices (docs/muse_spark.md has the reasons): output norm before the
+output gate; the gate reads the normed layer input; router on the hidden state, sigmoid top-k weights renormalised;
+post-expert norm after the weighted sum; residual gates are per-channel vectors initialised to ones and applied in
+fp32; no embedding scaling; RMSNorm eps 1e-5; RoPE theta 10,000; init N(0, 0.02) for every matrix, expert bias 0.
+
+Legend: B rows, T tokens per row, D hidden, L latent width, H query heads, Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher
+from openrecipes.models.common.norms import RMSNorm
+from openrecipes.models.common.rope import apply_rope, rope_angles
+from openrecipes.models.common.router import KeepFP32, SigmoidTopKRouter
+from openrecipes.models.muse_spark.config import SLIDING, MuseSparkConfig
+from openrecipes.models.qwen3_moe.model import seeded_normal
+
+INIT_STD = 0.02
+
+
+class ResidualGate(KeepFP32):
+    """x + g ⊙ branch with an fp32 per-channel g; the sum is formed in fp32 and rounded once."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dtype=torch.float32))
+
+    def forward(self, x_BTD: torch.Tensor, branch_BTD: torch.Tensor) -> torch.Tensor:
+        compute = torch.promote_types(torch.promote_types(self.weight.dtype, x_BTD.dtype), torch.float32)
+        return (x_BTD.to(compute) + self.weight.to(compute) * branch_BTD.to(compute)).to(x_BTD.dtype)
+
+
+class MuseSparkAttention(nn.Module):
+    def __init__(self, config: MuseSparkConfig, layer_type: str) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.window = config.sliding_window if layer_type == SLIDING else None
+        self.pairing = "adjacent" if config.rope_interleaved else "half"
+        self.backend = "auto"
+        d, heads, kv_heads, dh = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                  config.head_dim)
+        self.q_proj = nn.Linear(d, heads * dh, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * dh, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * dh, bias=False)
+        self.o_proj = nn.Linear(heads * dh, d, bias=False)
+        self.output_gate_proj = nn.Linear(d, heads * dh, bias=False) if config.attention_output_gate else None
+        self.q_norm = RMSNorm(dh, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(dh, eps=config.rms_norm_eps)
+        self.o_norm = RMSNorm(dh, eps=config.rms_norm_eps)
+
+    def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
+        rows, tokens, _ = x_BTD.shape
+        # Heads are inferred (-1) so tensor parallelism can shard the projections without touching this code.
+        q = self.q_norm(self.q_proj(x_BTD).view(rows, tokens, -1, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x_BTD).view(rows, tokens, -1, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x_BTD).view(rows, tokens, -1, self.head_dim).transpose(1, 2)
+        if self.window is not None:  # full-attention layers carry no position signal but causality
+            q = apply_rope(q, angles_BTF, pairing=self.pairing)
+            k = apply_rope(k, angles_BTF, pairing=self.pairing)
+        out = attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), documents=documents, window=self.window,
+                        backend=self.backend)
+        out = self.o_norm(out.transpose(1, 2)).reshape(rows, tokens, -1)
+        if self.output_gate_proj is not None:
+            out = out * torch.sigmoid(self.output_gate_proj(x_BTD))
+        return self.o_proj(out)
+
+
+class MuseSparkLatentMoe(nn.Module):
+    """Router on the hidden state; experts on the latent width between a down and an up projection.
+
+    ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute), as in ``SparseMoeBlock``.
+    """
+
+    def __init__(self, config: MuseSparkConfig) -> None:
+        super().__init__()
+        d, latent = config.hidden_size, config.moe_latent_size
+        self.gate = SigmoidTopKRouter(d, config.num_experts, config.num_experts_per_tok,
+                                      normalize_top_k=config.norm_topk_prob)
+        self.latent_down_proj = nn.Linear(d, latent, bias=False)
+        self.pre_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
+        self.experts = GroupedExperts(config.num_experts, latent, config.moe_intermediate_size)
+        self.post_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
+        self.latent_up_proj = nn.Linear(latent, d, bias=False)
+        self.token_dispatcher = LocalTokenDispatcher()
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
+        routing = self.gate(x_TD)
+        z_TL = self.pre_expert_norm(self.latent_down_proj(x_TD))
+        y_TL = self.token_dispatcher(z_TL, routing, self.experts)
+        return self.latent_up_proj(self.post_expert_norm(y_TL)).reshape(x_BTD.shape)
+
+
+class MuseSparkDecoderLayer(nn.Module):
+    def __init__(self, config: MuseSparkConfig, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = MuseSparkAttention(config, layer_type)
+        self.attn_residual_gate = ResidualGate(config.hidden_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = MuseSparkLatentMoe(config)
+        self.mlp_residual_gate = ResidualGate(config.hidden_size)
+
+    def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
+        h = self.attn_residual_gate(x_BTD, self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents))
+        return self.mlp_residual_gate(h, self.mlp(self.post_attention_layernorm(h)))
+
+
+class MuseSparkTextModel(nn.Module):
+    def __init__(self, config: MuseSparkConfig) -> None:
+        super().__init__()
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
+        # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
+        self.layers = nn.ModuleDict({str(i): MuseSparkDecoderLayer(config, kind)
+                                     for i, kind in enumerate(config.layer_types)})
+        self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
+                                            zero_centered=config.final_norm_zero_centered)
+
+
+class MuseSparkModel(nn.Module):
+    """The multimodal container; text-only mode holds the language model alone."""
+
+    def __init__(self, config: MuseSparkConfig) -> None:
+        super().__init__()
+        self.language_model = MuseSparkTextModel(config)
+
+
+class MuseSparkForCausalLM(nn.Module):
+    """``forward(input_ids, position_ids=None, documents=None) -> logits (B, T, V)``, soft-capped.
+
+    A pipeline stage may drop ``model.language_model.embed_tokens`` (then the input is hidden states) or
+    ``model.language_model.norm`` and ``lm_head`` (then the output is hidden states).
+    """
+
+    def __init__(self, config: MuseSparkConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = MuseSparkModel(config)
+        self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                documents: Documents | None = None) -> torch.Tensor:
+        text = self.model.language_model
+        rows, tokens = input_ids.shape[:2]
+        if position_ids is None:
+            position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
+        h = text.embed_tokens(input_ids) if text.embed_tokens is not None else input_ids
+        angles = rope_angles(position_ids, self.config.head_dim, self.config.rope_theta)
+        for layer in text.layers.values():
+            h = layer(h, angles, documents)
+        if text.norm is not None:
+            h = text.norm(h)
+        if self.lm_head is None:
+            return h
+        return soft_cap(self.lm_head(h), self.config.final_logit_softcap)
+
+    def set_attention_backend(self, backend: str) -> None:
+        """``auto``, ``reference``, ``sdpa`` or ``varlen`` for every layer (see common/attention.py)."""
+        for module in self.modules():
+            if isinstance(module, MuseSparkAttention):
+                module.backend = backend
+
+    @torch.no_grad()
+    def init_weights(self, *, seed: int = 0) -> None:
+        """Initialise every parameter (after ``to_empty`` from the meta device).
+
+        Matrices (projections, router, experts, embedding, LM head) ~ N(0, 0.02), each from its own generator
+        seeded by (seed, name) so a pipeline stage gets exactly the values the whole model would have; norms 1
+        (the zero-centered final norm stores w - 1, so 0); residual gates 1; expert bias 0.
+        """
+        for module_name, module in self.named_modules():
+            for param_name, param in module.named_parameters(recurse=False):
+                name = f"{module_name}.{param_name}" if module_name else param_name
+                if isinstance(module, RMSNorm):
+                    param.fill_(0.0 if module.zero_centered else 1.0)
+                elif isinstance(module, ResidualGate):
+                    param.fill_(1.0)
+                elif isinstance(module, SigmoidTopKRouter) and param_name == "expert_bias":
+                    param.zero_()
+                else:
+                    param.copy_(seeded_normal(param, name, seed=seed, std=INIT_STD))
+
+
+def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap · tanh(logits / cap), evaluated in fp32 (or fp64) and returned in the logits' dtype."""
+    compute = torch.promote_types(logits.dtype, torch.float32)
+    return (cap * torch.tanh(logits.to(compute) / cap)).to(logits.dtype)
+
+
+def build_muse_spark(config: MuseSparkConfig, *, device: str | torch.device = "cpu",
+                     dtype: torch.dtype = torch.float32, seed: int | None = 0) -> MuseSparkForCausalLM:
+    """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised.
+
+    The router weight, expert bias and residual gates stay fp32 whatever ``dtype`` is (see ``KeepFP32``).
+    """
+    with torch.device("meta"):
+        model = MuseSparkForCausalLM(config)
+    if str(device) == "meta":
+        return model.to(dtype)
+    model = model.to_empty(device=device).to(dtype)
+    if seed is not None:
+        model.init_weights(seed=seed)
+    return model

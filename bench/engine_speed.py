@@ -5,8 +5,10 @@ Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-19):
   single_nat   same, natural routing from random init
   packed_bal   packed rows of many short documents (200-1,800 tokens), 1 row per step, balanced
   accum8_bal   8 single-document rows per step (8 microbatches of 1 row, gradient accumulation), balanced
-Recipe: bf16, full recompute (uniform, 1 layer), precision-aware Adam (int16 remainders, bf16 moments), grad
-clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
+  dp2_bal      two GPUs, FSDP2 data parallel, one packed row per GPU per step (fp32 masters sharded)
+  dp2ep2_bal   two GPUs, expert parallel 2 inside DP2 (all-to-all dispatch)
+Recipe: bf16, full recompute (uniform, 1 layer), precision-aware Adam (int16 remainders, bf16 moments; the
+two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
 memory) go to --out as JSON.
 
 Usage: python bench/engine_speed.py --out results.json [--variants single_bal,...] [--layers 8] [--steps 20]
@@ -35,6 +37,9 @@ VARIANTS = {
     "single_nat": dict(packed=False, rows_per_step=1, balanced=False),
     "packed_bal": dict(packed=True, rows_per_step=1, balanced=True),
     "accum8_bal": dict(packed=False, rows_per_step=8, balanced=True),
+    # two GPUs (torchrun): FSDP2 data parallel, and expert parallel inside it; one packed row per GPU per step
+    "dp2_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=1),
+    "dp2ep2_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=2),
 }
 
 
@@ -73,24 +78,39 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
     vocab = 1024 if tiny else 151936
     rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
                           vocab=vocab, packed=spec["packed"])
-    recipe = recipe_from_dict({
+    nproc = spec.get("nproc", 1)
+    tree = {
         "name": f"engine-speed-{name}",
         "model": "qwen3-moe-tiny" if tiny else "qwen3-30b-a3b",
         "model_overrides": {} if tiny else {"num_hidden_layers": layers},
         "data": {"rows": str(rows_dir)},
-        "layout": {"max_tokens_per_gpu": row_tokens},
+        "layout": {"max_tokens_per_gpu": row_tokens, "dp": nproc, "ep": spec.get("ep", 1)},
         "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
         "optimizer": {"lr": 1e-5, "min_lr": 1e-6, "warmup_fraction": 0.1, "weight_decay": 0.1,
-                      "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": True, "moment_dtype": "bf16"},
+                      "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": nproc == 1,
+                      "moment_dtype": "bf16" if nproc == 1 else "fp32"},
         "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
         "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"]},
-    })
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    }
+    run_dir = Path(tree["run_dir"])
     started = time.perf_counter()
-    run_dir = train(recipe, command=f"bench/engine_speed.py {name}")
+    if nproc > 1:
+        import subprocess
+
+        import yaml
+
+        recipe_path = workdir / f"recipe-{name}.yaml"
+        recipe_path.write_text(yaml.safe_dump(tree))
+        src = str(Path(__file__).resolve().parents[1] / "src")
+        env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        subprocess.run([sys.executable, "-m", "openrecipes", "train", str(recipe_path), "--nproc", str(nproc)],
+                       check=True, env=env)
+    else:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        train(recipe_from_dict(tree), command=f"bench/engine_speed.py {name}")
     wall = time.perf_counter() - started
     measured = measure_run_dir(run_dir, window=(5, min(19, steps - 1)),
                                gpu_type="H200" if device_type == "cuda" else None).to_dict()
@@ -106,25 +126,33 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default="single_bal,single_nat,packed_bal,accum8_bal")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.variants.split(","):
-            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name == "single_bal" else "-1"
-            results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
-                                       workdir=Path(tmp), device_type=device_type))
-            m = results[-1]["measure"]
-            print(f"RESULT {name}: {m.get('tokens_per_s_per_gpu')} tok/s/GPU, MFU {m.get('mfu')}, "
-                  f"CV {m.get('step_time_cv')}, peak {m.get('peak_memory_gib')} GiB", flush=True)
     report = {"benchmark": "engine_speed", "date": time.strftime("%Y-%m-%d"),
               "gpu": torch.cuda.get_device_name() if device_type == "cuda" else "cpu",
               "torch": torch.__version__, "cuda": torch.version.cuda, "layers": args.layers, "steps": args.steps,
               "results": results}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.variants.split(","):
+            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name in ("single_bal", "dp2ep2_bal") else "-1"
+            try:
+                results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
+                                           workdir=Path(tmp), device_type=device_type))
+            except Exception as error:  # keep what the other variants measured
+                results.append({"variant": name, "error": repr(error)})
+                print(f"RESULT {name}: failed: {error!r}", flush=True)
+                continue
+            finally:
+                # written after every variant, so a later failure loses nothing already measured
+                Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+            m = results[-1]["measure"]
+            print(f"RESULT {name}: {m.get('tokens_per_s_per_gpu')} tok/s/GPU, MFU {m.get('mfu')}, "
+                  f"CV {m.get('step_time_cv')}, peak {m.get('peak_memory_gib')} GiB", flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

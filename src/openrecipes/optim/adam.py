@@ -176,6 +176,25 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         elif master is not local:
             local.copy_(master, non_blocking=self.config.overlap)
 
+    def state_dict(self) -> dict:
+        """As torch's, with the state of sharded (DTensor) parameters wrapped as DTensors of the same layout, so
+        torch.distributed.checkpoint can save and reshard it."""
+        from torch.distributed.tensor import DTensor
+
+        saved = super().state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, values in saved["state"].items():
+            param = params[index]
+            if not isinstance(param, DTensor):
+                continue
+            device = param.to_local().device
+            saved["state"][index] = {
+                key: DTensor.from_local(value.to(device), param.device_mesh, param.placements, run_check=False,
+                                        shape=param.shape, stride=param.stride())
+                if torch.is_tensor(value) and value.dim() > 0 else value
+                for key, value in values.items()}
+        return saved
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Copy saved values into the existing state tensors. torch's default would cast fp32 masters and moments to
         the bf16 parameter dtype and move offloaded state to the parameter's device."""

@@ -18,11 +18,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     parser.add_argument("--stop-after", type=int, metavar="N",
                         help="stop after step N (0-based) with a checkpoint, as an interruption would")
+    launch = parser.add_argument_group("several processes (torchrun)")
+    launch.add_argument("--nproc", type=int, default=1, help="processes on this node (GPUs, or CPU workers)")
+    launch.add_argument("--nnodes", type=int, default=1, help="nodes in the job")
+    launch.add_argument("--node-rank", type=int, default=0, help="this node's rank (0..nnodes-1)")
+    launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="rendezvous of a multi-node job")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
+
+    if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
+        from openrecipes.train.launch import run_torchrun
+
+        forwarded = ([args.recipe] if args.recipe else []) + [f"--set={o}" for o in args.overrides]
+        forwarded += ["--resume", args.resume] if args.resume else []
+        forwarded += ["--stop-after", str(args.stop_after)] if args.stop_after is not None else []
+        return run_torchrun(forwarded, nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                            rdzv_endpoint=args.rdzv_endpoint)
 
     from openrecipes.train.loop import TrainingStopped, train
     from openrecipes.train.recipe import load_recipe
@@ -42,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
     else:
         raise ValueError("give a RECIPE file or --resume RUN_DIR")
-    command = "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}"
+    command = os.environ.get("OPENRECIPES_LAUNCH_COMMAND") or (
+        "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
     try:
         run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
     except TrainingStopped as stopped:

@@ -41,11 +41,15 @@ def model_config(recipe: Recipe) -> Any:
     return config
 
 
-def build_model(recipe: Recipe, device: torch.device) -> nn.Module:
+def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Module:
+    """The model, on ``device``, with kernels, recompute and (when ``parallel`` spans several ranks) expert and
+    data parallelism applied. Parallel runs keep fp32 parameters (the sharded masters) and compute in bf16."""
     from openrecipes.models.families import family_for_config
 
     config = model_config(recipe)
-    dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    distributed = parallel is not None and parallel.distributed
+    compute_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    dtype = torch.float32 if distributed else compute_dtype
     if recipe.init == "checkpoint":
         from openrecipes.checkpoint.hf import from_hf
 
@@ -55,8 +59,22 @@ def build_model(recipe: Recipe, device: torch.device) -> nn.Module:
     configure_kernels(model, attention=recipe.kernels.attention, experts=recipe.kernels.experts)
     if recipe.debug.force_load_balance:
         force_load_balance(model)
-    apply_recompute(decoder_layers(model), granularity=recipe.recompute.granularity,
+    layers = decoder_layers(model)
+    if distributed and parallel.ep_size > 1:
+        from openrecipes.parallel.expert import apply_expert_parallel
+
+        apply_expert_parallel([layer.mlp for layer in layers], parallel.expert_mesh,
+                              compute_dtype=compute_dtype if compute_dtype != torch.float32 else None)
+    apply_recompute(layers, granularity=recipe.recompute.granularity,
                     method=recipe.recompute.method, num_layers=recipe.recompute.num_layers)
+    if distributed:
+        from openrecipes.parallel.expert import expert_parameters
+        from openrecipes.parallel.fsdp import apply_fsdp
+
+        # with ep > 1 the experts are sharded by expert parallelism (and summed over edp by hand); else FSDP
+        # shards them with everything else
+        ignored = expert_parameters(model) if parallel.ep_size > 1 else set()
+        apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=compute_dtype, ignored=ignored)
     return model
 
 
@@ -128,12 +146,13 @@ def attach_fp32_grad_accumulators(model: nn.Module) -> None:
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor]:
+    """Each parameter's gradient: the fp32 accumulator where one is kept, else ``.grad`` (maybe a DTensor)."""
     out = []
     for param in model.parameters():
         grad = getattr(param, "main_grad", None)
         grad = grad if grad is not None else param.grad
         if grad is not None:
-            out.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+            out.append(grad)
     return out
 
 
@@ -144,18 +163,28 @@ def zero_gradients(model: nn.Module) -> None:
             param.main_grad = None
 
 
-def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, *,
-                             norm_sq_reduce=None) -> tuple[float, float]:
+def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None) -> tuple[float, float]:
     """Global L2 norm of ``grads`` and the factor that clips it to ``max_norm`` (1.0 when it is within).
 
-    The optimizer applies the factor as it reads each gradient, so clipping costs no extra pass.
-    ``norm_sq_reduce`` sums the squared norm across ranks holding different shards (parallel runs)."""
-    if not grads:
-        return 0.0, 1.0
-    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-    norm_sq = torch.stack([n.double() for n in norms]).pow(2).sum()
-    if norm_sq_reduce is not None:
-        norm_sq = norm_sq_reduce(norm_sq)
-    norm = float(norm_sq.sqrt())
+    Sharded (DTensor) gradients add their squared local norms over the ranks of the mesh dimension they are
+    sharded on. The optimizer applies the factor as it reads each gradient, so clipping costs no extra pass."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        group = None
+        if isinstance(grad, DTensor):
+            shard_dims = [i for i, placement in enumerate(grad.placements) if placement.is_shard()]
+            group = grad.device_mesh.get_group(shard_dims[0]) if shard_dims else None
+            grad = grad.to_local()
+        groups.setdefault(group, []).append(grad)
+    norm_sq = 0.0
+    for group, tensors in groups.items():
+        norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+        group_sq = torch.stack([n.double() for n in norms]).pow(2).sum()
+        if group is not None:
+            torch.distributed.all_reduce(group_sq, group=group)
+        norm_sq += float(group_sq)
+    norm = norm_sq ** 0.5
     scale = 1.0 if max_norm is None or not norm > max_norm else max_norm / (norm + 1e-6)
     return norm, scale

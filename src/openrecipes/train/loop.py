@@ -94,13 +94,21 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     from openrecipes.data.batching import RowLoader, load_rows
     from openrecipes.parallel.layout import validate_layout
 
-    rank, world = _rank_and_world()
+    from openrecipes.parallel.mesh import build_parallel_state, init_distributed
+
+    rank, world, default_device = init_distributed(recipe.distributed_timeout_minutes)
+    device = device or default_device
     run_dir = Path(recipe.run_dir)
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     config = engine.model_config(recipe)
     validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
                     num_experts=config.num_experts)
+    parallel = build_parallel_state(recipe.layout, device)
+    if parallel.distributed and recipe.optimizer.precision_aware:
+        raise ValueError("optimizer.precision_aware: with several processes the engine keeps fp32 masters sharded "
+                         "by FSDP2; set optimizer.precision_aware: false (precision-aware Adam is single-process "
+                         "for now)")
+    if parallel.distributed and recipe.offload.fraction:
+        raise ValueError("offload.fraction: CPU offload is single-process for now")
     if not resume and (run_dir / METRICS_FILE).exists():
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     if rank == 0:
@@ -113,16 +121,17 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     if rows_per_microbatch * row_tokens > recipe.layout.max_tokens_per_gpu:
         raise ValueError(f"layout.rows_per_microbatch: {rows_per_microbatch} rows of {row_tokens} tokens exceed "
                          f"layout.max_tokens_per_gpu={recipe.layout.max_tokens_per_gpu}")
-    dp_rank, dp_size = rank, world  # one process per data-parallel rank until other layouts are applied
+    dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
                        max_tokens_per_gpu=rows_per_microbatch * row_tokens)
 
-    model = engine.build_model(recipe, device)
-    if recipe.precision == "bf16":
+    model = engine.build_model(recipe, device, parallel)
+    if recipe.precision == "bf16" and not parallel.distributed:
         engine.attach_fp32_grad_accumulators(model)
     opt = recipe.optimizer
     optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
-        lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, master=recipe.optimizer_master(),
+        lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
+        master="param" if parallel.distributed else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
 
     start = 0
@@ -143,13 +152,17 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                             wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
     last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
     profile_step = int(os.environ.get("OPENRECIPES_PROFILE_STEP", "-1"))
+    fail_at = os.environ.get("OPENRECIPES_FAIL_AT")  # "RANK:STEP": fault injection for launcher tests
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     try:
         for step in range(start, last + 1):
+            if fail_at == f"{rank}:{step}":
+                raise RuntimeError(f"injected failure on rank {rank} at step {step} (OPENRECIPES_FAIL_AT)")
             if step == profile_step:
-                record = _profiled(run_dir, lambda: train_step(model, optimizer, loader, recipe, step, device))
+                record = _profiled(run_dir, lambda: train_step(model, optimizer, loader, recipe, step, device,
+                                                               parallel))
             else:
-                record = train_step(model, optimizer, loader, recipe, step, device)
+                record = train_step(model, optimizer, loader, recipe, step, device, parallel)
             if step % 50 == 0:
                 gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
@@ -182,13 +195,13 @@ def _profiled(run_dir: Path, fn):
     return record
 
 
-def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device) -> dict:
+def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, parallel=None) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
-                           sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64)
+                           sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
     supervised, sum_doc_len_sq = _all_reduce(counts).tolist()
     if supervised == 0:
         raise ValueError(f"step {step}: the global batch has no supervised tokens")
@@ -202,6 +215,10 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         (micro_loss / supervised).backward()
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
+    if parallel is not None and parallel.ep_size > 1:
+        from openrecipes.parallel.expert import all_reduce_expert_grads
+
+        all_reduce_expert_grads(model, parallel.expert_mesh)
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
     grad_norm, clip_scale = engine.grad_norm_and_clip_scale(engine.gradients(model), recipe.optimizer.grad_clip)

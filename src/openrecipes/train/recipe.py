@@ -113,6 +113,7 @@ class Recipe(BaseModel):
     steps: int = Field(..., ge=1)
     global_batch: int = Field(..., ge=1)       # rows per optimizer step
     seed: int = 0
+    distributed_timeout_minutes: float = Field(10.0, gt=0)  # a collective waiting longer ends the job
     run_dir: str = "runs/run"
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     logging: Logging = Field(default_factory=Logging)

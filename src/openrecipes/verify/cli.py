@@ -15,6 +15,8 @@ from typing import Any
 # subcommand -> module that registers it; order is the order shown in --help
 CHECK_MODULES: dict[str, str] = {
     "convergence": "openrecipes.verify.convergence_cli",
+    "optimizer": "openrecipes.verify.optimizer_cli",
+    "parity": "openrecipes.verify.parity_cli",
 }
 
 

@@ -84,12 +84,22 @@ class GroupedExperts(nn.Module):
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
 
-    def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
-        """``x_RD`` sorted by expert, ``counts_E`` rows per local expert. Returns (R, D)."""
-        offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD) else None
-        gate_RF = grouped_linear(x_RD, self.gate_proj, counts_E, offsets)
-        up_RF = grouped_linear(x_RD, self.up_proj, counts_E, offsets)
-        return grouped_linear(F.silu(gate_RF) * up_RF, self.down_proj, counts_E, offsets)
+    def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
+        """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
+        row's hidden activation. Returns (R, D)."""
+        return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R)
+
+
+def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
+                   down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
+    offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD) else None
+    gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets)
+    up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets)
+    hidden_RF = F.silu(gate_RF) * up_RF
+    if weights_R is not None:
+        # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
+        hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
+    return grouped_linear(hidden_RF, down_EDF, counts_E, offsets)
 
 
 class _GatherTokenCopies(torch.autograd.Function):
@@ -134,14 +144,15 @@ def sort_by_expert(experts_TK: torch.Tensor, num_experts: int) -> tuple[torch.Te
 
 
 class LocalTokenDispatcher:
-    """All experts on this process: sort token copies by expert, run them, unsort, weight and sum the K copies."""
+    """All experts on this process: sort token copies by expert, run them (gated by their routing weights), unsort
+    and sum the K copies of each token."""
 
     def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
         tokens, top_k = routing.experts_TK.shape
         order_R, inverse_R, counts_E = sort_by_expert(routing.experts_TK, experts.num_experts)
-        out_RD = experts(_GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k), counts_E)
-        out_TKD = _PermuteRows.apply(out_RD, inverse_R, order_R).view(tokens, top_k, -1)
-        return (out_TKD * routing.weights_TK.unsqueeze(-1)).sum(dim=1)
+        weights_R = routing.weights_TK.flatten()[order_R]
+        out_RD = experts(_GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k), counts_E, weights_R)
+        return _PermuteRows.apply(out_RD, inverse_R, order_R).view(tokens, top_k, -1).sum(dim=1)
 
 
 class SparseMoeBlock(nn.Module):

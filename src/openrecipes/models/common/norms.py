@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -19,10 +20,11 @@ class RMSNorm(nn.Module):
         nn.init.zeros_(self.weight) if self.zero_centered else nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.zero_centered:
+            # one fused kernel on CUDA; statistics in fp32 (fp64 stays fp64), one rounding to the input dtype
+            return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
         compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 for bf16/fp16, fp64 stays fp64
         x_wide = x.to(compute_dtype)
         normed = x_wide * torch.rsqrt(x_wide.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.zero_centered:
             return ((1.0 + self.weight.to(compute_dtype)) * normed).to(x.dtype)
-        # Cast back before scaling, as transformers does, so bf16 results match it bit for bit.
-        return self.weight * normed.to(x.dtype)

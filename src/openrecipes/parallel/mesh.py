@@ -1,0 +1,72 @@
+"""Process groups and device meshes for a validated layout.
+
+Dense layers shard over the data-parallel mesh ``dp`` (all ranks while tp = cp = pp = 1). Expert layers regroup the
+same ranks as ``edp x ep``: ep consecutive ranks hold the E/ep experts each, and the edp groups of equal expert shards
+average (sum) their gradients. Both meshes come from one root mesh so FSDP2 and DTensor can compose them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from openrecipes.parallel.layout import LayoutConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelState:
+    rank: int
+    world_size: int
+    device: torch.device
+    dp_rank: int
+    dp_size: int
+    ep_size: int
+    dense_mesh: DeviceMesh | None   # ("dp",)
+    expert_mesh: DeviceMesh | None  # ("edp", "ep")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.device]:
+    """Join the process group torchrun describes in the environment (or stay single-process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes),
+                                device_id=device if device.type == "cuda" else None)
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
+def build_parallel_state(layout: LayoutConfig, device: torch.device) -> ParallelState:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    unsupported = {name: getattr(layout, name) for name in ("tp", "pp", "cp", "etp") if getattr(layout, name) != 1}
+    if unsupported:
+        raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
+                         "engine yet (data and expert parallelism are); `openrecipes plan` can still plan it")
+    if layout.ep > 1 and world // layout.ep > 1:
+        # Summing expert gradients over expert-data-parallel replicas gave run-to-run differences on gloo
+        # (collectives of overlapping process groups in flight together); until that is fixed, refuse it.
+        raise ValueError(f"layout: ep={layout.ep} with {world // layout.ep} expert-data-parallel replicas (edp > 1) "
+                         "is not supported yet; use ep = dp (edp = 1), as the seed layouts do, or ep = 1")
+    if world == 1:
+        return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1,
+                             dense_mesh=None, expert_mesh=None)
+    root = init_device_mesh(device.type, (world // layout.ep, layout.ep), mesh_dim_names=("edp", "ep"))
+    dense = root._flatten("dp")
+    return ParallelState(rank=rank, world_size=world, device=device, dp_rank=dense.get_local_rank(),
+                         dp_size=world, ep_size=layout.ep, dense_mesh=dense, expert_mesh=root)

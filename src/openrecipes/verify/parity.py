@@ -1,0 +1,165 @@
+"""Parity of the native model with transformers on a checkpoint directory: logits, loss and every gradient.
+
+Both models load the same checkpoint in the same dtype on the CPU and see the same seeded random input ids.
+Errors are max-relative: max |native - hf| / max |hf| over a tensor. The native model holds each projection of
+the experts as one (E, out, in) tensor; transformers 5.x fuses gate and up into ``mlp.experts.gate_up_proj``
+(E, 2F, H), and older versions keep one ``mlp.experts.{e}.{proj}.weight`` per expert; both are mapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityThresholds:
+    logits: float = 1e-5
+    loss: float = 1e-5
+    grads: float = 1e-4
+
+
+@dataclass(kw_only=True)
+class ParityReport:
+    checkpoint: str
+    dtype: str
+    tokens: int
+    thresholds: ParityThresholds
+    logits_error: float = float("nan")
+    loss_error: float = float("nan")
+    native_loss: float = float("nan")
+    hf_loss: float = float("nan")
+    grad_errors: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def worst_grad(self) -> tuple[str, float]:
+        if not self.grad_errors:
+            return ("-", 0.0)
+        name = max(self.grad_errors, key=self.grad_errors.get)
+        return name, self.grad_errors[name]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def max_rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = expected.abs().max().item()
+    diff = (actual.double() - expected.double()).abs().max().item()
+    if scale == 0:
+        return 0.0 if diff == 0 else float("inf")
+    return diff / scale
+
+
+def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
+
+
+def hf_gradient(hf_params: dict[str, torch.nn.Parameter], native_name: str, ffn: int) -> torch.Tensor:
+    """The gradient of the HF parameter(s) behind one native parameter, in the native layout."""
+    if native_name in hf_params:
+        return hf_params[native_name].grad
+    prefix, proj = native_name.rsplit(".", 1)  # "...mlp.experts", "gate_proj"
+    fused = hf_params.get(f"{prefix}.gate_up_proj")
+    if proj in ("gate_proj", "up_proj") and fused is not None:
+        return fused.grad[:, :ffn] if proj == "gate_proj" else fused.grad[:, ffn:]
+    per_expert = []
+    while f"{prefix}.{len(per_expert)}.{proj}.weight" in hf_params:
+        per_expert.append(hf_params[f"{prefix}.{len(per_expert)}.{proj}.weight"].grad)
+    if not per_expert:
+        raise ValueError(f"no transformers parameter matches native parameter {native_name!r}")
+    if any(g is None for g in per_expert):
+        return None
+    return torch.stack(per_expert)
+
+
+def _load_transformers(path: Path, dtype: torch.dtype):
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise ValueError("verify parity needs the 'transformers' package: pip install transformers") from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    except TypeError:  # transformers 4.x spells it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, attn_implementation="eager")
+    return model.eval()
+
+
+def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: str = "fp32", seed: int = 0,
+                 thresholds: ParityThresholds = ParityThresholds()) -> ParityReport:
+    import openrecipes
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path / 'config.json'}: not found (HF_DIR must be a checkpoint directory)")
+    if dtype not in _DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is not one of {tuple(_DTYPES)}")
+    if tokens < 2:
+        raise ValueError(f"--tokens must be at least 2 (the loss predicts the next token), got {tokens}")
+    torch_dtype = _DTYPES[dtype]
+    hf_model = _load_transformers(path, torch_dtype)
+    native = openrecipes.from_hf(path, dtype=torch_dtype)
+    report = ParityReport(checkpoint=str(path), dtype=dtype, tokens=tokens, thresholds=thresholds)
+
+    vocab = int(hf_model.config.vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab, (batch, tokens), generator=generator)
+    hf_logits = hf_model(input_ids).logits
+    native_logits = native(input_ids)
+    report.logits_error = max_rel_error(native_logits, hf_logits)
+    hf_loss, native_loss = lm_loss(hf_logits, input_ids), lm_loss(native_logits, input_ids)
+    report.hf_loss, report.native_loss = hf_loss.item(), native_loss.item()
+    report.loss_error = abs(report.native_loss - report.hf_loss) / max(abs(report.hf_loss), 1e-30)
+    hf_loss.backward()
+    native_loss.backward()
+
+    hf_params = dict(hf_model.named_parameters())
+    ffn = getattr(native.config, "moe_intermediate_size", None)
+    for name, param in native.named_parameters():
+        expected = hf_gradient(hf_params, name, ffn)
+        got = param.grad
+        if expected is None and got is None:
+            continue
+        if expected is None or got is None:
+            report.problems.append(f"gradient of {name}: present on one side only "
+                                   f"({'native' if got is not None else 'transformers'})")
+            continue
+        report.grad_errors[name] = max_rel_error(got, expected)
+
+    if not report.logits_error <= thresholds.logits:
+        report.problems.append(f"logits max relative error {report.logits_error:.3g} > {thresholds.logits:g}")
+    if not report.loss_error <= thresholds.loss:
+        report.problems.append(f"loss relative error {report.loss_error:.3g} > {thresholds.loss:g}")
+    for name, error in report.grad_errors.items():
+        if not error <= thresholds.grads:
+            report.problems.append(f"gradient of {name}: max relative error {error:.3g} > {thresholds.grads:g}")
+    return report
+
+
+def format_parity(report: ParityReport) -> str:
+    name, worst = report.worst_grad
+    lines = [f"parity with transformers: {'PASS' if report.passed else 'FAIL'}",
+             f"checkpoint: {report.checkpoint}; dtype {report.dtype}; {report.tokens} tokens x 2 sequences",
+             f"logits: max relative error {report.logits_error:.3e} (limit {report.thresholds.logits:g})",
+             f"loss: native {report.native_loss:.6f}, transformers {report.hf_loss:.6f}, relative error "
+             f"{report.loss_error:.3e} (limit {report.thresholds.loss:g})",
+             f"gradients: {len(report.grad_errors)} tensors, worst {name} {worst:.3e} "
+             f"(limit {report.thresholds.grads:g})"]
+    lines += [f"  problem: {p}" for p in report.problems]
+    return "\n".join(lines)
+
+
+def parity_dict(report: ParityReport) -> dict:
+    name, worst = report.worst_grad
+    return {"passed": report.passed, "checkpoint": report.checkpoint, "dtype": report.dtype,
+            "tokens": report.tokens, "thresholds": vars(report.thresholds).copy(),
+            "logits_error": report.logits_error, "loss_error": report.loss_error,
+            "native_loss": report.native_loss, "hf_loss": report.hf_loss,
+            "worst_grad": {"name": name, "error": worst}, "grad_errors": report.grad_errors,
+            "problems": report.problems}

@@ -1,0 +1,80 @@
+"""Parallel layouts against one process: fp32, the tiny model, gloo on CPU, several processes via torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+COMMON = ["precision=fp32", "optimizer.precision_aware=false", "steps=5", "logging.progress=false",
+          "checkpoint.every=null", "global_batch=8"]
+
+
+def train(run_dir, *sets, nproc=1, extra=(), env=None):
+    args = [sys.executable, "-m", "openrecipes", "train", str(EXAMPLE), "--nproc", str(nproc)]
+    for item in (*COMMON, f"run_dir={run_dir}", *sets):
+        args += ["--set", item]
+    result = subprocess.run(args + list(extra), capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return result
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return metrics(run_dir)
+
+
+def assert_same(candidate, reference, rel=1e-5):
+    assert [r["step"] for r in candidate] == [r["step"] for r in reference]
+    for c, r in zip(candidate, reference):
+        assert c["loss"] == pytest.approx(r["loss"], rel=rel), c["step"]
+        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=rel), c["step"]
+        assert c["supervised_tokens"] == r["supervised_tokens"]
+
+
+@pytest.mark.parametrize("nproc,dp,ep", [(2, 2, 1), (2, 2, 2), (4, 4, 4)], ids=["DP2", "DP2-EP2", "DP4-EP4"])
+def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
+    run_dir = tmp_path / "run"
+    result = train(run_dir, f"layout.dp={dp}", f"layout.ep={ep}", nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["world_size"] == nproc and "--nproc" in info["command"]
+
+
+def test_checkpoint_from_one_layout_resumes_under_another(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    first = train(run_dir, "layout.dp=2", "layout.ep=2", nproc=2, extra=["--stop-after", "2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    args = [sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set", "layout.dp=1",
+            "--set", "layout.ep=1"]
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+
+
+def test_a_failing_rank_ends_the_job(tmp_path):
+    result = train(tmp_path / "run", "layout.dp=2", nproc=2, env={"OPENRECIPES_FAIL_AT": "1:1"})
+    assert result.returncode != 0
+    assert "injected failure on rank 1 at step 1" in result.stderr
+    assert "a worker failed" in result.stderr
+
+
+@pytest.mark.parametrize("sets,message", [
+    (("layout.dp=1", "layout.tp=2"), "layout: tp=2 is not supported"),
+    (("layout.dp=4", "layout.ep=2"), "edp > 1) is not supported yet"),
+])
+def test_unsupported_layouts_are_clear_errors(tmp_path, sets, message):
+    result = train(tmp_path / "run", *sets, nproc=len(sets) and (2 if "layout.tp=2" in sets else 4))
+    assert result.returncode != 0
+    assert message in result.stderr

@@ -1,0 +1,69 @@
+"""verify parity: the native model against transformers on a saved tiny checkpoint."""
+
+import json
+
+import pytest
+import torch
+
+from openrecipes import cli
+from tests.models.hf_reference import make_hf_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf")
+    make_hf_model("wide_heads").save_pretrained(path)
+    return path
+
+
+def test_parity_passes_on_a_saved_checkpoint(hf_dir, capsys):
+    assert cli.main(["verify", "parity", str(hf_dir), "--tokens", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and out["problems"] == []
+    assert 0 <= out["logits_error"] <= 1e-5 and out["loss_error"] <= 1e-5
+    # every native parameter is compared, the fused gate_up_proj split into gate and up
+    assert any(name.endswith("experts.gate_proj") for name in out["grad_errors"])
+    assert any(name.endswith("experts.up_proj") for name in out["grad_errors"])
+    assert len(out["grad_errors"]) == 27
+
+
+def test_a_wrong_native_implementation_fails(hf_dir, capsys, monkeypatch):
+    from openrecipes.models.common import moe
+
+    real = moe.LocalTokenDispatcher.__call__
+
+    def doubled(self, x_TD, routing, experts):
+        return real(self, x_TD, routing, experts) * 1.001
+
+    monkeypatch.setattr(moe.LocalTokenDispatcher, "__call__", doubled)
+    assert cli.main(["verify", "parity", str(hf_dir), "--tokens", "16", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert not out["passed"] and any("logits" in p for p in out["problems"])
+
+
+def test_tight_gradient_threshold_is_honoured(hf_dir, capsys):
+    assert cli.main(["verify", "parity", str(hf_dir), "--tokens", "16", "--grad-tolerance", "1e-12"]) == 1
+    assert "gradient of" in capsys.readouterr().out
+
+
+def test_missing_directory_is_a_user_error(tmp_path, capsys):
+    assert cli.main(["verify", "parity", str(tmp_path / "nope")]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_missing_transformers_is_a_clear_error(hf_dir, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("No module named 'transformers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    assert cli.main(["verify", "parity", str(hf_dir)]) == 2
+    assert "pip install transformers" in capsys.readouterr().err
+    assert torch.__version__  # torch itself still imports

@@ -102,8 +102,23 @@ def test_bad_settings_name_the_field():
         AdamConfig(master="fp16")
     with pytest.raises(ValueError, match="offload.fraction"):
         AdamConfig(offload_fraction=1.5)
-    with pytest.raises(ValueError, match="bf16 parameters"):
-        MixedPrecisionAdam(make_params(torch.float32), AdamConfig(master="remainder"))
+    with pytest.raises(ValueError, match="needs fp32 parameters"):
+        MixedPrecisionAdam(make_params(torch.bfloat16), AdamConfig(master="param"))
+    with pytest.raises(ValueError, match="not supported"):
+        MixedPrecisionAdam(make_params(torch.float16), AdamConfig(master="remainder"))
+
+
+def test_fp32_parameters_in_a_bf16_model_are_their_own_masters():
+    mixed = make_params(torch.bfloat16)[:2] + make_params(torch.float32)[2:]
+    optimizer = MixedPrecisionAdam(mixed, AdamConfig(master="remainder", moment_dtype="bf16", **HYPER))
+    assert "remainder" in optimizer.state[mixed[0]] and "remainder" not in optimizer.state[mixed[3]]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in mixed[2:]]
+    grads = grads_sequence(mixed, 2)
+    run(optimizer, mixed, grads, main_grad=False)
+    run(MixedPrecisionAdam(reference, AdamConfig(master="param", moment_dtype="bf16", **HYPER)), reference,
+        [g[2:] for g in grads], main_grad=False)
+    for a, b in zip(mixed[2:], reference):
+        assert torch.equal(a, b) and a.dtype == torch.float32
 
 
 def test_schedule_warms_up_then_decays_to_min():

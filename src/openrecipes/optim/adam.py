@@ -82,8 +82,10 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         all_params = [p for group in self.param_groups for p in group["params"]]
         if config.master == "param" and any(p.dtype != torch.float32 for p in all_params):
             raise ValueError("optimizer.master 'param' needs fp32 parameters; use 'fp32' or 'remainder' for bf16")
-        if config.master != "param" and any(p.dtype != torch.bfloat16 for p in all_params):
-            raise ValueError(f"optimizer.master {config.master!r} needs bf16 parameters; use 'param' for fp32")
+        # fp32 parameters in a bf16 model (Muse Spark's router and residual gates) are their own masters
+        unsupported = {p.dtype for p in all_params} - {torch.bfloat16, torch.float32}
+        if unsupported:
+            raise ValueError(f"parameters of dtype {sorted(map(str, unsupported))} are not supported (bf16 or fp32)")
         self._offloaded = _choose_offloaded(all_params, config.offload_fraction)
         self._grad_scale = 1.0
         for p in all_params:
@@ -98,11 +100,12 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         state["step"] = torch.zeros((), dtype=torch.int64)
         state["exp_avg"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
         state["exp_avg_sq"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
-        if self.config.master == "fp32":
+        master_mode = "param" if local.dtype == torch.float32 else self.config.master
+        if master_mode == "fp32":
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
-        elif self.config.master == "remainder":
+        elif master_mode == "remainder":
             state["remainder"] = torch.zeros(local.shape, dtype=torch.int16, device=device, pin_memory=pin)
-        if p in self._offloaded and self.config.master == "param":
+        if p in self._offloaded and master_mode == "param":
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
 
     @torch.no_grad()

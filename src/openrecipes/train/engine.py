@@ -79,7 +79,12 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    return list(model.model.layers.values())
+    """The decoder layers, in order, whatever the family nests them under (``model.layers`` for Qwen3-MoE,
+    ``model.language_model.layers`` for Muse Spark)."""
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, nn.ModuleDict):
+            return list(module.values())
+    raise ValueError(f"{type(model).__name__} has no ModuleDict of decoder layers")
 
 
 def configure_kernels(model: nn.Module, *, attention: str, experts: str) -> None:
@@ -92,8 +97,10 @@ def configure_kernels(model: nn.Module, *, attention: str, experts: str) -> None
 def force_load_balance(model: nn.Module) -> None:
     """Route token copies round-robin over the experts (every expert gets the same load). The router still runs
     and its gating weights still get gradients; only the expert choice is replaced. For benchmarks only."""
+    from openrecipes.models.common.router import SigmoidTopKRouter
+
     for module in model.modules():
-        if isinstance(module, SoftmaxTopKRouter):
+        if isinstance(module, (SoftmaxTopKRouter, SigmoidTopKRouter)):
             original = module.forward
             num_experts = module.weight.shape[0]
 

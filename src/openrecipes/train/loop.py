@@ -65,7 +65,7 @@ def prepare_rows(recipe: Recipe, run_dir: Path) -> Path:
             input=Path(ASSETS / "conversations.jsonl" if spec.input == "bundled" else spec.input),
             tokenizer=Path(ASSETS / "tokenizer" if spec.tokenizer == "bundled" else spec.tokenizer),
             loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
-            template_kwargs=dict(spec.template_kwargs), out=out, progress=False))
+            template_kwargs=dict(spec.template_kwargs), chat_template=spec.chat_template, out=out, progress=False))
     if dist.is_initialized():
         dist.barrier()
     return out

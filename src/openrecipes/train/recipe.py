@@ -28,6 +28,7 @@ class DataBuild(BaseModel):
     rows: int | None = Field(None, ge=1)
     seed: int = 42
     template_kwargs: dict[str, str] = Field(default_factory=dict)
+    chat_template: str | None = None  # a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
 
 
 class Data(BaseModel):

@@ -1,4 +1,4 @@
-"""`openrecipes card validate PATH...` and `openrecipes card schema`."""
+"""`openrecipes card validate PATH...`, `openrecipes card new RUN_DIR ...` and `openrecipes card schema`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="card files, or directories searched recursively for *.yaml")
     validate.add_argument("--quiet", action="store_true", help="print errors only, no notes")
     validate.set_defaults(func=_validate)
+
+    _register_new(verbs)
 
     schema = verbs.add_parser("schema", help="write the JSON Schema of a card")
     schema.add_argument("--out", type=Path, help="file to write (default: standard output)")
@@ -36,6 +38,62 @@ def _validate(args: argparse.Namespace) -> int:
     bad = len({p.file for p in errors})
     print(f"{files} card(s) checked, {bad} with errors, {len(errors)} error(s)")
     return 1 if errors else 0
+
+
+def _register_new(verbs: argparse._SubParsersAction) -> None:
+    new = verbs.add_parser(
+        "new", help="write a card from a measured run, its reference run and its verification results",
+        description="Build a recipe card from RUN_DIR (recipe, run.json, measurement over the window, rows "
+        "manifest), the convergence check and numerics rules against the --reference run, and optional "
+        "component-test JSON; write it atomically to --out and validate it. Exit status: 0 a valid card, "
+        "1 the written card has validation errors, 2 bad input.")
+    new.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the measured (candidate) run")
+    new.add_argument("--reference", type=Path, required=True, metavar="RUN_DIR",
+                     help="the reference run the candidate's loss curve and recipe are checked against")
+    new.add_argument("--out", type=Path, required=True, metavar="PATH",
+                     help="card file to write, e.g. recipes/<model>/<gpu>/<name>.yaml")
+    new.add_argument("--author", required=True, metavar="NAME")
+    new.add_argument("--author-url", metavar="URL")
+    new.add_argument("--window", type=int, nargs=2, default=(5, 19), metavar=("FIRST", "LAST"),
+                     help="measurement window, steps inclusive (default: 5 19)")
+    new.add_argument("--gpu-type", metavar="TYPE", help="GPU type instead of run.json's gpu.type, e.g. H200")
+    new.add_argument("--gpu-memory-gb", type=float, metavar="GB",
+                     help="memory of one GPU (known for H100 and H200; needed for other types, CPU included)")
+    new.add_argument("--gpus-per-node", type=int, metavar="N",
+                     help="GPUs per node (default: the run's count when it is at most 8)")
+    price = new.add_mutually_exclusive_group()
+    price.add_argument("--instance", metavar="NAME", help="cloud instance whose price the hardware table holds")
+    price.add_argument("--usd-per-gpu-hour", type=float, metavar="P", help="price of one GPU for one hour")
+    new.add_argument("--status", choices=("unverified", "verified"), default="unverified",
+                     help="verified is refused unless every check of `card validate` passes (default: unverified)")
+    new.add_argument("--component-test", type=Path, action="append", default=[], metavar="FILE.json",
+                     help="JSON of `openrecipes verify optimizer --json` (repeatable)")
+    new.add_argument("--model-name", metavar="NAME", help="model name as published (default: the recipe's model)")
+    new.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    new.set_defaults(func=_new)
+
+
+def _new(args: argparse.Namespace) -> int:
+    from openrecipes.cards.new import NewCardOptions, new_card
+
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
+    options = NewCardOptions(
+        run_dir=args.run_dir, reference=args.reference, out=args.out, author=args.author,
+        author_url=args.author_url, window=tuple(args.window), gpu_type=args.gpu_type,
+        gpu_memory_gb=args.gpu_memory_gb, gpus_per_node=args.gpus_per_node, instance=args.instance,
+        usd_per_gpu_hour=args.usd_per_gpu_hour, status=args.status,
+        component_tests=tuple(args.component_test), model_name=args.model_name, overwrite=args.overwrite)
+    out, problems = new_card(options)
+    errors = [p for p in problems if p.severity == "error"]
+    for problem in problems:
+        print(problem, file=sys.stderr if problem.severity == "error" else sys.stdout)
+    if errors:
+        print(f"wrote {out}, but it has {len(errors)} validation error(s); fix them before adding it to the "
+              "catalog", file=sys.stderr)
+        return 1
+    print(f"wrote {out} (valid card)")
+    return 0
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -64,5 +64,6 @@ def run(args: argparse.Namespace) -> int:
     except TrainingStopped as stopped:
         print(f"openrecipes train: stopped: {stopped}", file=sys.stderr)
         return 1
-    print(f"run directory: {run_dir}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"run directory: {run_dir}")
     return 0

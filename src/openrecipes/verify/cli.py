@@ -17,6 +17,7 @@ CHECK_MODULES: dict[str, str] = {
     "convergence": "openrecipes.verify.convergence_cli",
     "optimizer": "openrecipes.verify.optimizer_cli",
     "parity": "openrecipes.verify.parity_cli",
+    "rules": "openrecipes.verify.rules_cli",
 }
 
 

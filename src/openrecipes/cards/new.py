@@ -1,0 +1,424 @@
+"""``openrecipes card new RUN_DIR --reference RUN_DIR ...``: a recipe card from a measured run.
+
+The card is assembled from files only: the candidate run's ``recipe.yaml``, ``run.json`` and
+``metrics.jsonl`` (measured over the window), the reference run's loss curve and recipe (the
+convergence check and the numerics rules), the rows manifest, and optional component-test JSON
+written by ``openrecipes verify optimizer --json``. Numbers are written as computed, unrounded, so
+the card's figures equal ``openrecipes measure``'s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+# GPU memory as sold (GB) for the GPUs whose size is unambiguous; others need --gpu-memory-gb
+GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewCardOptions:
+    run_dir: Path
+    reference: Path
+    out: Path
+    author: str
+    author_url: str | None = None
+    window: tuple[int, int] = (5, 19)
+    gpu_type: str | None = None
+    gpu_memory_gb: float | None = None
+    gpus_per_node: int | None = None
+    instance: str | None = None
+    usd_per_gpu_hour: float | None = None
+    status: Literal["verified", "unverified"] = "unverified"
+    component_tests: tuple[Path, ...] = ()
+    model_name: str | None = None
+    overwrite: bool = False
+
+
+class _CardDumper(yaml.SafeDumper):
+    """Plain YAML: no anchors or aliases (the card loader refuses them), block text for multi-line strings."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
+    # curve points one per line: {step: 3, loss: 2.5}
+    flow = list(data) == ["step", "loss"]
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow or None)
+
+
+_CardDumper.add_representer(str, _represent_str)
+_CardDumper.add_representer(dict, _represent_dict)
+
+
+def dump_card(data: dict[str, Any], header: str = "") -> str:
+    return header + yaml.dump(data, Dumper=_CardDumper, sort_keys=False, width=110, allow_unicode=True)
+
+
+def _require(data: dict[str, Any], key: str, origin: Path) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            raise ValueError(f"{origin}: missing field '{key}'")
+        node = node[part]
+    return node
+
+
+def _rows_dir(recipe: Any, run_dir: Path) -> Path:
+    return Path(recipe.data.rows) if recipe.data.rows is not None else run_dir / "rows"
+
+
+def read_rows_manifest(rows_dir: Path) -> dict[str, Any]:
+    """The rows manifest, after checking that the parquet file is the one it describes."""
+    from openrecipes.utils import sha256_file
+
+    path = rows_dir / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (the rows the run trained on)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from None
+    for key in ("name", "rows", "row_tokens", "rows_sha256", "parquet_sha256", "parquet_bytes", "loss_mask"):
+        _require(manifest, key, path)
+    parquet = rows_dir / manifest.get("parquet_file", "rows.parquet")
+    if not parquet.is_file() or sha256_file(parquet) != manifest["parquet_sha256"]:
+        raise ValueError(f"{path}: parquet_sha256 does not match {parquet}; the rows changed after the build")
+    return manifest
+
+
+def _is_bundled(path: str | None, name: str) -> bool:
+    from openrecipes.data.cli import ASSETS
+
+    return path is not None and Path(path).resolve() == (ASSETS / name).resolve()
+
+
+def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[str, Any]:
+    source = manifest.get("source") or {}
+    files = source.get("files") or []
+    bundled = len(files) == 1 and _is_bundled(files[0], "conversations.jsonl")
+    tok = manifest.get("tokenizer") or {}
+    file_hashes = tok.get("files_sha256") or {}
+    hashes = "; ".join(f"{name} sha256 {digest}" for name, digest in sorted(file_hashes.items()))
+    if manifest.get("template_sha256") not in file_hashes.values():
+        hashes += f"; chat template sha256 {manifest.get('template_sha256')}"
+    where = "openrecipes bundled tokenizer" if _is_bundled(tok.get("directory"), "tokenizer") else tok.get("directory")
+    kwargs = manifest.get("template_kwargs") or {}
+    return {
+        "name": "openrecipes bundled conversations" if bundled else str(source.get("description") or manifest["name"]),
+        "source": (f"src/openrecipes/data/assets/conversations.jsonl of openrecipes {openrecipes_version}"
+                   if bundled else ", ".join(files) or str(source.get("description"))),
+        "revision": None,
+        "license": "synthetic, written for openrecipes (data/assets/LICENSE.txt)" if bundled else None,
+        "rows_sha256": manifest["rows_sha256"],
+        "build": {
+            "name": manifest["name"],
+            "tokenizer": f"{where} (vocabulary {tok.get('vocab_size')}; {hashes})",
+            "loss_mask": manifest["loss_mask"],
+            "rows": manifest["rows"],
+            "row_tokens": manifest["row_tokens"],
+            "padding_tokens": manifest.get("padding_tokens", 0),
+            "seed": manifest.get("seed", 0),
+            "packing": manifest.get("packing") or "see docs/data.md",
+            "template_kwargs": json.dumps(kwargs, sort_keys=True) if kwargs else None,
+            "supervised_token_ratio": manifest.get("supervised_token_ratio"),
+            "parquet_sha256": manifest["parquet_sha256"],
+            "parquet_bytes": manifest["parquet_bytes"],
+            "builder": f"openrecipes data build ({manifest.get('format', 'openrecipes rows')})",
+        },
+    }
+
+
+def _rows_per_microbatch(recipe: Any, row_tokens: int) -> int:
+    return recipe.layout.rows_per_microbatch or max(1, recipe.layout.max_tokens_per_gpu // row_tokens)
+
+
+def describe_layout(recipe: Any, row_tokens: int) -> str:
+    lay, rpm = recipe.layout, _rows_per_microbatch(recipe, row_tokens)
+    recompute = recipe.recompute
+    recompute_text = ("no recompute" if recompute.granularity == "none" else
+                      f"{recompute.granularity} recompute ({recompute.method}, {recompute.num_layers} layer(s))")
+    offload = (f"optimizer offload {recipe.offload.fraction:g} ({'overlapped' if recipe.offload.overlap else 'serial'}"
+               " copies)" if recipe.offload.fraction else "no offload")
+    master = {"param": "fp32 parameters", "fp32": "fp32 masters", "remainder": "int16 remainders"}
+    return (f"TP {lay.tp}, PP {lay.pp}, CP {lay.cp}, EP {lay.ep}, ETP {lay.etp}, DP {lay.dp}"
+            f"{', sequence parallel' if lay.sequence_parallel else ''}; {rpm} row(s) of {row_tokens:,} tokens "
+            f"per microbatch (max {lay.max_tokens_per_gpu:,} tokens/GPU); {recompute_text}; Adam with "
+            f"{master[recipe.optimizer_master()]}, {offload}; attention kernel {recipe.kernels.attention}, "
+            f"expert kernel {recipe.kernels.experts}")
+
+
+def layout_block(recipe: Any, row_tokens: int, num_layers: int) -> dict[str, Any]:
+    from openrecipes.parallel.layout import stage_layer_counts
+
+    lay = recipe.layout
+    split = None
+    if lay.pp > 1 and (lay.pp_first_stage_layers or lay.pp_last_stage_layers):
+        counts = stage_layer_counts(lay, num_layers)
+        split = {"first": counts[0], "last": counts[-1]}
+    recompute = recipe.recompute
+    return {
+        "label": lay.label(),
+        "summary": describe_layout(recipe, row_tokens),
+        "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp,
+        "sequence_parallel": lay.sequence_parallel,
+        "layer_split": split,
+        "max_tokens_per_gpu": lay.max_tokens_per_gpu,
+        "rows_per_microbatch": _rows_per_microbatch(recipe, row_tokens),
+        "recompute": None if recompute.granularity == "none" else {
+            "granularity": recompute.granularity,
+            "method": recompute.method if recompute.granularity == "full" else None,
+            "num_layers": recompute.num_layers if recompute.granularity == "full" else None},
+        "offload": {"optimizer_fraction": recipe.offload.fraction, "overlap_d2h_h2d": recipe.offload.overlap}
+        if recipe.offload.fraction else None,
+        "dispatcher": "alltoall" if lay.ep > 1 else "local (EP 1, no token exchange)",
+    }
+
+
+def component_test_block(path: Path) -> dict[str, Any]:
+    """One card component test from the JSON of ``openrecipes verify optimizer --json``."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--component-test {path}: no such file") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--component-test {path}: not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--component-test {path}: expected the JSON object of `openrecipes verify optimizer --json`")
+    for key, kind in (("passed", bool), ("summary", str), ("device", str), ("shape", dict),
+                      ("hyperparameters", dict)):
+        if not isinstance(data.get(key), kind):
+            raise ValueError(f"--component-test {path}: field '{key}' missing or not a {kind.__name__}")
+    shape, hyper = data["shape"], data["hyperparameters"]
+    try:
+        shape_text = (f"one MoE layer: hidden {shape['hidden']}, {shape['experts']} experts, top-{shape['top_k']}, "
+                      f"expert FFN {shape['ffn']}, EP {shape.get('ep', 1)}, {shape['tokens']:,} tokens")
+        hyper_text = (f"lr {hyper['lr']:g}, betas {tuple(hyper['betas'])}, eps {hyper['eps']:g}, "
+                      f"weight decay {hyper['weight_decay']:g}")
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"--component-test {path}: shape or hyperparameters incomplete ({error})") from None
+    # the test records no date of its own: the file's modification date is when it was written
+    date = datetime.date.fromtimestamp(path.stat().st_mtime)
+    device = data["device"]
+    return {
+        "test": f"precision-aware Adam on the {device} (with and without CPU offload) against an FP64 reference "
+                "(openrecipes verify optimizer)",
+        "shape": shape_text,
+        "gpu": device if device == "cpu" else f"{device} (GPU model not recorded by the test)",
+        "date": date,
+        "result": "pass" if data["passed"] else "fail",
+        "detail": data["summary"],
+        "note": f"{path.name}: forward/backward of the bf16 arms in {data.get('compute', 'fp64')}; {hyper_text}",
+    }
+
+
+def convergence_block(report: Any, candidate: Path, reference: Path) -> dict[str, Any] | None:
+    """The card's convergence block; None when the check could not produce its numbers (it then failed)."""
+    if report.correlation is None or report.final_loss_difference is None or report.pointwise_failures is None:
+        return None
+    note = (f"candidate arm: {candidate}; reference arm: {reference}; Megatron-Bridge validate_convergence "
+            f"checks at openrecipes' default thresholds, first {len(report.skipped_steps)} step(s) left out of "
+            "the correlation, pointwise and outlier checks")
+    if report.problems:
+        note += "; problems: " + "; ".join(report.problems[:5])
+    return {
+        "steps": len(report.steps),
+        "result": "pass" if report.passed else "fail",
+        # a perfect correlation can round to just above 1; the schema bounds it
+        "correlation": max(-1.0, min(1.0, report.correlation)),
+        "final_loss_difference": report.final_loss_difference,
+        "pointwise_failures": report.pointwise_failures,
+        "note": note,
+    }
+
+
+def curve_points(curve: Any) -> list[dict[str, Any]]:
+    from openrecipes.verify.curves import is_finite
+
+    return [{"step": step, "loss": curve.losses[step]} for step in curve.steps() if is_finite(curve.losses[step])]
+
+
+def _correctness(rules: Any, convergence: dict[str, Any] | None, conv_report: Any, tests: list[dict[str, Any]],
+                 reference_text: str) -> dict[str, Any]:
+    failing = []
+    if not rules.passed:
+        failing.append("numerics rules (" + ", ".join(d.path for d in rules.numerics) + " differ)")
+    if convergence is None or convergence["result"] != "pass":
+        failed_checks = [c.name for c in conv_report.checks if not c.passed]
+        failing.append(f"convergence check ({', '.join(failed_checks)})")
+    failing += [f"component test {i + 1}" for i, t in enumerate(tests) if t["result"] != "pass"]
+    passed_parts = ["numerics rules", f"{len(conv_report.steps)}-step convergence check"]
+    if tests:
+        passed_parts.append(f"{len(tests)} component test(s)")
+    from openrecipes.verify.rules import summary_text
+
+    return {
+        "result": "fail" if failing else "pass",
+        "summary": ("failed: " + "; ".join(failing)) if failing else "passed: " + ", ".join(passed_parts),
+        "reference": reference_text,
+        "configuration": "pass" if rules.passed else "fail",
+        "component_tests": tests,
+        "convergence": convergence,
+        "rules": summary_text(rules),
+    }
+
+
+def _model_name(recipe: Any, given: str | None) -> str:
+    if given:
+        return given
+    name = Path(recipe.model).name if os.sep in recipe.model else recipe.model
+    if recipe.model_overrides:
+        # not the registry model any more: say so, so the layer-count check does not assume it
+        name += " with " + ", ".join(f"{k}={v}" for k, v in sorted(recipe.model_overrides.items()))
+    return name
+
+
+def build_card_data(options: NewCardOptions) -> dict[str, Any]:
+    """Every field of the card, from the two run directories and the options."""
+    from openrecipes.measure import measure_run_dir
+    from openrecipes.measure.rundir import read_run_json
+    from openrecipes.train.recipe import dump_recipe, load_recipe
+    from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.verify.curves import read_loss_curve
+    from openrecipes.verify.rules import check_rules, recipe_path
+
+    run_dir, ref_dir = Path(options.run_dir), Path(options.reference)
+    run = read_run_json(run_dir)
+    run_origin = run_dir / "run.json"
+    recipe = load_recipe(recipe_path(run_dir))
+    reference_recipe = load_recipe(recipe_path(ref_dir))
+    measured = measure_run_dir(run_dir, window=options.window, gpu_type=options.gpu_type,
+                               usd_per_gpu_hour=options.usd_per_gpu_hour, instance=options.instance)
+    manifest = read_rows_manifest(_rows_dir(recipe, run_dir))
+    row_tokens = int(manifest["row_tokens"])
+    versions = run.get("versions") or {}
+    started = str(_require(run, "started", run_origin))
+    try:
+        measured_on = datetime.date.fromisoformat(started[:10])
+    except ValueError:
+        raise ValueError(f"{run_origin}: 'started' is not an ISO date-time: {started!r}") from None
+
+    from openrecipes.measure import load_hardware
+
+    try:  # the table's spelling (H200, not h200) when the type is known
+        gpu_type = load_hardware().gpu(measured.gpu_type).name
+    except ValueError:
+        gpu_type = measured.gpu_type
+    memory = options.gpu_memory_gb or GPU_MEMORY_GB.get(gpu_type.upper())
+    if memory is None:
+        raise ValueError(f"--gpu-memory-gb: the memory of one {gpu_type!r} device is not known; give it")
+    per_node = options.gpus_per_node
+    if per_node is None:
+        if measured.gpus > 8:
+            raise ValueError(f"--gpus-per-node: the run used {measured.gpus} devices; say how many per node")
+        per_node = measured.gpus
+
+    candidate_curve, reference_curve = read_loss_curve(run_dir), read_loss_curve(ref_dir)
+    conv_report = check_convergence(candidate_curve, reference_curve, Thresholds())
+    rules = check_rules(run_dir, ref_dir)
+    tests = [component_test_block(Path(p)) for p in options.component_tests]
+    reference_text = (f"the recipe of run {ref_dir} ({reference_recipe.name}): "
+                      f"{describe_layout(reference_recipe, row_tokens)}; "
+                      + ("model, rows, optimizer and schedule are the same in both recipes" if rules.passed
+                         else "it differs in numerics-affecting fields: "
+                         + ", ".join(d.path for d in rules.numerics)))
+
+    notes = [f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement window "
+             f"steps {options.window[0]}-{options.window[1]}."]
+    if measured.price_source:
+        notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
+    notes += [f"measure: {note}" for note in measured.notes]
+    notes_text = "".join(f"- {note}\n" for note in notes) + (
+        "\nThe resolved recipe of the run (its recipe.yaml; `run` trains it):\n\n"
+        + "".join(f"    {line}\n" for line in dump_recipe(recipe).splitlines()))
+
+    return {
+        "schema_version": 1,
+        "model": _model_name(recipe, options.model_name),
+        "gpu": {"type": gpu_type, "memory_gb": float(memory), "count": measured.gpus, "per_node": per_node,
+                "instance": options.instance},
+        "author": {"name": options.author, "url": options.author_url},
+        "status": options.status,
+        "stack": {"framework": f"openrecipes {versions.get('openrecipes', '(version not recorded)')}",
+                  "pytorch": versions.get("torch"), "cuda": versions.get("cuda"), "nccl": versions.get("nccl"),
+                  "python": versions.get("python"),
+                  "source": f"versions recorded in {run_origin} by the measured run"},
+        "workload": {"row_tokens": row_tokens, "rows": "SFT conversations", "global_batch": recipe.global_batch,
+                     "precision": recipe.precision, "workflow": "sft",
+                     "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},
+        "layout": layout_block(recipe, row_tokens, int(_require(run, "model.num_layers", run_origin))),
+        "result": {
+            "tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu,
+            "usd_per_million_tokens": measured.usd_per_million_tokens,
+            "usd_per_gpu_hour": measured.usd_per_gpu_hour,
+            "step_time_cv_percent": measured.step_time_cv * 100.0,
+            "mfu": measured.mfu,
+            "mfu_note": None if measured.mfu is not None else (
+                f"no peak FLOP/s for {gpu_type!r} in the hardware table (a CPU has none): MFU not computed"),
+            "active_params": {"count": measured.active_params,
+                              "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
+                              "revision": None},
+            "measured": measured_on,
+            "steps_per_run": int(_require(run, "steps", run_origin)),
+            "window": list(measured.window),
+            "window_tokens": measured.window_tokens,
+            "runs": 1,
+            "profiler": (run_dir / "profile.txt").exists(),
+            "gpu_hours": measured.gpu_hours,
+            "gpu_hours_note": measured.gpu_hours_note,
+        },
+        "correctness": _correctness(rules, convergence_block(conv_report, run_dir, ref_dir), conv_report, tests,
+                                    reference_text),
+        "env": {},
+        "patches": [],
+        "run": str(_require(run, "command", run_origin)),
+        "notes": notes_text,
+        "curves": {"candidate": curve_points(candidate_curve), "reference": curve_points(reference_curve)},
+    }
+
+
+def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
+    """Build the card, write it atomically to ``options.out`` and validate the written file.
+
+    Returns the path and the validator's problems (errors and notes). A ``verified`` status is refused
+    before anything is written unless every check, the verified ones included, passes.
+    """
+    import pydantic
+
+    from openrecipes.cards.checks import check_card
+    from openrecipes.cards.schema import RecipeCard
+    from openrecipes.cards.validate import format_loc, validate_file
+    from openrecipes.utils import atomic_write_text
+
+    out = Path(options.out)
+    if out.exists() and not options.overwrite:
+        raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
+    data = build_card_data(options)
+    try:
+        card = RecipeCard.model_validate(data)
+    except pydantic.ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        raise ValueError(f"the card built from {options.run_dir} does not fit the schema: "
+                         f"{format_loc(first['loc'])}: {first['msg']}") from None
+    if options.status == "verified":
+        blocking = [f for f in check_card(card) if f.severity == "error"]
+        if blocking:
+            raise ValueError("--status verified refused: " + "; ".join(
+                f"{format_loc(f.loc)}: {f.message}" for f in blocking))
+    header = (f"# {out.name}: measured by openrecipes; written by `openrecipes card new`.\n"
+              "# The fields are documented in schema/recipe.schema.json.\n")
+    atomic_write_text(out, dump_card(data, header))
+    _, problems = validate_file(out)
+    return out, problems

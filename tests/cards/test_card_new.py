@@ -1,0 +1,205 @@
+"""`openrecipes card new`: a card from two tiny CPU runs, checked against measure, convergence and the site."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from openrecipes.cards.validate import load_card
+from openrecipes.cli import main
+
+WINDOW = (1, 5)
+
+
+def _train(rows: Path, run_dir: Path, max_tokens_per_gpu: int) -> Path:
+    from openrecipes.train.loop import train
+    from openrecipes.train.recipe import recipe_from_dict
+
+    tree = {
+        "model": "qwen3-moe-tiny", "data": {"rows": str(rows)},
+        "layout": {"max_tokens_per_gpu": max_tokens_per_gpu}, "precision": "fp32", "steps": 6, "global_batch": 4,
+        "optimizer": {"lr": 3e-3, "warmup_fraction": 0.2, "min_lr": 3e-4, "weight_decay": 0.1},
+        "run_dir": str(run_dir), "logging": {"progress": False}, "checkpoint": {"at_end": False},
+    }
+    return train(recipe_from_dict(tree), command=f"openrecipes train {run_dir.name}.yaml")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A candidate (2 rows per microbatch) and a reference (1 row per microbatch) of the same recipe."""
+    from openrecipes.data.build import BuildConfig, build
+    from openrecipes.data.cli import ASSETS
+
+    root = tmp_path_factory.mktemp("card-new")
+    rows = root / "rows"
+    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
+                      row_tokens=64, rows=48, seed=1, out=rows, progress=False))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["verify", "optimizer", "--json", "--hidden", "16", "--experts", "4", "--top-k", "2",
+                     "--ffn", "8", "--tokens", "32"])
+    assert code == 0
+    (root / "optimizer.json").write_text(out.getvalue())
+    return {"root": root, "rows": rows, "component": root / "optimizer.json",
+            "cand": _train(rows, root / "cand", 128), "ref": _train(rows, root / "ref", 64)}
+
+
+def _new(runs, out: Path, *extra: str, cand: Path | None = None, ref: Path | None = None) -> int:
+    return main(["card", "new", str(cand or runs["cand"]), "--reference", str(ref or runs["ref"]),
+                 "--out", str(out), "--author", "openrecipes tests", "--window", *map(str, WINDOW),
+                 "--gpu-memory-gb", "16", *extra])
+
+
+def _copy_run(runs, name: str) -> Path:
+    target = runs["root"] / name
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(runs["ref"], target)
+    return target
+
+
+def test_card_validates_and_carries_measure_convergence_and_the_run(runs, tmp_path):
+    from openrecipes.measure import measure_run_dir
+    from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.verify.curves import read_loss_curve
+
+    out = tmp_path / "recipes" / "qwen3-moe-tiny" / "cpu" / "tiny.yaml"
+    assert _new(runs, out, "--component-test", str(runs["component"])) == 0
+    loaded = load_card(out)
+    assert loaded.ok, [str(p) for p in loaded.problems]
+    card = loaded.card
+    assert "&id" not in loaded.text and "*id" not in loaded.text  # no anchors or aliases
+
+    measured = measure_run_dir(runs["cand"], window=WINDOW).to_dict()
+    res = card.result
+    assert res.tokens_per_s_per_gpu == measured["tokens_per_s_per_gpu"]
+    assert res.step_time_cv_percent == measured["step_time_cv"] * 100
+    assert res.window_tokens == measured["window_tokens"] and res.window == list(WINDOW)
+    assert res.gpu_hours == measured["gpu_hours"] and res.active_params.count == measured["active_params"]
+    # a CPU has no peak FLOP/s and no price here: left out, and said so
+    assert res.mfu is None and "MFU not computed" in res.mfu_note and res.usd_per_million_tokens is None
+    assert card.gpu.type == "cpu" and card.gpu.count == 1
+
+    report = check_convergence(read_loss_curve(runs["cand"]), read_loss_curve(runs["ref"]), Thresholds())
+    conv = card.correctness.convergence
+    assert (conv.result == "pass") == report.passed and conv.steps == len(report.steps) == 6
+    assert conv.correlation == pytest.approx(report.correlation, abs=1e-15)
+    assert conv.final_loss_difference == report.final_loss_difference
+    assert conv.pointwise_failures == report.pointwise_failures
+    assert card.correctness.result == "pass" and card.correctness.configuration == "pass"
+    assert "layout.max_tokens_per_gpu 128 vs 64" in card.correctness.rules
+    assert "1 row(s) of 64 tokens" in card.correctness.reference  # the reference's own layout
+
+    component = json.loads(runs["component"].read_text())
+    [test] = card.correctness.component_tests
+    assert test.result == "pass" and test.detail == component["summary"] and test.gpu == "cpu"
+
+    run = json.loads((runs["cand"] / "run.json").read_text())
+    assert card.run == run["command"] and card.stack.pytorch == run["versions"]["torch"]
+    manifest = json.loads((runs["rows"] / "manifest.json").read_text())
+    assert card.workload.dataset.rows_sha256 == manifest["rows_sha256"]
+    assert card.workload.dataset.build.parquet_sha256 == manifest["parquet_sha256"]
+    assert card.layout.rows_per_microbatch == 2 and card.workload.row_tokens == 64
+    losses = [json.loads(line)["loss"] for line in (runs["cand"] / "metrics.jsonl").read_text().splitlines()]
+    assert [p.loss for p in card.curves.candidate] == losses and len(card.curves.reference) == 6
+
+    from openrecipes.site.build import build_site
+
+    site = build_site(tmp_path / "recipes", tmp_path / "site")
+    html = (site.out / site.pages[0]).read_text()
+    assert html.count("<polyline") == 2 and 'data-points="6"' in html
+
+
+def test_gpu_type_and_price_give_consistent_mfu_and_cost(runs, tmp_path):
+    from openrecipes.measure import measure_run_dir
+
+    out = tmp_path / "h200.yaml"
+    assert _new(runs, out, "--gpu-type", "h200", "--instance", "AWS p5en.48xlarge") == 0
+    loaded = load_card(out)
+    assert loaded.ok, [str(p) for p in loaded.problems]
+    measured = measure_run_dir(runs["cand"], window=WINDOW, gpu_type="H200", instance="AWS p5en.48xlarge")
+    assert loaded.card.result.mfu == measured.mfu and loaded.card.result.mfu_note is None
+    assert loaded.card.result.usd_per_million_tokens == measured.usd_per_million_tokens
+    assert loaded.card.gpu.instance == "AWS p5en.48xlarge" and loaded.card.gpu.memory_gb == 16.0
+    assert loaded.card.gpu.type == "H200"
+
+
+def test_verified_only_when_every_check_holds(runs, tmp_path):
+    good = tmp_path / "good.yaml"
+    assert _new(runs, good, "--status", "verified") == 0
+    assert load_card(good).card.status == "verified" and load_card(good).ok
+
+    changed = _copy_run(runs, "ref-lr")
+    recipe = yaml.safe_load((changed / "recipe.yaml").read_text())
+    recipe["optimizer"]["lr"] = 1e-3
+    (changed / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    refused = tmp_path / "refused.yaml"
+    assert _new(runs, refused, "--status", "verified", ref=changed) == 2
+    assert not refused.exists()
+
+    unverified = tmp_path / "unverified.yaml"
+    assert _new(runs, unverified, ref=changed) == 0
+    cor = load_card(unverified).card.correctness
+    assert cor.result == "fail" and cor.configuration == "fail" and "optimizer.lr" in cor.summary
+
+
+def test_a_diverging_reference_fails_the_convergence_block(runs, tmp_path):
+    shifted = _copy_run(runs, "ref-shifted")
+    lines = [json.loads(line) for line in (shifted / "metrics.jsonl").read_text().splitlines()]
+    (shifted / "metrics.jsonl").write_text("".join(json.dumps(dict(r, loss=r["loss"] * 1.3)) + "\n" for r in lines))
+    out = tmp_path / "shifted.yaml"
+    assert _new(runs, out, ref=shifted) == 0
+    cor = load_card(out).card.correctness
+    assert cor.result == "fail" and cor.convergence.result == "fail" and "convergence" in cor.summary
+
+
+def test_a_failing_component_test_fails_correctness(runs, tmp_path):
+    data = json.loads(runs["component"].read_text())
+    data["passed"] = False
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps(data))
+    out = tmp_path / "c.yaml"
+    assert _new(runs, out, "--component-test", str(failing)) == 0
+    card = load_card(out).card
+    assert card.correctness.result == "fail" and card.correctness.component_tests[0].result == "fail"
+
+
+def test_an_invalid_card_is_written_and_exits_1(runs, tmp_path, capsys):
+    # a recipe whose global batch no longer matches the measured tokens: the validator's window check fails
+    tampered = _copy_run(runs, "cand-tampered")
+    recipe = yaml.safe_load((tampered / "recipe.yaml").read_text())
+    recipe["global_batch"] = 3
+    (tampered / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    out = tmp_path / "bad.yaml"
+    assert _new(runs, out, cand=tampered) == 1
+    assert out.exists() and "window_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("no-memory", "--gpu-memory-gb"),
+    ("exists", "--overwrite"),
+    ("missing-run", "not found"),
+    ("bad-component", "field 'passed'"),
+])
+def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
+    out = tmp_path / "card.yaml"
+    args = ["card", "new", str(runs["cand"]), "--reference", str(runs["ref"]), "--out", str(out),
+            "--author", "x", "--window", "1", "5"]
+    if case != "no-memory":
+        args += ["--gpu-memory-gb", "16"]
+    if case == "exists":
+        out.write_text("keep me\n")
+    if case == "missing-run":
+        args[2] = str(tmp_path / "nope")
+    if case == "bad-component":
+        (tmp_path / "c.json").write_text(json.dumps({"summary": "x"}))
+        args += ["--component-test", str(tmp_path / "c.json")]
+    assert main(args) == 2
+    assert needle in capsys.readouterr().err
+    assert case == "exists" or not out.exists()

@@ -8,7 +8,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's content; malformed JSON is a ValueError naming the file and position."""
+    import json
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from error
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:

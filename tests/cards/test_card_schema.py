@@ -1,5 +1,4 @@
 import re
-from pathlib import Path
 
 import pytest
 from .card_fixtures import CATALOG, MUSE_CARD, QWEN_CARD, REPO

@@ -61,7 +61,7 @@ def _ensure_registered() -> None:
         config_from_hf=lambda raw, source: Qwen3MoeConfig.from_hf_dict(raw, source=source),
         config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
         native_key=qwen3_hf.native_key,
-        to_hf=lambda name, tensor, config: qwen3_hf.to_hf(name, tensor, config.num_experts),
+        to_hf=qwen3_hf.to_hf,
     ))
 
     from openrecipes.models.muse_spark import hf as muse_hf

@@ -81,7 +81,6 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
                    + attn_passes * attn_flops / (peak * eff.attention))
         if i == len(counts) - 1:
             compute += 3 * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
-        comm = comm_passes * layers * (tp_time + ep_time)
         p2p = 0.0
         if layout.pp > 1:
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T

@@ -18,11 +18,12 @@ last layer (61), so the final block always sees the whole context and there are 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from openrecipes.utils import read_json
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -198,12 +199,7 @@ class MuseSparkConfig:
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "MuseSparkConfig":
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from error
-        return cls.from_hf_dict(raw, source=str(path))
+        return cls.from_hf_dict(read_json(path), source=str(path))
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)

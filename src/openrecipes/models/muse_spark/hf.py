@@ -12,19 +12,17 @@ our choice; the published material names the components, not their tensors.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
+from openrecipes.models.common.hf_experts import ExpertKeyMap
 from openrecipes.models.muse_spark.config import MuseSparkConfig
 
 TEXT_PREFIX = "model.language_model."
 NON_TEXT_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "model.audio_tower.",
                      "model.audio_projector.")
-
-_HF_EXPERT = re.compile(
-    r"^(model\.language_model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_NATIVE_EXPERT = re.compile(r"^(model\.language_model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+KEYS = ExpertKeyMap("model.language_model.layers")
+native_key = KEYS.native_key
+hf_keys = KEYS.hf_keys
 
 
 def ignored_key(hf_key: str) -> bool:
@@ -32,31 +30,8 @@ def ignored_key(hf_key: str) -> bool:
     return hf_key.startswith(NON_TEXT_PREFIXES)
 
 
-def native_key(hf_key: str) -> tuple[str, int | None]:
-    """Native parameter name of an HF tensor, and its expert index when it is one expert's slice."""
-    match = _HF_EXPERT.match(hf_key)
-    if match:
-        return f"{match.group(1)}.{match.group(3)}", int(match.group(2))
-    return hf_key, None
-
-
-def hf_keys(native_name: str, num_experts: int) -> list[str]:
-    """The HF tensor names that make up one native parameter (E names for a grouped expert tensor)."""
-    match = _NATIVE_EXPERT.match(native_name)
-    if match:
-        return [f"{match.group(1)}.{e}.{match.group(2)}.weight" for e in range(num_experts)]
-    return [native_name]
-
-
 def to_hf(native_name: str, tensor: torch.Tensor, config: MuseSparkConfig) -> list[tuple[str, torch.Tensor]]:
-    """Split one native tensor into its HF tensors (contiguous copies, ready for safetensors); dtype kept."""
-    names = hf_keys(native_name, config.num_experts)
-    if len(names) == 1:
-        return [(names[0], tensor.contiguous())]
-    if tensor.shape[0] != config.num_experts:
-        raise ValueError(f"{native_name}: expected {config.num_experts} experts in dim 0, "
-                         f"got shape {tuple(tensor.shape)}")
-    return [(name, tensor[e].contiguous()) for e, name in enumerate(names)]
+    return KEYS.to_hf(native_name, tensor, config.num_experts)
 
 
 def expected_hf_shapes(config: MuseSparkConfig) -> dict[str, tuple[int, ...]]:
@@ -64,9 +39,4 @@ def expected_hf_shapes(config: MuseSparkConfig) -> dict[str, tuple[int, ...]]:
     from openrecipes.models.muse_spark.model import MuseSparkForCausalLM
 
     with torch.device("meta"):
-        model = MuseSparkForCausalLM(config)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, param in model.named_parameters():
-        for hf_name, piece in to_hf(name, param, config):
-            shapes[hf_name] = tuple(piece.shape)
-    return shapes
+        return KEYS.expected_hf_shapes(MuseSparkForCausalLM(config), config.num_experts)

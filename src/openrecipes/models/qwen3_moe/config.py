@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from openrecipes.utils import read_json
 
 # config.json keys we read but that change nothing in training (generation, dtype hints, bookkeeping)
 _IGNORED_HF_KEYS = {
@@ -136,12 +137,7 @@ class Qwen3MoeConfig:
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "Qwen3MoeConfig":
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from error
-        return cls.from_hf_dict(raw, source=str(path))
+        return cls.from_hf_dict(read_json(path), source=str(path))
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)

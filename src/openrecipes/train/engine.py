@@ -123,9 +123,12 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tor
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     logits = model(batch["input_ids"], batch["position_ids"], documents)
-    targets = batch["input_ids"][:, 1:].reshape(-1)
-    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets, reduction="none")
-    return (per_token * loss_weights(batch).reshape(-1)).sum()
+    # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
+    # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
+    targets = torch.roll(batch["input_ids"], -1, dims=1).reshape(-1)
+    weights = F.pad(loss_weights(batch), (0, 1)).reshape(-1)
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, reduction="none")
+    return (per_token * weights).sum()
 
 
 def attach_fp32_grad_accumulators(model: nn.Module) -> None:

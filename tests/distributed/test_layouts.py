@@ -52,6 +52,30 @@ def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
     assert info["world_size"] == nproc and "--nproc" in info["command"]
 
 
+@pytest.mark.parametrize("nproc,sets", [
+    (2, ("layout.pp=2", "layout.dp=1", "layout.pp_first_stage_layers=1")),  # uneven: 1 + 3 layers
+    (4, ("layout.pp=2", "layout.dp=2")),                                      # FSDP2 inside each stage
+], ids=["PP2-uneven", "PP2-DP2"])
+def test_pipeline_matches_one_process(tmp_path, reference, nproc, sets):
+    run_dir = tmp_path / "run"
+    # one-row microbatches, so each data-parallel rank runs at least pp microbatches through 1F1B
+    result = train(run_dir, *sets, "layout.max_tokens_per_gpu=256", nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+
+
+def test_pipeline_checkpoint_resumes_in_one_process(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    first = train(run_dir, "layout.pp=2", "layout.dp=1", "layout.max_tokens_per_gpu=256", nproc=2,
+                  extra=["--stop-after", "1"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
+                             "layout.pp=1", "--set", "layout.max_tokens_per_gpu=512"],
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+
+
 def test_checkpoint_from_one_layout_resumes_under_another(tmp_path, reference):
     run_dir = tmp_path / "run"
     first = train(run_dir, "layout.dp=2", "layout.ep=2", nproc=2, extra=["--stop-after", "2"])
@@ -73,9 +97,10 @@ def test_a_failing_rank_ends_the_job(tmp_path):
 @pytest.mark.parametrize("sets,message", [
     (("layout.dp=1", "layout.tp=2"), "layout: tp=2 is not supported"),
     (("layout.dp=4", "layout.ep=2"), "edp > 1) is not supported yet"),
+    (("layout.dp=1", "layout.pp=2"), "needs at least 2 microbatches"),
 ])
 def test_unsupported_layouts_are_clear_errors(tmp_path, sets, message):
-    result = train(tmp_path / "run", *sets, nproc=len(sets) and (2 if "layout.tp=2" in sets else 4))
+    result = train(tmp_path / "run", *sets, "global_batch=2", nproc=4 if "layout.dp=4" in sets else 2)
     assert result.returncode != 0
     assert message in result.stderr
 

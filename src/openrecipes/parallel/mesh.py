@@ -1,5 +1,7 @@
 """Process groups and device meshes for a validated layout.
 
+With pipeline parallelism the ranks form a ``pp x dp`` mesh: stage = pp coordinate, FSDP2 over the stage's dp ranks.
+
 Dense layers shard over the data-parallel mesh ``dp`` (all ranks while tp = cp = pp = 1). Expert layers regroup the
 same ranks as ``edp x ep``: ep consecutive ranks hold the E/ep experts each, and the edp groups of equal expert shards
 average (sum) their gradients. Both meshes come from one root mesh so FSDP2 and DTensor can compose them.
@@ -28,6 +30,9 @@ class ParallelState:
     ep_size: int
     dense_mesh: DeviceMesh | None   # ("dp",)
     expert_mesh: DeviceMesh | None  # ("edp", "ep")
+    pp_size: int = 1
+    pp_rank: int = 0
+    pp_group: object | None = None
 
     @property
     def distributed(self) -> bool:
@@ -54,10 +59,21 @@ def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.dev
 def build_parallel_state(layout: LayoutConfig, device: torch.device) -> ParallelState:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    unsupported = {name: getattr(layout, name) for name in ("tp", "pp", "cp", "etp") if getattr(layout, name) != 1}
+    unsupported = {name: getattr(layout, name) for name in ("tp", "cp", "etp") if getattr(layout, name) != 1}
+    if layout.vpp != 1:
+        unsupported["vpp"] = layout.vpp
     if unsupported:
         raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
                          "engine yet (data and expert parallelism are); `openrecipes plan` can still plan it")
+    if layout.pp > 1:
+        if layout.ep > 1:
+            raise ValueError(f"layout: ep={layout.ep} with pp={layout.pp} is not supported yet (pipeline stages run "
+                             "with ep = 1)")
+        root = init_device_mesh(device.type, (layout.pp, layout.dp), mesh_dim_names=("pp", "dp"))
+        return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),
+                             dp_size=layout.dp, ep_size=1, dense_mesh=root["dp"] if layout.dp > 1 else None,
+                             expert_mesh=None, pp_size=layout.pp, pp_rank=root["pp"].get_local_rank(),
+                             pp_group=root["pp"].get_group())
     if layout.ep > 1 and world // layout.ep > 1:
         # Summing expert gradients over expert-data-parallel replicas gave run-to-run differences on gloo
         # (collectives of overlapping process groups in flight together); until that is fixed, refuse it.

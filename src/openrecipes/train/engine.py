@@ -50,12 +50,17 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
     distributed = parallel is not None and parallel.distributed
     compute_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
     dtype = torch.float32 if distributed else compute_dtype
+    pipelined = distributed and parallel.pp_size > 1
     if recipe.init == "checkpoint":
         from openrecipes.checkpoint.hf import from_hf
 
         model = from_hf(recipe.model, dtype=dtype, device=device)
+    elif pipelined:  # build only this stage's part: everything else stays on the meta device and is dropped
+        model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None)
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed)
+    if pipelined:
+        _keep_pipeline_stage(model, recipe, config, parallel, device)
     configure_kernels(model, attention=recipe.kernels.attention, experts=recipe.kernels.experts)
     if recipe.debug.force_load_balance:
         force_load_balance(model)
@@ -67,7 +72,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
                               compute_dtype=compute_dtype if compute_dtype != torch.float32 else None)
     apply_recompute(layers, granularity=recipe.recompute.granularity,
                     method=recipe.recompute.method, num_layers=recipe.recompute.num_layers)
-    if distributed:
+    if distributed and parallel.dense_mesh is not None:
         from openrecipes.parallel.expert import expert_parameters
         from openrecipes.parallel.fsdp import apply_fsdp
 
@@ -76,6 +81,20 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
         ignored = expert_parameters(model) if parallel.ep_size > 1 else set()
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=compute_dtype, ignored=ignored)
     return model
+
+
+def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel, device: torch.device) -> None:
+    from openrecipes.parallel.layout import stage_layer_counts
+    from openrecipes.parallel.pipeline import prune_to_stage
+
+    counts = stage_layer_counts(recipe.layout, config.num_hidden_layers)
+    start = sum(counts[:parallel.pp_rank])
+    layers = next(m for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, nn.ModuleDict))
+    prune_to_stage(model, layers, range(start, start + counts[parallel.pp_rank]), first=parallel.pp_rank == 0,
+                   last=parallel.pp_rank == parallel.pp_size - 1)
+    if next(model.parameters()).is_meta:
+        model.to_empty(device=device)
+        model.init_weights(seed=recipe.seed)  # seeded per parameter name: the whole model's values
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -173,7 +192,8 @@ def zero_gradients(model: nn.Module) -> None:
             param.main_grad = None
 
 
-def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None) -> tuple[float, float]:
+def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, *,
+                             stage_group=None) -> tuple[float, float]:
     """Global L2 norm of ``grads`` and the factor that clips it to ``max_norm`` (1.0 when it is within).
 
     Sharded (DTensor) gradients add their squared local norms over the ranks of the mesh dimension they are
@@ -195,6 +215,11 @@ def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None) 
         if group is not None:
             torch.distributed.all_reduce(group_sq, group=group)
         norm_sq += float(group_sq)
+    if stage_group is not None:  # pipeline stages hold different layers: add their squares
+        device = grads[0].device if grads else torch.device("cpu")
+        total = torch.tensor(norm_sq, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(total, group=stage_group)
+        norm_sq = float(total)
     norm = norm_sq ** 0.5
     scale = 1.0 if max_norm is None or not norm > max_norm else max_norm / (norm + 1e-6)
     return norm, scale

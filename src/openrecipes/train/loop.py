@@ -134,6 +134,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         master="param" if parallel.distributed else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
 
+    schedule = None
+    if parallel.pp_size > 1:
+        from openrecipes.parallel.pipeline import StageLoss, StageModule, build_schedule
+
+        per_rank_rows = recipe.global_batch // parallel.dp_size
+        schedule = build_schedule(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
+                                  device=device, group=parallel.pp_group,
+                                  microbatches=-(-per_rank_rows // rows_per_microbatch), loss_fn=StageLoss())
+
     start = 0
     if resume:
         checkpoint = latest_checkpoint(run_dir)
@@ -160,9 +169,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (OPENRECIPES_FAIL_AT)")
             if step == profile_step:
                 record = _profiled(run_dir, lambda: train_step(model, optimizer, loader, recipe, step, device,
-                                                               parallel))
+                                                               parallel, schedule))
             else:
-                record = train_step(model, optimizer, loader, recipe, step, device, parallel)
+                record = train_step(model, optimizer, loader, recipe, step, device, parallel, schedule)
             if step % 50 == 0:
                 gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
@@ -195,20 +204,25 @@ def _profiled(run_dir: Path, fn):
     return record
 
 
-def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, parallel=None) -> dict:
+def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, parallel=None,
+               schedule=None) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
-    supervised, sum_doc_len_sq = _all_reduce(counts).tolist()
+    if parallel is not None and parallel.dense_mesh is not None:  # data-parallel ranks hold different rows
+        dist.all_reduce(counts, group=parallel.dense_mesh.get_group())
+    supervised, sum_doc_len_sq = counts.tolist()
     if supervised == 0:
         raise ValueError(f"step {step}: the global batch has no supervised tokens")
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     if hasattr(model, "fold_grads"):
         model.fold_grads = len(microbatches) > 1
-    for batch in microbatches:
+    if schedule is not None:
+        loss_sum += _pipeline_step(schedule, microbatches, supervised, device)
+    for batch in microbatches if schedule is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         micro_loss = engine.microbatch_loss_sum(model, batch)
@@ -221,7 +235,9 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         all_reduce_expert_grads(model, parallel.expert_mesh)
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
-    grad_norm, clip_scale = engine.grad_norm_and_clip_scale(engine.gradients(model), recipe.optimizer.grad_clip)
+    grad_norm, clip_scale = engine.grad_norm_and_clip_scale(
+        engine.gradients(model), recipe.optimizer.grad_clip,
+        stage_group=parallel.pp_group if parallel is not None and parallel.pp_size > 1 else None)
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -238,6 +254,25 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
         record["peak_memory_gib"], record["peak_reserved_gib"] = (peaks / 2**30).tolist()
     return record
+
+
+def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device: torch.device) -> torch.Tensor:
+    """Run the step's microbatches through the 1F1B schedule; returns this rank's loss sum (the last stage's)."""
+    import torch.nn.functional as F
+
+    stacked = {k: torch.cat([b[k] for b in microbatches]).to(device) for k in ("input_ids", "position_ids",
+                                                                                "document_ids")}
+    weights = torch.cat([F.pad(engine.loss_weights(b), (0, 1)) for b in microbatches]).to(device)
+    target = torch.stack([torch.roll(stacked["input_ids"], -1, dims=1), weights], dim=-1)
+    schedule._loss_fn.supervised_tokens = supervised
+    stage = schedule._stage
+    losses: list[torch.Tensor] = []
+    args = (stacked["input_ids"],) if stage.is_first else ()
+    schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
+                  target=target if stage.is_last else None, losses=losses if stage.is_last else None)
+    if not stage.is_last:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack([l.detach().double() for l in losses]).sum() * supervised
 
 
 def _sum_doc_len_sq(batch: dict) -> float:

@@ -54,8 +54,8 @@ def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
 
 @pytest.mark.parametrize("nproc,sets", [
     (2, ("layout.pp=2", "layout.dp=1", "layout.pp_first_stage_layers=1")),  # uneven: 1 + 3 layers
-    (4, ("layout.pp=2", "layout.dp=2")),                                      # FSDP2 inside each stage
-], ids=["PP2-uneven", "PP2-DP2"])
+    (4, ("layout.pp=2", "layout.dp=2", "layout.ep=2")),                      # FSDP2 and EP inside each stage
+], ids=["PP2-uneven", "PP2-DP2-EP2"])
 def test_pipeline_matches_one_process(tmp_path, reference, nproc, sets):
     run_dir = tmp_path / "run"
     # one-row microbatches, so each data-parallel rank runs at least pp microbatches through 1F1B

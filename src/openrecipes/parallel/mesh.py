@@ -1,6 +1,7 @@
 """Process groups and device meshes for a validated layout.
 
-With pipeline parallelism the ranks form a ``pp x dp`` mesh: stage = pp coordinate, FSDP2 over the stage's dp ranks.
+With pipeline parallelism the ranks form a ``pp x edp x ep`` mesh: the pp coordinate is the stage, FSDP2 runs over
+the stage's dp = edp x ep ranks and expert parallelism over its ep ranks.
 
 Dense layers shard over the data-parallel mesh ``dp`` (all ranks while tp = cp = pp = 1). Expert layers regroup the
 same ranks as ``edp x ep``: ep consecutive ranks hold the E/ep experts each, and the edp groups of equal expert shards
@@ -64,21 +65,21 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
         unsupported["vpp"] = layout.vpp
     if unsupported:
         raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
-                         "engine yet (data and expert parallelism are); `openrecipes plan` can still plan it")
-    if layout.pp > 1:
-        if layout.ep > 1:
-            raise ValueError(f"layout: ep={layout.ep} with pp={layout.pp} is not supported yet (pipeline stages run "
-                             "with ep = 1)")
-        root = init_device_mesh(device.type, (layout.pp, layout.dp), mesh_dim_names=("pp", "dp"))
-        return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),
-                             dp_size=layout.dp, ep_size=1, dense_mesh=root["dp"] if layout.dp > 1 else None,
-                             expert_mesh=None, pp_size=layout.pp, pp_rank=root["pp"].get_local_rank(),
-                             pp_group=root["pp"].get_group())
-    if layout.ep > 1 and world // layout.ep > 1:
+                         "engine yet (data, expert and pipeline parallelism are); `openrecipes plan` can still plan it")
+    if layout.ep > 1 and layout.dp // layout.ep > 1:
         # Summing expert gradients over expert-data-parallel replicas gave run-to-run differences on gloo
         # (collectives of overlapping process groups in flight together); until that is fixed, refuse it.
-        raise ValueError(f"layout: ep={layout.ep} with {world // layout.ep} expert-data-parallel replicas (edp > 1) "
-                         "is not supported yet; use ep = dp (edp = 1), as the seed layouts do, or ep = 1")
+        raise ValueError(f"layout: ep={layout.ep} with {layout.dp // layout.ep} expert-data-parallel replicas "
+                         "(edp > 1) is not supported yet; use ep = dp (edp = 1), as the seed layouts do, or ep = 1")
+    if layout.pp > 1:
+        root = init_device_mesh(device.type, (layout.pp, layout.dp // layout.ep, layout.ep),
+                                mesh_dim_names=("pp", "edp", "ep"))
+        expert = root["edp", "ep"]
+        dense = expert._flatten("dp") if layout.dp > 1 else None
+        return ParallelState(rank=rank, world_size=world, device=device,
+                             dp_rank=dense.get_local_rank() if dense is not None else 0, dp_size=layout.dp,
+                             ep_size=layout.ep, dense_mesh=dense, expert_mesh=expert if layout.ep > 1 else None,
+                             pp_size=layout.pp, pp_rank=root["pp"].get_local_rank(), pp_group=root["pp"].get_group())
     if world == 1:
         return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1,
                              dense_mesh=None, expert_mesh=None)

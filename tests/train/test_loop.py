@@ -144,3 +144,20 @@ def test_existing_run_dir_is_not_overwritten(make_recipe):
     train(recipe, command="t")
     with pytest.raises(ValueError, match="already holds a run"):
         train(recipe, command="t")
+
+
+def test_tensorboard_and_wandb_are_clear_errors_when_missing(make_recipe, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without(name, *args, **kwargs):
+        if name in ("torch.utils.tensorboard", "wandb"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without)
+    with pytest.raises(ValueError, match="logging.tensorboard"):
+        train(make_recipe(steps=1, logging__tensorboard=True), command="t")
+    with pytest.raises(ValueError, match="logging.wandb"):
+        train(make_recipe(steps=1, logging__wandb=True), command="t")  # the failed start left no metrics file

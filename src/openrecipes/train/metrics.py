@@ -38,7 +38,7 @@ class MetricsStream:
         self.progress = progress and enabled
         self.interactive = sys.stderr.isatty()
         self.started = time.perf_counter()
-        self._file = open(Path(run_dir) / METRICS_FILE, "a") if enabled else None
+        self._file = None
         self._tensorboard = self._wandb = None
         if enabled and tensorboard:
             try:
@@ -53,6 +53,8 @@ class MetricsStream:
             except ImportError as error:
                 raise ValueError("logging.wandb: the wandb package is not installed (pip install wandb)") from error
             self._wandb = wandb_module.init(project=wandb_project, name=run_name, dir=str(run_dir))
+        # opened last: a logger that cannot start leaves no metrics file behind to block a fresh start
+        self._file = open(Path(run_dir) / METRICS_FILE, "a") if enabled else None
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:

@@ -27,6 +27,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--offload-fraction", type=float)
     p.add_argument("--global-batch-tokens", type=int, default=128 * 8192,
                    help="tokens per optimizer step (default 128 rows x 8192)")
+    p.add_argument("--engine", choices=["megatron", "openrecipes"], default="megatron",
+                   help="whose memory layout to predict: Megatron-LM's (as in the seed cards; default) or this "
+                        "engine's (bf16 gradients with one microbatch, FSDP2-sharded fp32 masters when parallel)")
     p.add_argument("--hardware", help="hardware YAML (default: the packaged hardware.yaml)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
         setup = TrainingSetup(recompute=args.recompute or "full", optimizer=args.optimizer or "adam",
                               offload_fraction=args.offload_fraction or 0.0,
-                              global_batch_tokens=args.global_batch_tokens)
+                              global_batch_tokens=args.global_batch_tokens, engine=args.engine)
         plan = evaluate(shape, layout, setup, hw)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2))
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         recompute=[args.recompute] if args.recompute else ["none", "selective", "full"],
         optimizers=[args.optimizer] if args.optimizer else ["adam", "precision-aware"],
         offloads=[args.offload_fraction] if args.offload_fraction is not None else _SWEEP_OFFLOAD,
-        global_batch_tokens=args.global_batch_tokens)
+        global_batch_tokens=args.global_batch_tokens, engine=args.engine)
     top = plans[:args.top]
     if args.json:
         print(json.dumps({"evaluated": evaluated, "fitting": len(plans),

@@ -67,7 +67,7 @@ def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: 
 
 def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iterable[int],
            recompute: Iterable[str], optimizers: Iterable[str], offloads: Iterable[float],
-           global_batch_tokens: int, max_tp: int = 8) -> tuple[list[Plan], int]:
+           global_batch_tokens: int, max_tp: int = 8, engine: str = "megatron") -> tuple[list[Plan], int]:
     """All valid layouts x training settings; returns (plans that fit, best first; number evaluated)."""
     fitting: list[Plan] = []
     evaluated = 0
@@ -77,7 +77,7 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
                                     max_tp=min(max_tp, hw.gpu.nvlink_domain))
         for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
-                                  global_batch_tokens=global_batch_tokens)
+                                  global_batch_tokens=global_batch_tokens, engine=engine)
             counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
                                      num_experts=shape.num_experts)
             evaluated += 1

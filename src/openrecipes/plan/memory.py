@@ -27,6 +27,7 @@ GIB = 1024 ** 3
 RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
+ENGINES = ("megatron", "openrecipes")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -36,6 +37,7 @@ class TrainingSetup:
     offload_fraction: float = 0.0
     grad_dtype: str = "fp32"
     global_batch_tokens: int = 128 * 8192
+    engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -46,6 +48,8 @@ class TrainingSetup:
             raise ValueError(f"offload_fraction: must be within [0, 1], got {self.offload_fraction}")
         if self.grad_dtype not in GRAD_BYTES:
             raise ValueError(f"grad_dtype: {self.grad_dtype!r} is not one of {', '.join(GRAD_BYTES)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.global_batch_tokens < 1:
             raise ValueError(f"global_batch_tokens: must be positive, got {self.global_batch_tokens}")
 
@@ -155,13 +159,19 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             logits = tokens * shape.vocab / layout.tp * (2 + 4)
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
+        if setup.engine == "openrecipes":
+            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu)
+            # gradients exist only from the backward on (they are freed after each step), when the logits are
+            # already gone: the peak is the larger of the two, not their sum
+            transient = max(transient - weights["grads"] * GIB, working)
+        else:
+            weights = {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
+                       "optimizer": sharded_state * on_gpu / GIB}
         parts = {
-            "params": 2 * (dense + experts) / GIB,
-            "grads": grad_bytes * (dense + experts) / GIB,
-            "optimizer": sharded_state * on_gpu / GIB,
+            **weights,
             "activations": (stored_per_layer * held + p2p) / GIB,
             "transient": transient / GIB,
-            "buffers": mem.comm_buffer_gib + mem.fixed_overhead_gib,
+            "buffers": mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0),
         }
         allocated = sum(parts.values())
         stages.append(StageMemory(
@@ -172,3 +182,18 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
     return stages
+
+
+def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
+                         layers: int, on_gpu: float) -> dict[str, float]:
+    """This engine's weight-side memory (docs/train.md): one process keeps bf16 parameters, bf16 gradients with one
+    microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes keep fp32 masters,
+    fp32 gradients and fp32 moments sharded by FSDP2 over dp (experts under ep > 1: local, unsharded), plus the bf16
+    copy of about two layers FSDP gathers at a time."""
+    if layout.dp * layout.pp == 1:
+        grad_bytes = 2 if microbatches == 1 else 4
+        return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
+                "optimizer": OPTIMIZERS[setup.optimizer] * (dense + experts) * on_gpu / GIB}
+    sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
+    gathered = 2 * 2 * (dense + (0 if layout.ep > 1 else experts)) / max(1, layers)  # two layers in bf16
+    return {"params": (4 * sharded + gathered) / GIB, "grads": 4 * sharded / GIB, "optimizer": 8 * sharded / GIB}

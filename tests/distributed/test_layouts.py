@@ -42,6 +42,18 @@ def assert_same(candidate, reference, rel=1e-5):
         assert c["supervised_tokens"] == r["supervised_tokens"]
 
 
+def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    result = train(run_dir, "layout.dp=1", "layout.tp=2", "layout.sequence_parallel=true", nproc=2,
+                   extra=["--stop-after", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
+                              "layout.tp=1", "--set", "layout.sequence_parallel=false"],
+                             capture_output=True, text=True, timeout=600)  # TP2 checkpoint, one process
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+
+
 @pytest.mark.parametrize("nproc,dp,ep", [(2, 2, 1), (2, 2, 2), (4, 4, 4)], ids=["DP2", "DP2-EP2", "DP4-EP4"])
 def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
     run_dir = tmp_path / "run"
@@ -95,7 +107,8 @@ def test_a_failing_rank_ends_the_job(tmp_path):
 
 
 @pytest.mark.parametrize("sets,message", [
-    (("layout.dp=1", "layout.tp=2"), "layout: tp=2 is not supported"),
+    (("layout.dp=1", "layout.tp=2", "layout.cp=1", "layout.etp=2"), "layout: etp=2 is not supported"),
+    (("layout.dp=1", "layout.tp=2"), "layout.sequence_parallel"),
     (("layout.dp=4", "layout.ep=2"), "edp > 1) is not supported yet"),
     (("layout.dp=1", "layout.pp=2"), "needs at least 2 microbatches"),
 ])

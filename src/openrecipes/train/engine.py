@@ -70,6 +70,10 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
 
         apply_expert_parallel([layer.mlp for layer in layers], parallel.expert_mesh,
                               compute_dtype=compute_dtype if compute_dtype != torch.float32 else None)
+    if distributed and parallel.tp_size > 1:
+        from openrecipes.parallel.tensor import apply_tensor_parallel
+
+        apply_tensor_parallel(model, layers, parallel.tp_mesh)
     apply_recompute(layers, granularity=recipe.recompute.granularity,
                     method=recipe.recompute.method, num_layers=recipe.recompute.num_layers)
     if distributed and parallel.dense_mesh is not None:
@@ -137,15 +141,19 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return batch["loss_mask"][:, 1:] * (batch["position_ids"][:, 1:] != 0)
 
 
-def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of the masked next-token cross entropies of one microbatch (fp32)."""
+def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], sequence_slice=None) -> torch.Tensor:
+    """Sum of the masked next-token cross entropies of one microbatch (fp32). ``sequence_slice`` picks this rank's
+    part of the targets when the model returns logits for a slice of the sequence (sequence parallelism)."""
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     logits = model(batch["input_ids"], batch["position_ids"], documents)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
-    targets = torch.roll(batch["input_ids"], -1, dims=1).reshape(-1)
-    weights = F.pad(loss_weights(batch), (0, 1)).reshape(-1)
+    targets = torch.roll(batch["input_ids"], -1, dims=1)
+    weights = F.pad(loss_weights(batch), (0, 1))
+    if sequence_slice is not None:
+        targets, weights = sequence_slice(targets), sequence_slice(weights)
+    targets, weights = targets.reshape(-1), weights.reshape(-1)
     per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, reduction="none")
     return (per_token * weights).sum()
 
@@ -204,16 +212,16 @@ def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, 
     for grad in grads:
         group = None
         if isinstance(grad, DTensor):
-            shard_dims = [i for i, placement in enumerate(grad.placements) if placement.is_shard()]
-            group = grad.device_mesh.get_group(shard_dims[0]) if shard_dims else None
+            group = tuple(grad.device_mesh.get_group(i) for i, placement in enumerate(grad.placements)
+                          if placement.is_shard())
             grad = grad.to_local()
         groups.setdefault(group, []).append(grad)
     norm_sq = 0.0
     for group, tensors in groups.items():
         norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
         group_sq = torch.stack([n.double() for n in norms]).pow(2).sum()
-        if group is not None:
-            torch.distributed.all_reduce(group_sq, group=group)
+        for mesh_group in group or ():  # sharded over several mesh dims: sum over each in turn
+            torch.distributed.all_reduce(group_sq, group=mesh_group)
         norm_sq += float(group_sq)
     if stage_group is not None:  # pipeline stages hold different layers: add their squares
         device = grads[0].device if grads else torch.device("cpu")

@@ -1,0 +1,83 @@
+"""Tensor parallelism with sequence parallelism, applied from outside the model.
+
+Between attention blocks the residual stream of a TP rank holds its 1/tp slice of the sequence (sequence
+parallel): norms, the MoE block (experts whole on every TP rank, each rank routing its own tokens), the final norm,
+the LM head and the loss work on that slice. Attention all-gathers the sequence, runs q/k/v column-parallel
+(each rank its heads) and o_proj row-parallel, and reduce-scatters the output back to sequence slices.
+
+Weights split by TP are DTensors (Shard on the tp mesh), so checkpoints reshard between TP sizes. Every other
+weight is whole on each TP rank and sees only that rank's tokens: its gradients are summed over the TP group after
+the backward (``all_reduce_replicated_grads``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+class _GatherSequence(torch.autograd.Function):
+    """(B, T/tp, D) slices -> (B, T, D) on every rank. The backward keeps this rank's slice of the gradient: the
+    column-parallel projections that read the gathered tensor already sum their partial input gradients over TP
+    (their Replicate input layout), so summing here again would count them tp times."""
+
+    @staticmethod
+    def forward(ctx, x, group, tp_rank: int, tp_size: int):
+        ctx.group, ctx.tp_rank, ctx.tp_size = group, tp_rank, tp_size
+        pieces = [torch.empty_like(x) for _ in range(tp_size)]
+        dist.all_gather(pieces, x.contiguous(), group=group)
+        return torch.cat(pieces, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.tp_size, dim=1)[ctx.tp_rank].contiguous(), None, None, None
+
+
+def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) -> None:
+    group, tp_rank, tp_size = tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size()
+    for layer in layers:
+        attention = layer.self_attn
+        if not hasattr(attention, "num_kv_heads"):
+            raise ValueError(f"layout.tp: tensor parallelism supports Qwen3-MoE attention for now, not "
+                             f"{type(attention).__name__}")
+        if attention.num_kv_heads % tp_size or attention.num_heads % tp_size:
+            raise ValueError(f"layout.tp={tp_size} must divide the {attention.num_heads} query and "
+                             f"{attention.num_kv_heads} key/value heads")
+        parallelize_module(attention, tp_mesh, {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(),
+                                                "v_proj": ColwiseParallel(),
+                                                "o_proj": RowwiseParallel(output_layouts=Shard(1))})
+        original = attention.forward
+
+        def forward(x_local, *args, _original=original, **kwargs):
+            return _original(_GatherSequence.apply(x_local, group, tp_rank, tp_size), *args, **kwargs)
+
+        attention.forward = forward
+    embedding = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))
+    embed_forward = embedding.forward
+    # Each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's.
+    embedding.forward = lambda ids: embed_forward(ids).chunk(tp_size, dim=1)[tp_rank]
+    model.tp_sharded_parameters = {id(p) for p in model.parameters() if isinstance(p, DTensor)}
+
+
+def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters whole on every TP rank (FSDP may still shard them over dp)."""
+    sharded = getattr(model, "tp_sharded_parameters", set())
+    return [p for p in model.parameters() if id(p) not in sharded and p.requires_grad]
+
+
+def all_reduce_replicated_grads(model: nn.Module, tp_mesh) -> None:
+    """Weights whole on every TP rank saw only that rank's tokens: sum their gradients over the TP group."""
+    group = tp_mesh.get_group()
+    for param in replicated_parameters(model):
+        grad = getattr(param, "main_grad", None)
+        grad = grad if grad is not None else param.grad
+        if grad is not None:
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=group)
+
+
+def local_sequence_slice(tensor: torch.Tensor, tp_mesh) -> torch.Tensor:
+    """This TP rank's slice of a (B, T, ...) tensor along the sequence."""
+    return tensor.chunk(tp_mesh.size(), dim=1)[tp_mesh.get_local_rank()]

@@ -54,6 +54,13 @@ def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path, re
     assert_same(metrics(run_dir), reference)
 
 
+def test_context_parallel_matches_one_process(tmp_path, reference):
+    # rows of the tiny data hold several documents, so documents straddle the two context slices
+    result = train(tmp_path / "run", "layout.dp=1", "layout.cp=2", nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(metrics(tmp_path / "run"), reference)
+
+
 @pytest.mark.parametrize("nproc,dp,ep", [(2, 2, 1), (2, 2, 2), (4, 4, 4)], ids=["DP2", "DP2-EP2", "DP4-EP4"])
 def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
     run_dir = tmp_path / "run"

@@ -82,3 +82,18 @@ def test_changing_one_document_leaves_the_other_unchanged():
     assert not torch.allclose(a[0, :10], b[0, :10], rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(b[0, 10:], a[0, 10:], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(alone[0], a[0, 10:], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_query_slices_over_whole_keys_equal_slices_of_full_attention(window):
+    from openrecipes.models.common.attention import sliced_query_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64), torch.randn(2, 2, 12, 8, dtype=torch.float64),
+               torch.randn(2, 2, 12, 8, dtype=torch.float64))
+    documents = Documents.from_document_ids(packed_ids([5, 4, 3], rows=2))
+    full = attention(q, k, v, scale=0.3, documents=documents, window=window, backend="reference")
+    for offset in (0, 4, 8):
+        part = sliced_query_attention(q[:, :, offset:offset + 4], k, v, scale=0.3, query_offset=offset,
+                                      documents=documents, window=window)
+        torch.testing.assert_close(part, full[:, :, offset:offset + 4], rtol=1e-12, atol=1e-12)

@@ -36,6 +36,8 @@ class ParallelState:
     pp_group: object | None = None
     tp_size: int = 1
     tp_mesh: DeviceMesh | None = None
+    cp_size: int = 1
+    cp_mesh: DeviceMesh | None = None
 
     @property
     def distributed(self) -> bool:
@@ -62,17 +64,24 @@ def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.dev
 def build_parallel_state(layout: LayoutConfig, device: torch.device) -> ParallelState:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    unsupported = {name: getattr(layout, name) for name in ("cp", "etp") if getattr(layout, name) != 1}
+    unsupported = {name: getattr(layout, name) for name in ("etp",) if getattr(layout, name) != 1}
     if layout.vpp != 1:
         unsupported["vpp"] = layout.vpp
     if unsupported:
         raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
-                         "engine yet (data, expert, pipeline and tensor parallelism are); `openrecipes plan` can still plan it")
+                         "engine yet (data, expert, pipeline, tensor and context parallelism are); `openrecipes plan` can still plan it")
     if layout.ep > 1 and layout.dp // layout.ep > 1:
         # Summing expert gradients over expert-data-parallel replicas gave run-to-run differences on gloo
         # (collectives of overlapping process groups in flight together); until that is fixed, refuse it.
         raise ValueError(f"layout: ep={layout.ep} with {layout.dp // layout.ep} expert-data-parallel replicas "
                          "(edp > 1) is not supported yet; use ep = dp (edp = 1), as the seed layouts do, or ep = 1")
+    if layout.cp > 1:
+        if layout.world_size != layout.cp or layout.ep > 1:
+            raise ValueError(f"layout: cp={layout.cp} with dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, "
+                             f"ep={layout.ep} is not supported yet (context parallelism runs alone)")
+        cp_mesh = init_device_mesh(device.type, (layout.cp,), mesh_dim_names=("cp",))
+        return ParallelState(rank=rank, world_size=world, device=device, dp_rank=0, dp_size=1, ep_size=1,
+                             dense_mesh=None, expert_mesh=None, cp_size=layout.cp, cp_mesh=cp_mesh)
     if layout.tp > 1:
         if layout.ep > 1 or layout.pp > 1 or layout.dp > 1:
             # TP x DP failed on gloo with a collective size mismatch (FSDP's collectives on the dp groups in flight

@@ -74,6 +74,10 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
         from openrecipes.parallel.tensor import apply_tensor_parallel
 
         apply_tensor_parallel(model, layers, parallel.tp_mesh)
+    if distributed and parallel.cp_size > 1:
+        from openrecipes.parallel.context import apply_context_parallel
+
+        apply_context_parallel(model, parallel.cp_mesh)
     apply_recompute(layers, granularity=recipe.recompute.granularity,
                     method=recipe.recompute.method, num_layers=recipe.recompute.num_layers)
     if distributed and parallel.dense_mesh is not None:
@@ -141,12 +145,18 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return batch["loss_mask"][:, 1:] * (batch["position_ids"][:, 1:] != 0)
 
 
-def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], sequence_slice=None) -> torch.Tensor:
+def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], sequence_slice=None, *,
+                        slice_inputs: bool = False) -> torch.Tensor:
     """Sum of the masked next-token cross entropies of one microbatch (fp32). ``sequence_slice`` picks this rank's
-    part of the targets when the model returns logits for a slice of the sequence (sequence parallelism)."""
+    part of the targets when the model returns logits for a slice of the sequence (sequence and context
+    parallelism); with ``slice_inputs`` the tokens and positions fed to the model are sliced too (context
+    parallelism: the documents stay whole, attention needs the whole row's mask)."""
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
-    logits = model(batch["input_ids"], batch["position_ids"], documents)
+    input_ids, position_ids = batch["input_ids"], batch["position_ids"]
+    if slice_inputs:
+        input_ids, position_ids = sequence_slice(input_ids), sequence_slice(position_ids)
+    logits = model(input_ids, position_ids, documents)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
     targets = torch.roll(batch["input_ids"], -1, dims=1)

@@ -222,15 +222,17 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         model.fold_grads = len(microbatches) > 1
     if schedule is not None:
         loss_sum += _pipeline_step(schedule, microbatches, supervised, device)
-    sequence_slice = None
-    if parallel is not None and parallel.tp_size > 1:
+    sequence_slice, sequence_mesh = None, None
+    if parallel is not None and max(parallel.tp_size, parallel.cp_size) > 1:
         from openrecipes.parallel.tensor import local_sequence_slice
 
-        sequence_slice = lambda t: local_sequence_slice(t, parallel.tp_mesh)  # noqa: E731
+        sequence_mesh = parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
+        sequence_slice = lambda t: local_sequence_slice(t, sequence_mesh)  # noqa: E731
     for batch in microbatches if schedule is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
-        micro_loss = engine.microbatch_loss_sum(model, batch, sequence_slice)
+        micro_loss = engine.microbatch_loss_sum(model, batch, sequence_slice,
+                                                slice_inputs=parallel is not None and parallel.cp_size > 1)
         (micro_loss / supervised).backward()
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
@@ -238,10 +240,10 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         from openrecipes.parallel.expert import all_reduce_expert_grads
 
         all_reduce_expert_grads(model, parallel.expert_mesh)
-    if parallel is not None and parallel.tp_size > 1:
+    if sequence_mesh is not None:  # weights whole on every rank of the group saw only its tokens
         from openrecipes.parallel.tensor import all_reduce_replicated_grads
 
-        all_reduce_replicated_grads(model, parallel.tp_mesh)
+        all_reduce_replicated_grads(model, sequence_mesh)
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
     grad_norm, clip_scale = engine.grad_norm_and_clip_scale(

@@ -56,23 +56,41 @@ class Documents:
 
 
 def attention_mask(tokens: int, *, documents: Documents | None, window: int | None,
-                   device: torch.device) -> torch.Tensor:
-    """Boolean mask (B or 1, 1, T, T): True where query t may attend key s."""
-    position = torch.arange(tokens, device=device)
-    allowed = position[:, None] >= position[None, :]
+                   device: torch.device, query_offset: int = 0, query_tokens: int | None = None) -> torch.Tensor:
+    """Boolean mask (B or 1, 1, Tq, T): True where query t may attend key s. The queries may be a slice of the
+    row starting at ``query_offset`` (context parallelism); keys are always the whole row."""
+    query_tokens = tokens if query_tokens is None else query_tokens
+    query = torch.arange(query_tokens, device=device) + query_offset
+    key = torch.arange(tokens, device=device)
+    allowed = query[:, None] >= key[None, :]
     if window is not None:
-        allowed = allowed & (position[:, None] - position[None, :] < window)
+        allowed = allowed & (query[:, None] - key[None, :] < window)
     allowed = allowed[None, None]
     if documents is not None:
         ids = documents.document_ids
-        allowed = allowed & (ids[:, None, :, None] == ids[:, None, None, :])
+        query_ids = ids[:, query_offset:query_offset + query_tokens]
+        allowed = allowed & (query_ids[:, None, :, None] == ids[:, None, None, :])
     return allowed
+
+
+def sliced_query_attention(q_BHQD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
+                           query_offset: int, documents: Documents | None, window: int | None) -> torch.Tensor:
+    """Attention of a slice of the queries (starting at ``query_offset``) over the whole row's keys and values."""
+    groups = q_BHQD.shape[1] // k_BKTD.shape[1]
+    mask = attention_mask(k_BKTD.shape[2], documents=documents, window=window, device=q_BHQD.device,
+                          query_offset=query_offset, query_tokens=q_BHQD.shape[2])
+    return F.scaled_dot_product_attention(q_BHQD, _expand_kv(k_BKTD, groups), _expand_kv(v_BKTD, groups),
+                                          attn_mask=mask, scale=scale)
 
 
 def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
               documents: Documents | None = None, window: int | None = None,
               backend: str = "auto") -> torch.Tensor:
-    """Causal attention within documents (and within ``window`` tokens when given). Returns (B, H, T, D)."""
+    """Causal attention within documents (and within ``window`` tokens when given). Returns (B, H, T, D).
+
+    ``backend`` may also be a callable taking the same arguments (parallelism plugs in its own this way)."""
+    if callable(backend):
+        return backend(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     rows, tokens = q_BHTD.shape[0], q_BHTD.shape[2]
     if (documents is not None and documents.max_seqlen == tokens
             and documents.cu_seqlens.numel() - 1 == rows):

@@ -1,0 +1,53 @@
+"""Context parallelism: each of the cp ranks holds a contiguous 1/cp slice of every row (tokens, positions,
+activations, loss); attention gathers the keys and values of the whole row and attends from the local queries
+with the row's causal and document mask, so no token ever sees past itself or into another document.
+
+Every weight is whole on each cp rank and sees only that rank's tokens: gradients are summed over the cp group.
+The slices are contiguous, so the first ranks do less attention work than the last (no load balancing yet).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from openrecipes.models.common.attention import Documents, sliced_query_attention
+
+
+class _GatherKeys(torch.autograd.Function):
+    """(B, K, T/cp, D) -> (B, K, T, D) on every rank; the backward sums every rank's gradient for the whole row
+    (each rank's queries read all keys) and keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank: int, size: int):
+        ctx.group, ctx.rank, ctx.size = group, rank, size
+        pieces = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(pieces, x.contiguous(), group=group)
+        return torch.cat(pieces, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.chunk(ctx.size, dim=2)[ctx.rank].contiguous(), None, None, None
+
+
+class ContextParallelAttention:
+    """An attention backend: local queries over the whole row's keys and values."""
+
+    def __init__(self, cp_mesh) -> None:
+        self.group, self.rank, self.size = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
+
+    def __call__(self, q, k, v, *, scale: float, documents: Documents | None, window: int | None) -> torch.Tensor:
+        k_full = _GatherKeys.apply(k, self.group, self.rank, self.size)
+        v_full = _GatherKeys.apply(v, self.group, self.rank, self.size)
+        return sliced_query_attention(q, k_full, v_full, scale=scale, query_offset=self.rank * q.shape[2],
+                                      documents=documents, window=window)
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
+    backend = ContextParallelAttention(cp_mesh)
+    for module in model.modules():
+        if hasattr(module, "backend") and hasattr(module, "head_dim"):
+            module.backend = backend

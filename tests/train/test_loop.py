@@ -93,9 +93,9 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(make_recipe, mo
     real = engine.microbatch_loss_sum
     calls = {"n": 0}
 
-    def poisoned(model, batch):
+    def poisoned(model, batch, *args, **kwargs):
         calls["n"] += 1
-        loss = real(model, batch)
+        loss = real(model, batch, *args, **kwargs)
         return loss * float("nan") if calls["n"] == 7 else loss  # step 3 (two microbatches per step)
 
     monkeypatch.setattr(engine, "microbatch_loss_sum", poisoned)
@@ -109,9 +109,9 @@ def test_skip_option_skips_the_update_and_continues(make_recipe, monkeypatch):
     real = engine.microbatch_loss_sum
     calls = {"n": 0}
 
-    def poisoned(model, batch):
+    def poisoned(model, batch, *args, **kwargs):
         calls["n"] += 1
-        return real(model, batch) * (float("nan") if calls["n"] == 3 else 1.0)  # step 1
+        return real(model, batch, *args, **kwargs) * (float("nan") if calls["n"] == 3 else 1.0)  # step 1
 
     monkeypatch.setattr(engine, "microbatch_loss_sum", poisoned)
     run_dir = train(recipe, command="t")

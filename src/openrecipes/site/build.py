@@ -91,11 +91,11 @@ def _metrics(loaded: LoadedCard) -> dict[str, object]:
         "usd": f"${res.usd_per_million_tokens:,.2f}" if res.usd_per_million_tokens is not None else "—",
         "mfu": f"{res.mfu:.1%}" if res.mfu is not None else "—",
         "active_params": f"{res.active_params.count:,}",
-        "cv": f"{res.step_time_cv_percent}%",
+        "cv": f"{res.step_time_cv_percent:.2f}%",
         "gpus": f"{gpu.count} x {gpu.type} {gpu.memory_gb:g} GB ({instance}{gpu.per_node} per node)",
         "convergence": (
-            f"{conv.result}: correlation {conv.correlation}, final loss difference "
-            f"{conv.final_loss_difference}, {conv.pointwise_failures} pointwise failures over "
+            f"{conv.result}: correlation {conv.correlation:.7g}, final loss difference "
+            f"{conv.final_loss_difference:.3g}, {conv.pointwise_failures} pointwise failures over "
             f"{conv.steps} steps" if conv is not None else "not run"),
         "window_tokens": f"{res.window_tokens:,}",
         "row_tokens": f"{card.workload.row_tokens:,}",

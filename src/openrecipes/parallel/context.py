@@ -9,28 +9,10 @@ The slices are contiguous, so the first ranks do less attention work than the la
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, sliced_query_attention
-
-
-class _GatherKeys(torch.autograd.Function):
-    """(B, K, T/cp, D) -> (B, K, T, D) on every rank; the backward sums every rank's gradient for the whole row
-    (each rank's queries read all keys) and keeps this rank's slice."""
-
-    @staticmethod
-    def forward(ctx, x, group, rank: int, size: int):
-        ctx.group, ctx.rank, ctx.size = group, rank, size
-        pieces = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(pieces, x.contiguous(), group=group)
-        return torch.cat(pieces, dim=2)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad.chunk(ctx.size, dim=2)[ctx.rank].contiguous(), None, None, None
+from openrecipes.parallel.collectives import GatherAlongDim
 
 
 class ContextParallelAttention:
@@ -40,8 +22,9 @@ class ContextParallelAttention:
         self.group, self.rank, self.size = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
 
     def __call__(self, q, k, v, *, scale: float, documents: Documents | None, window: int | None) -> torch.Tensor:
-        k_full = _GatherKeys.apply(k, self.group, self.rank, self.size)
-        v_full = _GatherKeys.apply(v, self.group, self.rank, self.size)
+        # every rank's queries read all keys: the gradient of each key is summed over the group
+        k_full = GatherAlongDim.apply(k, 2, self.group, self.rank, self.size, True)
+        v_full = GatherAlongDim.apply(v, 2, self.group, self.rank, self.size, True)
         return sliced_query_attention(q, k_full, v_full, scale=scale, query_offset=self.rank * q.shape[2],
                                       documents=documents, window=window)
 

@@ -18,22 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-
-class _GatherSequence(torch.autograd.Function):
-    """(B, T/tp, D) slices -> (B, T, D) on every rank. The backward keeps this rank's slice of the gradient: the
-    column-parallel projections that read the gathered tensor already sum their partial input gradients over TP
-    (their Replicate input layout), so summing here again would count them tp times."""
-
-    @staticmethod
-    def forward(ctx, x, group, tp_rank: int, tp_size: int):
-        ctx.group, ctx.tp_rank, ctx.tp_size = group, tp_rank, tp_size
-        pieces = [torch.empty_like(x) for _ in range(tp_size)]
-        dist.all_gather(pieces, x.contiguous(), group=group)
-        return torch.cat(pieces, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.chunk(ctx.tp_size, dim=1)[ctx.tp_rank].contiguous(), None, None, None
+from openrecipes.parallel.collectives import GatherAlongDim
 
 
 def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) -> None:
@@ -52,7 +37,10 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
         original = attention.forward
 
         def forward(x_local, *args, _original=original, **kwargs):
-            return _original(_GatherSequence.apply(x_local, group, tp_rank, tp_size), *args, **kwargs)
+            # the column-parallel projections reading the gathered sequence already sum their partial input
+            # gradients over TP (their Replicate input layout): the gather's backward must not sum again
+            x_full = GatherAlongDim.apply(x_local, 1, group, tp_rank, tp_size, False)
+            return _original(x_full, *args, **kwargs)
 
         attention.forward = forward
     embedding = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))

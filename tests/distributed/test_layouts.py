@@ -133,3 +133,16 @@ def test_muse_spark_dp2_ep2_matches_one_process(tmp_path):
     # losses agree to 1e-5 at every step; by step 4 the grad norm drifts by ~2e-5 (fp32 summation order differs
     # between layouts and Adam at lr 3e-3 amplifies it), so this extra model is held to 5e-5
     assert_same(metrics(tmp_path / "parallel"), metrics(tmp_path / "single"), rel=5e-5)
+
+
+def test_precision_aware_bf16_dp2_ep2_tracks_one_process(tmp_path):
+    # bf16 parameters + int16 remainders sharded by FSDP2 (two microbatches per rank: fp32 accumulation); bf16
+    # rounding differs between layouts, so the curves are compared at bf16-level tolerance
+    bf16 = ("precision=bf16", "optimizer.precision_aware=true", "optimizer.moment_dtype=bf16")
+    single = train(tmp_path / "single", *bf16)
+    assert single.returncode == 0, single.stderr[-3000:]
+    parallel = train(tmp_path / "parallel", *bf16, "layout.dp=2", "layout.ep=2", nproc=2)
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    for c, r in zip(metrics(tmp_path / "parallel"), metrics(tmp_path / "single")):
+        assert c["loss"] == pytest.approx(r["loss"], rel=2e-3)
+        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=5e-2)

@@ -20,6 +20,6 @@ def test_seed_layout_recipe_is_valid_and_fits():
     assert validate_layout(recipe.layout, world_size=8, num_layers=48, num_experts=128) == [48]
     assert recipe.layout.ep == recipe.layout.dp == 8  # edp = 1: a layout the engine runs
     plan = evaluate(model_shape(config), recipe.layout,
-                    TrainingSetup(recompute="full", optimizer="adam", global_batch_tokens=128 * 8192,
+                    TrainingSetup(recompute="full", optimizer="precision-aware", global_batch_tokens=128 * 8192,
                                   engine="openrecipes"), load_hardware("H200")).to_json()
     assert plan["fits"]

@@ -187,13 +187,17 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
                          layers: int, on_gpu: float) -> dict[str, float]:
     """This engine's weight-side memory (docs/train.md): one process keeps bf16 parameters, bf16 gradients with one
-    microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes keep fp32 masters,
-    fp32 gradients and fp32 moments sharded by FSDP2 over dp (experts under ep > 1: local, unsharded), plus the bf16
-    copy of about two layers FSDP gathers at a time."""
+    microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes shard over dp with
+    FSDP2 (experts under ep > 1: local) either fp32 masters, gradients and moments (adam) or bf16 parameters with
+    remainders and bf16 moments (precision-aware), plus the bf16 copy of about two layers FSDP gathers at a time."""
     if layout.dp * layout.pp == 1:
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
                 "optimizer": OPTIMIZERS[setup.optimizer] * (dense + experts) * on_gpu / GIB}
     sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
     gathered = 2 * 2 * (dense + (0 if layout.ep > 1 else experts)) / max(1, layers)  # two layers in bf16
+    if setup.optimizer == "precision-aware":  # bf16 shards + int16 remainders, bf16 moments
+        grad_bytes = 2 if microbatches == 1 else 4
+        return {"params": (2 * sharded + gathered) / GIB, "grads": grad_bytes * sharded / GIB,
+                "optimizer": OPTIMIZERS["precision-aware"] * sharded * on_gpu / GIB}
     return {"params": (4 * sharded + gathered) / GIB, "grads": 4 * sharded / GIB, "optimizer": 8 * sharded / GIB}

@@ -49,7 +49,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
     config = model_config(recipe)
     distributed = parallel is not None and parallel.distributed
     compute_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
-    dtype = torch.float32 if distributed else compute_dtype
+    dtype = parameter_dtype(recipe, distributed)
     pipelined = distributed and parallel.pp_size > 1
     if recipe.init == "checkpoint":
         from openrecipes.checkpoint.hf import from_hf
@@ -69,7 +69,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
         from openrecipes.parallel.expert import apply_expert_parallel
 
         apply_expert_parallel([layer.mlp for layer in layers], parallel.expert_mesh,
-                              compute_dtype=compute_dtype if compute_dtype != torch.float32 else None)
+                              compute_dtype=compute_dtype if compute_dtype != dtype else None)
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel
 
@@ -89,6 +89,30 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
         ignored = expert_parameters(model) if parallel.ep_size > 1 else set()
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=compute_dtype, ignored=ignored)
     return model
+
+
+def parameter_dtype(recipe: Recipe, distributed: bool) -> torch.dtype:
+    """How parameters are stored. One process: in the compute dtype. Several processes: fp32 masters sharded by
+    FSDP2, except with the precision-aware optimizer, which keeps bf16 parameters (+ int16 remainders) there too."""
+    if recipe.precision == "fp32":
+        return torch.float32
+    if distributed and not recipe.optimizer.precision_aware:
+        return torch.float32
+    return torch.bfloat16
+
+
+def fold_sharded_grads(model: nn.Module) -> None:
+    """Add each parameter's ``.grad`` (FSDP2 writes bf16 sharded gradients there) into an fp32 ``main_grad`` and
+    free it, so several microbatches accumulate in fp32."""
+    for param in model.parameters():
+        if param.grad is None or param.grad.dtype == torch.float32:
+            continue
+        main_grad = getattr(param, "main_grad", None)
+        if main_grad is None:
+            param.main_grad = param.grad.float()
+        else:
+            main_grad.add_(param.grad)
+        param.grad = None
 
 
 def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel, device: torch.device) -> None:

@@ -103,10 +103,6 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
                     num_experts=config.num_experts)
     parallel = build_parallel_state(recipe.layout, device)
-    if parallel.distributed and recipe.optimizer.precision_aware:
-        raise ValueError("optimizer.precision_aware: with several processes the engine keeps fp32 masters sharded "
-                         "by FSDP2; set optimizer.precision_aware: false (precision-aware Adam is single-process "
-                         "for now)")
     if parallel.distributed and recipe.offload.fraction:
         raise ValueError("offload.fraction: CPU offload is single-process for now")
     if not resume and (run_dir / METRICS_FILE).exists():
@@ -126,12 +122,13 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                        max_tokens_per_gpu=rows_per_microbatch * row_tokens)
 
     model = engine.build_model(recipe, device, parallel)
-    if recipe.precision == "bf16" and not parallel.distributed:
+    if engine.parameter_dtype(recipe, parallel.distributed) == torch.bfloat16:
         engine.attach_fp32_grad_accumulators(model)
     opt = recipe.optimizer
     optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
-        master="param" if parallel.distributed else recipe.optimizer_master(),
+        master="param" if engine.parameter_dtype(recipe, parallel.distributed) == torch.float32
+        else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
 
     schedule = None
@@ -234,6 +231,8 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         micro_loss = engine.microbatch_loss_sum(model, batch, sequence_slice,
                                                 slice_inputs=parallel is not None and parallel.cp_size > 1)
         (micro_loss / supervised).backward()
+        if len(microbatches) > 1 and getattr(model, "fold_grads", False):
+            engine.fold_sharded_grads(model)  # gradients FSDP2 wrote (the hooks fold the others)
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
     if parallel is not None and parallel.ep_size > 1:

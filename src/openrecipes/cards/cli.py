@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("card", help="validate recipe cards, export the card schema")
+    parser = subparsers.add_parser("card", help="write a card from a run, validate cards, export the card schema")
     verbs = parser.add_subparsers(dest="card_verb", metavar="ACTION", required=True)
 
     validate = verbs.add_parser("validate", help="check cards: schema, hostile YAML, derived numbers")

@@ -146,3 +146,11 @@ def test_precision_aware_bf16_dp2_ep2_tracks_one_process(tmp_path):
     for c, r in zip(metrics(tmp_path / "parallel"), metrics(tmp_path / "single")):
         assert c["loss"] == pytest.approx(r["loss"], rel=2e-3)
         assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=5e-2)
+
+
+def test_cpu_offload_changes_nothing_in_a_parallel_run(tmp_path):
+    bf16 = ("precision=bf16", "optimizer.precision_aware=true", "layout.dp=2", "layout.ep=2")
+    plain = train(tmp_path / "plain", *bf16, nproc=2)
+    offloaded = train(tmp_path / "offloaded", *bf16, "offload.fraction=0.5", nproc=2)
+    assert plain.returncode == 0 and offloaded.returncode == 0, offloaded.stderr[-3000:]
+    assert [r["loss"] for r in metrics(tmp_path / "offloaded")] == [r["loss"] for r in metrics(tmp_path / "plain")]

@@ -103,8 +103,6 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
                     num_experts=config.num_experts)
     parallel = build_parallel_state(recipe.layout, device)
-    if parallel.distributed and recipe.offload.fraction:
-        raise ValueError("offload.fraction: CPU offload is single-process for now")
     if not resume and (run_dir / METRICS_FILE).exists():
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     if rank == 0:

@@ -22,6 +22,24 @@ def read_json(path: str | os.PathLike) -> Any:
         raise ValueError(f"{path}: not valid JSON ({error})") from error
 
 
+def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSON Lines file; malformed JSON or a non-object is a
+    ValueError naming the file and line."""
+    import json
+
+    with open(path) as handle:
+        for line_no, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_no}: malformed JSON: {error.msg}") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object")
+            yield line_no, data
+
+
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 import openrecipes
 from openrecipes.checkpoint.hf import iter_native_tensors, read_config, save_hf
@@ -15,6 +15,7 @@ from openrecipes.models.common.attention import Documents
 from openrecipes.models.muse_spark.hf import expected_hf_shapes
 from openrecipes.models.muse_spark.model import build_muse_spark
 from openrecipes.models.registry import get_config
+from tests.checkpoint.test_convert import all_tensors
 
 FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.expert_bias", "residual_gate.weight")
 NON_TEXT = {
@@ -40,13 +41,6 @@ def hf_dir(model, tmp_path):
     path = tmp_path / "hf"
     save_hf(model, path, max_shard_bytes=150_000)  # several shards + index
     return path
-
-
-def all_tensors(path):
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        out.update(load_file(file))
-    return out
 
 
 def test_layout_and_dtypes(hf_dir):

@@ -5,11 +5,12 @@ Errors name the file and, for metrics, the line, so a broken run is easy to find
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from openrecipes.utils import iter_json_lines, read_json
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -30,10 +31,7 @@ def read_run_json(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"run directory {run_dir} not found")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory?)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON: {error}") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return data
@@ -50,23 +48,14 @@ def read_metrics(path: str | os.PathLike) -> list[StepRecord]:
         raise FileNotFoundError(f"{path} not found")
     records: list[StepRecord] = []
     seen: dict[int, int] = {}
-    with open(path) as handle:
-        for line_no, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_no}: malformed JSON: {error.msg}") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object")
-            step = data.get("step")
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-                raise ValueError(f"{path}:{line_no}: 'step' must be a non-negative integer, got {step!r}")
-            if step in seen:
-                raise ValueError(f"{path}:{line_no}: step {step} repeats line {seen[step]}")
-            seen[step] = line_no
-            records.append(StepRecord(step=step, line=line_no, fields=data))
+    for line_no, data in iter_json_lines(path):
+        step = data.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{path}:{line_no}: 'step' must be a non-negative integer, got {step!r}")
+        if step in seen:
+            raise ValueError(f"{path}:{line_no}: step {step} repeats line {seen[step]}")
+        seen[step] = line_no
+        records.append(StepRecord(step=step, line=line_no, fields=data))
     return records
 
 

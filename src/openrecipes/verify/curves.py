@@ -14,13 +14,13 @@ Malformed lines, non-integer steps and repeated steps are input errors naming fi
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from openrecipes.measure.rundir import METRICS_FILE, read_metrics
+from openrecipes.utils import iter_json_lines
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,22 +68,12 @@ def _add(losses: dict[int, float | None], lines: dict[int, int], step: int, loss
 def read_jsonl_curve(path: Path) -> LossCurve:
     losses: dict[int, float | None] = {}
     lines: dict[int, int] = {}
-    with open(path) as handle:
-        for line_no, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: malformed JSON: {error.msg}") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            for key in ("step", "loss"):
-                if key not in data:
-                    raise ValueError(f"{where}: missing field '{key}'")
-            _add(losses, lines, _parse_step(data["step"], where), _json_loss(data["loss"], where),
-                 path, line_no)
+    for line_no, data in iter_json_lines(path):
+        where = f"{path}:{line_no}"
+        for key in ("step", "loss"):
+            if key not in data:
+                raise ValueError(f"{where}: missing field '{key}'")
+        _add(losses, lines, _parse_step(data["step"], where), _json_loss(data["loss"], where), path, line_no)
     return LossCurve(source=str(path), losses=losses)
 
 

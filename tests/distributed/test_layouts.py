@@ -61,7 +61,8 @@ def test_context_parallel_matches_one_process(tmp_path, reference):
     assert_same(metrics(tmp_path / "run"), reference)
 
 
-@pytest.mark.parametrize("nproc,dp,ep", [(2, 2, 1), (2, 2, 2), (4, 4, 4)], ids=["DP2", "DP2-EP2", "DP4-EP4"])
+@pytest.mark.parametrize("nproc,dp,ep", [(2, 2, 1), (2, 2, 2), (4, 4, 4), (4, 4, 2)],
+                         ids=["DP2", "DP2-EP2", "DP4-EP4", "DP4-EP2"])
 def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
     run_dir = tmp_path / "run"
     result = train(run_dir, f"layout.dp={dp}", f"layout.ep={ep}", nproc=nproc)
@@ -69,6 +70,24 @@ def test_layout_matches_one_process(tmp_path, reference, nproc, dp, ep):
     assert_same(metrics(run_dir), reference)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["world_size"] == nproc and "--nproc" in info["command"]
+
+
+@pytest.mark.parametrize("sets", [
+    ("layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true"),
+    ("layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true", "layout.ep=4"),
+    ("layout.dp=2", "layout.cp=2", "layout.ep=2"),
+], ids=["TP2-DP2", "TP2-DP2-EP4", "CP2-DP2-EP2"])
+def test_sequence_split_inside_data_parallel_matches_one_process(tmp_path, reference, sets):
+    # FSDP2 over dp on top of TP's DTensors (2-D shards), experts regrouped over all four ranks
+    run_dir = tmp_path / "run"
+    result = train(run_dir, *sets, nproc=4, extra=["--stop-after", "2"] if "layout.tp=2" in sets else [])
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "layout.tp=2" in sets:  # the 2-D sharded checkpoint resumes in one process
+        resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
+                                  "layout.tp=1", "--set", "layout.dp=1", "--set", "layout.ep=1", "--set",
+                                  "layout.sequence_parallel=false"], capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
 
 
 @pytest.mark.parametrize("nproc,sets", [
@@ -113,14 +132,15 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     assert "a worker failed" in result.stderr
 
 
-@pytest.mark.parametrize("sets,message", [
-    (("layout.dp=1", "layout.tp=2", "layout.cp=1", "layout.etp=2"), "layout: etp=2 is not supported"),
-    (("layout.dp=1", "layout.tp=2"), "layout.sequence_parallel"),
-    (("layout.dp=4", "layout.ep=2"), "edp > 1) is not supported yet"),
-    (("layout.dp=1", "layout.pp=2"), "needs at least 2 microbatches"),
+@pytest.mark.parametrize("nproc,sets,message", [
+    (2, ("layout.dp=1", "layout.tp=2", "layout.cp=1", "layout.etp=2"), "layout: etp=2 is not supported"),
+    (2, ("layout.dp=1", "layout.tp=2"), "layout.sequence_parallel"),
+    (4, ("layout.dp=1", "layout.tp=2", "layout.cp=2", "layout.sequence_parallel=true"), "tp=2 with cp=2"),
+    (4, ("layout.dp=1", "layout.tp=2", "layout.pp=2", "layout.sequence_parallel=true"), "pp=2 with tp=2"),
+    (2, ("layout.dp=1", "layout.pp=2"), "needs at least 2 microbatches"),
 ])
-def test_unsupported_layouts_are_clear_errors(tmp_path, sets, message):
-    result = train(tmp_path / "run", *sets, "global_batch=2", nproc=4 if "layout.dp=4" in sets else 2)
+def test_unsupported_layouts_are_clear_errors(tmp_path, nproc, sets, message):
+    result = train(tmp_path / "run", *sets, "global_batch=2", nproc=nproc)
     assert result.returncode != 0
     assert message in result.stderr
 

@@ -109,8 +109,10 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, compute_d
                                                           compute_dtype=compute_dtype)
 
 
-def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
-    return {p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
+def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """In module order, the same on every rank: collectives issued per parameter must pair up across ranks (a set
+    would iterate in id order, which differs between processes)."""
+    return [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
 
 
 def all_reduce_expert_grads(model: nn.Module, expert_mesh) -> None:

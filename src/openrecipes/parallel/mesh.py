@@ -6,6 +6,9 @@ the stage's dp = edp x ep ranks and expert parallelism over its ep ranks.
 Dense layers shard over the data-parallel mesh ``dp`` (all ranks while tp = cp = pp = 1). Expert layers regroup the
 same ranks as ``edp x ep``: ep consecutive ranks hold the E/ep experts each, and the edp groups of equal expert shards
 average (sum) their gradients. Both meshes come from one root mesh so FSDP2 and DTensor can compose them.
+
+With tensor (or context) parallelism the ranks form a ``dp x tp`` (``dp x cp``) mesh: FSDP2 shards over dp on top of
+the TP DTensors, and the expert layers regroup all ranks as ``edp x ep``.
 """
 
 from __future__ import annotations
@@ -70,31 +73,16 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
     if unsupported:
         raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
                          "engine yet (data, expert, pipeline, tensor and context parallelism are); `openrecipes plan` can still plan it")
-    if layout.ep > 1 and layout.dp // layout.ep > 1:
-        # Summing expert gradients over expert-data-parallel replicas gave run-to-run differences on gloo
-        # (collectives of overlapping process groups in flight together); until that is fixed, refuse it.
-        raise ValueError(f"layout: ep={layout.ep} with {layout.dp // layout.ep} expert-data-parallel replicas "
-                         "(edp > 1) is not supported yet; use ep = dp (edp = 1), as the seed layouts do, or ep = 1")
-    if layout.cp > 1:
-        if layout.world_size != layout.cp or layout.ep > 1:
-            raise ValueError(f"layout: cp={layout.cp} with dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, "
-                             f"ep={layout.ep} is not supported yet (context parallelism runs alone)")
-        cp_mesh = init_device_mesh(device.type, (layout.cp,), mesh_dim_names=("cp",))
-        return ParallelState(rank=rank, world_size=world, device=device, dp_rank=0, dp_size=1, ep_size=1,
-                             dense_mesh=None, expert_mesh=None, cp_size=layout.cp, cp_mesh=cp_mesh)
-    if layout.tp > 1:
-        if layout.ep > 1 or layout.pp > 1 or layout.dp > 1:
-            # TP x DP failed on gloo with a collective size mismatch (FSDP's collectives on the dp groups in flight
-            # beside TP's on the tp groups); refused until that combination is made safe.
-            raise ValueError(f"layout: tp={layout.tp} with dp={layout.dp}, ep={layout.ep}, pp={layout.pp} is not "
-                             "supported yet (tensor parallelism runs alone: dp = ep = pp = 1)")
-        if not layout.sequence_parallel:
-            raise ValueError("layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it "
-                             "to true")
-        root = init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
-        return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),
-                             dp_size=layout.dp, ep_size=1, dense_mesh=root["dp"] if layout.dp > 1 else None,
-                             expert_mesh=None, tp_size=layout.tp, tp_mesh=root["tp"])
+    if layout.tp > 1 and layout.cp > 1:
+        raise ValueError(f"layout: tp={layout.tp} with cp={layout.cp} is not supported yet (tensor and context "
+                         "parallelism each combine with dp and ep, not with each other)")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        raise ValueError("layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true")
+    if layout.pp > 1 and layout.tp * layout.cp > 1:
+        raise ValueError(f"layout: pp={layout.pp} with tp={layout.tp}, cp={layout.cp} is not supported yet "
+                         "(pipeline stages combine with dp and ep)")
+    if layout.tp * layout.cp > 1:
+        return _sequence_parallel_state(layout, rank, world, device)
     if layout.pp > 1:
         root = init_device_mesh(device.type, (layout.pp, layout.dp // layout.ep, layout.ep),
                                 mesh_dim_names=("pp", "edp", "ep"))
@@ -111,3 +99,20 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
     dense = root._flatten("dp")
     return ParallelState(rank=rank, world_size=world, device=device, dp_rank=dense.get_local_rank(),
                          dp_size=world, ep_size=layout.ep, dense_mesh=dense, expert_mesh=root)
+
+
+def _sequence_parallel_state(layout: LayoutConfig, rank: int, world: int, device: torch.device) -> ParallelState:
+    """TP (with SP) or CP, inside dp: ranks form a ``dp x seq`` mesh, the seq ranks of a row holding its slices.
+
+    Every rank holds different tokens, so the expert layers regroup all of them as ``edp x ep`` (ep consecutive
+    ranks); their mesh is separate from the dense one because FSDP leaves the experts to expert parallelism."""
+    name, size = ("tp", layout.tp) if layout.tp > 1 else ("cp", layout.cp)
+    root = init_device_mesh(device.type, (layout.dp, size), mesh_dim_names=("dp", name))
+    expert = None
+    if layout.ep > 1:
+        grid = torch.arange(world).view(world // layout.ep, layout.ep)
+        expert = DeviceMesh(device.type, grid, mesh_dim_names=("edp", "ep"))
+    return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),
+                         dp_size=layout.dp, ep_size=layout.ep, dense_mesh=root["dp"] if layout.dp > 1 else None,
+                         expert_mesh=expert, tp_size=layout.tp, tp_mesh=root["tp"] if layout.tp > 1 else None,
+                         cp_size=layout.cp, cp_mesh=root["cp"] if layout.cp > 1 else None)

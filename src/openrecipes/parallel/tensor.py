@@ -1,7 +1,8 @@
 """Tensor parallelism with sequence parallelism, applied from outside the model.
 
 Between attention blocks the residual stream of a TP rank holds its 1/tp slice of the sequence (sequence
-parallel): norms, the MoE block (experts whole on every TP rank, each rank routing its own tokens), the final norm,
+parallel): norms, the MoE block (experts whole on every TP rank, or split by EP over all ranks; each rank routes
+its own tokens), the final norm,
 the LM head and the loss work on that slice. Attention all-gathers the sequence, runs q/k/v column-parallel
 (each rank its heads) and o_proj row-parallel, and reduce-scatters the output back to sequence slices.
 
@@ -47,13 +48,20 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
     embed_forward = embedding.forward
     # Each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's.
     embedding.forward = lambda ids: embed_forward(ids).chunk(tp_size, dim=1)[tp_rank]
-    model.tp_sharded_parameters = {id(p) for p in model.parameters() if isinstance(p, DTensor)}
+    # by name: FSDP later replaces the parameter objects (and Python may hand their old ids to new objects)
+    model.tp_sharded_parameter_names = frozenset(n for n, p in model.named_parameters() if isinstance(p, DTensor))
 
 
 def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters whole on every TP rank (FSDP may still shard them over dp)."""
-    sharded = getattr(model, "tp_sharded_parameters", set())
-    return [p for p in model.parameters() if id(p) not in sharded and p.requires_grad]
+    """Parameters whole on every rank of the TP (or CP) group, in the same order on every rank. FSDP may still
+    shard them over dp; expert-parallel experts are left out (their gradients are summed over edp instead)."""
+    sharded = getattr(model, "tp_sharded_parameter_names", frozenset())
+    return [p for n, p in model.named_parameters()
+            if p.requires_grad and n not in sharded and not _expert_parallel(p)]
+
+
+def _expert_parallel(param: nn.Parameter) -> bool:
+    return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
 
 
 def all_reduce_replicated_grads(model: nn.Module, tp_mesh) -> None:

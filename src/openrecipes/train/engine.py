@@ -86,7 +86,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
 
         # with ep > 1 the experts are sharded by expert parallelism (and summed over edp by hand); else FSDP
         # shards them with everything else
-        ignored = expert_parameters(model) if parallel.ep_size > 1 else set()
+        ignored = set(expert_parameters(model)) if parallel.ep_size > 1 else set()
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=compute_dtype, ignored=ignored)
     return model
 
@@ -246,8 +246,9 @@ def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, 
     for grad in grads:
         group = None
         if isinstance(grad, DTensor):
+            # "not replicated" rather than is_shard(): FSDP2 over TP uses _StridedShard, which is_shard() denies
             group = tuple(grad.device_mesh.get_group(i) for i, placement in enumerate(grad.placements)
-                          if placement.is_shard())
+                          if not placement.is_replicate())
             grad = grad.to_local()
         groups.setdefault(group, []).append(grad)
     norm_sq = 0.0

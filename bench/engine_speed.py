@@ -7,6 +7,8 @@ Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-19):
   accum8_bal   8 single-document rows per step (8 microbatches of 1 row, gradient accumulation), balanced
   dp2_bal      two GPUs, FSDP2 data parallel, one packed row per GPU per step (fp32 masters sharded)
   dp2ep2_bal   two GPUs, expert parallel 2 inside DP2 (all-to-all dispatch)
+  *_pa_*       the precision-aware optimizer sharded by FSDP2 (bf16 params + int16 remainders, bf16 moments);
+               _off: half of the optimizer on the CPU; tp2 / cp2: two GPUs share each row; dp4*, tp2dp2ep4: 4 GPUs
 Recipe: bf16, full recompute (uniform, 1 layer), precision-aware Adam (int16 remainders, bf16 moments; the
 two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
 memory) go to --out as JSON.
@@ -40,7 +42,26 @@ VARIANTS = {
     # two GPUs (torchrun): FSDP2 data parallel, and expert parallel inside it; one packed row per GPU per step
     "dp2_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=1),
     "dp2ep2_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=2),
+    # the precision-aware optimizer sharded by FSDP2 (bf16 params + int16 remainders, bf16 moments), as the seeds
+    "dp2_pa_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=1, precision_aware=True),
+    "dp2ep2_pa_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=2, precision_aware=True),
+    "dp2ep2_pa_off_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=2, ep=2, precision_aware=True,
+                              offload=0.5),
+    # tensor / context parallel: the two ranks share one row (each holds half of its tokens)
+    "tp2_pa_bal": dict(packed=True, rows_per_step=1, balanced=True, nproc=2, dp=1, tp=2, precision_aware=True),
+    "cp2_pa_bal": dict(packed=True, rows_per_step=1, balanced=True, nproc=2, dp=1, cp=2, precision_aware=True),
+    # four GPUs
+    "dp4ep4_pa_bal": dict(packed=True, rows_per_step=4, balanced=True, nproc=4, ep=4, precision_aware=True),
+    "dp4ep2_pa_bal": dict(packed=True, rows_per_step=4, balanced=True, nproc=4, ep=2, precision_aware=True),
+    "tp2dp2ep4_pa_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=4, dp=2, tp=2, ep=4,
+                             precision_aware=True),
+    # the 8-GPU seed layout's settings on 4 GPUs: all 48 layers, EP4 DP4, 16,384 tokens per GPU (2 rows)
+    "seed48_dp4ep4_pa_bal": dict(packed=True, rows_per_step=8, rows_per_microbatch=2, balanced=True, nproc=4,
+                                 ep=4, precision_aware=True, layers=48),
 }
+
+
+PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -82,13 +103,16 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
     tree = {
         "name": f"engine-speed-{name}",
         "model": "qwen3-moe-tiny" if tiny else "qwen3-30b-a3b",
-        "model_overrides": {} if tiny else {"num_hidden_layers": layers},
+        "model_overrides": {} if tiny else {"num_hidden_layers": spec.get("layers", layers)},
         "data": {"rows": str(rows_dir)},
-        "layout": {"max_tokens_per_gpu": row_tokens, "dp": nproc, "ep": spec.get("ep", 1)},
+        "layout": {"max_tokens_per_gpu": row_tokens * spec.get("rows_per_microbatch", 1) // spec.get("cp", 1),
+                   "rows_per_microbatch": spec.get("rows_per_microbatch", 1), "dp": spec.get("dp", nproc), "ep": spec.get("ep", 1),
+                   "tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "sequence_parallel": spec.get("tp", 1) > 1},
+        "offload": {"fraction": spec.get("offload", 0.0)},
         "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
         "optimizer": {"lr": 1e-5, "min_lr": 1e-6, "warmup_fraction": 0.1, "weight_decay": 0.1,
-                      "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": nproc == 1,
-                      "moment_dtype": "bf16" if nproc == 1 else "fp32"},
+                      "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": spec.get("precision_aware", nproc == 1),
+                      "moment_dtype": "bf16" if spec.get("precision_aware", nproc == 1) else "fp32"},
         "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
         "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"]},
@@ -138,7 +162,7 @@ def main() -> None:
               "results": results}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants.split(","):
-            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name in ("single_bal", "dp2ep2_bal") else "-1"
+            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name in PROFILED else "-1"
             try:
                 results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
                                            workdir=Path(tmp), device_type=device_type))

@@ -111,10 +111,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     dataset = load_rows(prepare_rows(recipe, run_dir))
     row_tokens = dataset.row_tokens
-    rows_per_microbatch = recipe.layout.rows_per_microbatch or max(1, recipe.layout.max_tokens_per_gpu // row_tokens)
-    if rows_per_microbatch * row_tokens > recipe.layout.max_tokens_per_gpu:
+    # a microbatch's rows are split over the cp ranks, so each of them holds max_tokens_per_gpu of its tokens
+    capacity = recipe.layout.max_tokens_per_gpu * recipe.layout.cp
+    rows_per_microbatch = recipe.layout.rows_per_microbatch or max(1, capacity // row_tokens)
+    if rows_per_microbatch * row_tokens > capacity:
         raise ValueError(f"layout.rows_per_microbatch: {rows_per_microbatch} rows of {row_tokens} tokens exceed "
-                         f"layout.max_tokens_per_gpu={recipe.layout.max_tokens_per_gpu}")
+                         f"layout.max_tokens_per_gpu={recipe.layout.max_tokens_per_gpu} x cp={recipe.layout.cp}")
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
                        max_tokens_per_gpu=rows_per_microbatch * row_tokens)

@@ -1,6 +1,6 @@
 """Training throughput of the engine on reduced-depth Qwen3-30B-A3B (real widths), one GPU.
 
-Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-19):
+Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-18; profiled variants profile step 19):
   single_bal   one 8,192-token document per row, 1 row per step, balanced routing  (the peers' workload)
   single_nat   same, natural routing from random init
   packed_bal   packed rows of many short documents (200-1,800 tokens), 1 row per step, balanced
@@ -136,11 +136,13 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
             torch.cuda.reset_peak_memory_stats()
         train(recipe_from_dict(tree), command=f"bench/engine_speed.py {name}")
     wall = time.perf_counter() - started
-    measured = measure_run_dir(run_dir, window=(5, min(19, steps - 1)),
+    measured = measure_run_dir(run_dir, window=(5, min(19, steps - 2)),
                                gpu_type="H200" if device_type == "cuda" else None).to_dict()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     result = {"variant": name, **spec, "row_tokens": row_tokens, "wall_s": wall, "measure": measured,
               "step_times_s": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records]}
+    if any("memory_phases_gib" in r for r in records):  # OPENRECIPES_MEMORY_TRACE=1: rank 0's memory per phase
+        result["memory_phases_gib"] = [r.get("memory_phases_gib") for r in records]
     profile = run_dir / "profile.txt"
     if profile.is_file():
         result["profile"] = profile.read_text()
@@ -162,7 +164,8 @@ def main() -> None:
               "results": results}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants.split(","):
-            os.environ["OPENRECIPES_PROFILE_STEP"] = "10" if name in PROFILED else "-1"
+            # the profiled step is the last one, outside the timing window (profiling slows the steps around it)
+            os.environ["OPENRECIPES_PROFILE_STEP"] = str(args.steps - 1) if name in PROFILED else "-1"
             try:
                 results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
                                            workdir=Path(tmp), device_type=device_type))

@@ -159,6 +159,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
     profile_step = int(os.environ.get("OPENRECIPES_PROFILE_STEP", "-1"))
     fail_at = os.environ.get("OPENRECIPES_FAIL_AT")  # "RANK:STEP": fault injection for launcher tests
+    build_peak = _build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     try:
         for step in range(start, last + 1):
@@ -169,6 +170,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                                                parallel, schedule))
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, parallel, schedule)
+            if build_peak is not None and step == start:
+                record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
                 gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
@@ -206,6 +209,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
+    trace = _MemoryTrace(device)
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
@@ -235,6 +239,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
             engine.fold_sharded_grads(model)  # gradients FSDP2 wrote (the hooks fold the others)
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
+    trace.mark("forward_backward")
     if parallel is not None and parallel.ep_size > 1:
         from openrecipes.parallel.expert import all_reduce_expert_grads
 
@@ -251,7 +256,9 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
             group["lr"] = lr
+        trace.mark("gradient_sync_and_norm")
         optimizer.step(grad_scale=clip_scale)
+        trace.mark("optimizer")
     engine.zero_gradients(model)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -260,10 +267,47 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
               "sum_doc_len_sq": int(sum_doc_len_sq), "step_time_s": time.perf_counter() - started,
               "peak_memory_gib": None, "peak_reserved_gib": None}
     if device.type == "cuda":
-        peaks = _all_reduce(torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+        peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
         record["peak_memory_gib"], record["peak_reserved_gib"] = (peaks / 2**30).tolist()
+    if trace.phases:
+        record["memory_phases_gib"] = trace.phases
     return record
+
+
+def _build_peak_and_reset(device: torch.device) -> float | None:
+    """Peak memory of building the model (max over ranks), then restart the counter: step records report the
+    training peak, and the first one also the build's (expert parallelism slices experts from a whole model)."""
+    if device.type != "cuda":
+        return None
+    peak = _all_reduce(torch.tensor(float(torch.cuda.max_memory_allocated(device)), dtype=torch.float64,
+                                    device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
+    torch.cuda.reset_peak_memory_stats(device)
+    return float(peak) / 2**30
+
+
+class _MemoryTrace:
+    """With OPENRECIPES_MEMORY_TRACE=1 on CUDA: this rank's memory at the start of the step and the peak of each
+    phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.enabled = device.type == "cuda" and os.environ.get("OPENRECIPES_MEMORY_TRACE") == "1"
+        self.device, self.phases = device, {}
+        if self.enabled:
+            self.phases["start"] = round(torch.cuda.memory_allocated(device) / 2**30, 3)
+            self._peak_so_far = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_allocated(self) -> int:
+        peak = torch.cuda.max_memory_allocated(self.device)
+        return max(peak, self._peak_so_far) if self.enabled else peak
+
+    def mark(self, phase: str) -> None:
+        if self.enabled:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.phases[f"{phase}_peak"] = round(peak / 2**30, 3)
+            self._peak_so_far = max(self._peak_so_far, peak)
+            torch.cuda.reset_peak_memory_stats(self.device)
 
 
 def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device: torch.device) -> torch.Tensor:

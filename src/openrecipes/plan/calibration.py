@@ -2,7 +2,9 @@
 
 Each result of `bench/engine_speed.py` records its variant's settings (GPUs, dp/ep/tp/cp, optimizer, offload,
 layers, rows per microbatch) and what was measured (tokens/s/GPU, peak allocated memory). `measured_runs` reads
-them; `compare` evaluates each with `--engine openrecipes` and returns predicted against measured.
+them, `fit_engine_calibration` fits the three numbers of hardware.yaml's ``openrecipes_engine`` block, each from
+one run named in ``FITTED_ON``, and `compare` evaluates every run with ``--engine openrecipes``: the runs not
+named there are held out. `bench/plan_calibration.py` prints and saves the table.
 """
 
 from __future__ import annotations
@@ -13,10 +15,31 @@ from pathlib import Path
 
 from openrecipes.parallel.layout import LayoutConfig
 from openrecipes.plan.enumerate import evaluate
-from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.hardware import EngineCalibration, Hardware
 from openrecipes.plan.memory import TrainingSetup
 
 ROW_TOKENS = 8192  # bench/engine_speed.py's rows on the GPU
+
+# calibration field -> the variant whose measured speed fits it
+FITTED_ON = {"tp_s_per_layer": "tp2_pa_bal", "cp_s_per_layer": "cp2_pa_bal",
+             "cpu_adam_elements_per_s_per_rank": "dp2ep2_pa_off_bal"}
+
+# result files (or file:variant) whose speed or memory is not comparable, and why (single_bal of -1gpu-h200-final
+# also profiled step 10 inside its window, but that step took 0.215 s against 0.204-0.209 s: kept)
+NOT_FOR_SPEED = {
+    "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",
+    "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "profiled step inside the timing window (rerun)",
+    "2026-11-29-engine_speed-4gpu-h200-memory-trace.json": "two-step timing window; run for its memory phases",
+    "2026-11-29-engine_speed-2gpu-h200.json:dp2ep2_bal": "profiled step inside the timing window",
+}
+NOT_FOR_MEMORY = {
+    "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",
+    "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "superseded by the rerun",
+    "2026-11-29-engine_speed-4gpu-h200-seed48.json": "its peak includes building the whole model (see the trace)",
+    "2026-11-29-engine_speed-1gpu-h200-final.json:packed_bal": "ran after another variant in the same process",
+    **{f"2026-11-29-engine_speed-4gpu-h200-memory-trace.json:{v}": "the same run as in -final.json"
+       for v in ("dp2_pa_bal", "dp2ep2_pa_bal", "dp4ep4_pa_bal")},
+}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -26,8 +49,14 @@ class MeasuredRun:
     layers: int
     layout: LayoutConfig
     setup: TrainingSetup
-    tokens_per_s_per_gpu: float
-    peak_allocated_gib: float
+    tokens_per_s_per_gpu: float | None  # None: not comparable (NOT_FOR_SPEED)
+    peak_allocated_gib: float | None  # the training peak; None: not comparable (NOT_FOR_MEMORY)
+
+    @property
+    def measured_step_s(self) -> float | None:
+        if self.tokens_per_s_per_gpu is None:
+            return None
+        return self.setup.global_batch_tokens / self.layout.world_size / self.tokens_per_s_per_gpu
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -35,14 +64,17 @@ class Comparison:
     run: MeasuredRun
     predicted_tokens_per_s_per_gpu: float
     predicted_allocated_gib: float
+    fitted: bool  # the run fitted a calibration number
 
     @property
-    def throughput_error(self) -> float:
-        return self.predicted_tokens_per_s_per_gpu / self.run.tokens_per_s_per_gpu - 1
+    def throughput_error(self) -> float | None:
+        measured = self.run.tokens_per_s_per_gpu
+        return None if measured is None else self.predicted_tokens_per_s_per_gpu / measured - 1
 
     @property
-    def memory_error(self) -> float:
-        return self.predicted_allocated_gib / self.run.peak_allocated_gib - 1
+    def memory_error(self) -> float | None:
+        measured = self.run.peak_allocated_gib
+        return None if measured is None else self.predicted_allocated_gib / measured - 1
 
 
 def measured_runs(results_dir: Path) -> list[MeasuredRun]:
@@ -59,6 +91,10 @@ def measured_runs(results_dir: Path) -> list[MeasuredRun]:
     return runs
 
 
+def _excluded(table: dict[str, str], source: str, variant: str) -> bool:
+    return source in table or f"{source}:{variant}" in table
+
+
 def _run_from_result(source: str, report: dict, result: dict) -> MeasuredRun:
     nproc = result.get("nproc", 1)
     tp, cp = result.get("tp", 1), result.get("cp", 1)
@@ -70,20 +106,61 @@ def _run_from_result(source: str, report: dict, result: dict) -> MeasuredRun:
     setup = TrainingSetup(recompute="full", optimizer="precision-aware" if precision_aware else "adam",
                           offload_fraction=result.get("offload", 0.0), engine="openrecipes",
                           global_batch_tokens=result["rows_per_step"] * ROW_TOKENS)
-    measure = result["measure"]
-    return MeasuredRun(source=source, variant=result["variant"], layers=result.get("layers", report["layers"]),
-                       layout=layout, setup=setup, tokens_per_s_per_gpu=measure["tokens_per_s_per_gpu"],
-                       peak_allocated_gib=measure["peak_memory_gib"])
+    variant = result["variant"]
+    peak = result["measure"]["peak_memory_gib"]
+    phases = [p for p in result.get("memory_phases_gib") or [] if p]
+    if phases:  # rank 0's training peak, without the model build
+        peak = max(v for p in phases for k, v in p.items() if k.endswith("_peak"))
+    return MeasuredRun(
+        source=source, variant=variant, layers=result.get("layers", report["layers"]), layout=layout, setup=setup,
+        tokens_per_s_per_gpu=None if _excluded(NOT_FOR_SPEED, source, variant)
+        else result["measure"]["tokens_per_s_per_gpu"],
+        peak_allocated_gib=None if _excluded(NOT_FOR_MEMORY, source, variant) else peak)
 
 
-def compare(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b") -> list[Comparison]:
+def _predict(run: MeasuredRun, hw: Hardware, model: str):
     from openrecipes.models.registry import get_config
     from openrecipes.plan.shape import model_shape
 
+    shape = model_shape(replace(get_config(model), num_hidden_layers=run.layers))
+    return evaluate(shape, run.layout, run.setup, hw)
+
+
+def fit_engine_calibration(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b"
+                           ) -> EngineCalibration:
+    """Each number of ``openrecipes_engine`` from its run in ``FITTED_ON``: what the model without it misses of the
+    measured step time, per layer and microbatch (TP, CP), or the CPU optimizer rate that makes up the gap."""
+    by_variant = {r.variant: r for r in runs if r.tokens_per_s_per_gpu is not None}
+    missing = sorted(v for v in FITTED_ON.values() if v not in by_variant)
+    if missing:
+        raise ValueError(f"calibration: no usable measurement of {', '.join(missing)} in bench/results")
+    base = replace(hw, openrecipes_engine=EngineCalibration(tp_s_per_layer=0.0, cp_s_per_layer=0.0,
+                                                            cpu_adam_elements_per_s_per_rank=1e30))
+    values = {}
+    for field in ("tp_s_per_layer", "cp_s_per_layer"):
+        run = by_variant[FITTED_ON[field]]
+        plan = _predict(run, base, model)
+        gap = run.measured_step_s - plan.throughput.step_time_s
+        values[field] = max(0.0, gap / (plan.throughput.microbatches * max(plan.stage_layers)))
+    # the step time falls as the CPU rate rises (until the PCIe copies bound it): bisect the rate in log space
+    run = by_variant[FITTED_ON["cpu_adam_elements_per_s_per_rank"]]
+    low, high = 1e3, 1e13
+    for _ in range(100):
+        rate = (low * high) ** 0.5
+        trial = replace(base, openrecipes_engine=replace(base.openrecipes_engine,
+                                                         cpu_adam_elements_per_s_per_rank=rate))
+        low, high = (rate, high) if _predict(run, trial, model).throughput.step_time_s > run.measured_step_s \
+            else (low, rate)
+    values["cpu_adam_elements_per_s_per_rank"] = (low * high) ** 0.5
+    return EngineCalibration(**values)
+
+
+def compare(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b") -> list[Comparison]:
+    fitted = set(FITTED_ON.values())
     out = []
     for run in runs:
-        shape = model_shape(replace(get_config(model), num_hidden_layers=run.layers))
-        plan = evaluate(shape, run.layout, run.setup, hw)
+        plan = _predict(run, hw, model)
         out.append(Comparison(run=run, predicted_tokens_per_s_per_gpu=plan.throughput.tokens_per_s_per_gpu,
-                              predicted_allocated_gib=max(s.allocated_gib for s in plan.stages)))
+                              predicted_allocated_gib=max(s.allocated_gib for s in plan.stages),
+                              fitted=run.variant in fitted and run.tokens_per_s_per_gpu is not None))
     return out

@@ -42,11 +42,20 @@ class MemoryOverheads:
 
 
 @dataclass(kw_only=True, frozen=True)
+class EngineCalibration:
+    """What this engine (``--engine openrecipes``) adds to the model, fitted to our own runs (docs/plan.md)."""
+    tp_s_per_layer: float  # per layer and microbatch under tensor parallelism
+    cp_s_per_layer: float  # per layer and microbatch under context parallelism
+    cpu_adam_elements_per_s_per_rank: float  # the offloaded share of the optimizer
+
+
+@dataclass(kw_only=True, frozen=True)
 class Hardware:
     gpu: GpuSpec
     efficiency: Efficiency
     memory: MemoryOverheads
     cpu_adam_elements_per_s: float
+    openrecipes_engine: EngineCalibration | None = None
 
 
 def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -95,6 +104,8 @@ def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: 
         efficiency=_build(Efficiency, _section(raw, "efficiency", str(source)), f"{source.name}: efficiency"),
         memory=_build(MemoryOverheads, _section(raw, "memory", str(source)), f"{source.name}: memory"),
         cpu_adam_elements_per_s=float(rate),
+        openrecipes_engine=_build(EngineCalibration, raw["openrecipes_engine"], f"{source.name}: openrecipes_engine")
+        if "openrecipes_engine" in raw else None,
     )
 
 

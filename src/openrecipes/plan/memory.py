@@ -160,7 +160,8 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
-            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu)
+            root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp
+            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu, root=root)
             # gradients exist only from the backward on (they are freed after each step), when the logits are
             # already gone: the peak is the larger of the two, not their sum
             transient = max(transient - weights["grads"] * GIB, working)
@@ -185,17 +186,18 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
 
 
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
-                         layers: int, on_gpu: float) -> dict[str, float]:
+                         layers: int, on_gpu: float, *, root: float) -> dict[str, float]:
     """This engine's weight-side memory (docs/train.md): one process keeps bf16 parameters, bf16 gradients with one
     microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes shard over dp with
     FSDP2 (experts under ep > 1: local) either fp32 masters, gradients and moments (adam) or bf16 parameters with
-    remainders and bf16 moments (precision-aware), plus the bf16 copy of about two layers FSDP gathers at a time."""
+    remainders and bf16 moments (precision-aware), plus the bf16 copies FSDP gathers: the root unit (embedding and
+    LM head, ``root`` parameters, gathered for the whole step) and about two layers at a time."""
     if layout.dp * layout.pp == 1:
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
                 "optimizer": OPTIMIZERS[setup.optimizer] * (dense + experts) * on_gpu / GIB}
     sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
-    gathered = 2 * 2 * (dense + (0 if layout.ep > 1 else experts)) / max(1, layers)  # two layers in bf16
+    gathered = 2 * root + 2 * 2 * (dense - root + (0 if layout.ep > 1 else experts)) / max(1, layers)
     if setup.optimizer == "precision-aware":  # bf16 shards + int16 remainders, bf16 moments
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": (2 * sharded + gathered) / GIB, "grads": grad_bytes * sharded / GIB,

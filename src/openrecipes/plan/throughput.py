@@ -71,6 +71,12 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         cp_bytes = 2 * T * shape.kv_width / layout.tp * 2 * (layout.cp - 1)
         tp_time += _link_time(cp_bytes, layout.tp * layout.cp, hw)
 
+    calibration = hw.openrecipes_engine if setup.engine == "openrecipes" else None
+    split_overhead = 0.0  # this engine's per-layer cost of splitting the sequence (host-bound; measured)
+    if calibration is not None:
+        split_overhead = (calibration.tp_s_per_layer * (layout.tp > 1) + calibration.cp_s_per_layer * (layout.cp > 1))
+    cpu_adam_rate = calibration.cpu_adam_elements_per_s_per_rank if calibration else hw.cpu_adam_elements_per_s
+
     stage_parts: list[dict[str, float]] = []
     for i, layers in enumerate(counts):
         lo = sum(counts[:i])
@@ -85,7 +91,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         if layout.pp > 1:
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T
             p2p = 2 * _link_time(2 * shape.hidden * hidden_tokens, 2 * layout.tp * layout.cp * layout.dp, hw)
-        stage_parts.append({"compute": compute, "tp_cp": comm_passes * layers * tp_time,
+        stage_parts.append({"compute": compute, "tp_cp": comm_passes * layers * tp_time + layers * split_overhead,
                             "ep": comm_passes * layers * ep_time, "pp": p2p})
     stage_times = [sum(p.values()) for p in stage_parts]
     parts = stage_parts[stage_times.index(max(stage_times))]  # per microbatch, on the slowest stage
@@ -111,7 +117,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         touched = (OPTIMIZERS[setup.optimizer] + grad_bytes + 2) * 2  # read and write
         gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
         cpu_elems = elements * setup.offload_fraction
-        cpu_opt = max(cpu_elems / hw.cpu_adam_elements_per_s,
+        cpu_opt = max(cpu_elems / cpu_adam_rate,
                       cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
         sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
     step = pipeline + sync + opt

@@ -74,6 +74,9 @@ def adam_math(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     master.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
 
 
+_CPU_CHUNK = 1 << 16  # elements per slice of a CPU update (about 1 MiB of fp32 temporaries per tensor)
+
+
 class MixedPrecisionAdam(torch.optim.Optimizer):
     def __init__(self, params: Iterable[torch.nn.Parameter], config: AdamConfig) -> None:
         defaults = dict(lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
@@ -158,26 +161,42 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 remainder=state.get("remainder"), step=int(state["step"]), lr=group["lr"], beta1=beta1,
                 beta2=beta2, eps=group["eps"], weight_decay=weight_decay, grad_scale=self._grad_scale)
             return
-        grad32 = grad.to(device=state_device, dtype=torch.float32)
+        # the state's device does the math; a parameter living elsewhere (offloaded state) is brought over once
+        param = local if local.device == state_device and local.is_contiguous() else \
+            local.to(state_device).contiguous()
+        grad = grad.to(state_device).contiguous()
+        # on the CPU, slices that stay in cache: a whole-tensor op per step of the update is memory-bound
+        chunk = _CPU_CHUNK if state_device.type == "cpu" else max(1, param.numel())
+        views = {k: state[k].view(-1) for k in ("exp_avg", "exp_avg_sq", "master", "remainder") if k in state}
+        flat_param, flat_grad = param.view(-1), grad.view(-1)
+        for start in range(0, flat_param.numel(), chunk):
+            part = slice(start, start + chunk)
+            self._update_slice(flat_param[part], flat_grad[part], {k: v[part] for k, v in views.items()},
+                               step=int(state["step"]), lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                               weight_decay=weight_decay)
+        if param is not local:
+            local.copy_(param, non_blocking=self.config.overlap)
+
+    def _update_slice(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], **math) -> None:
+        grad32 = grad.float()
         if self._grad_scale != 1.0:
             grad32 = grad32 * self._grad_scale
         if "master" in state:
             master = state["master"]
         elif "remainder" in state:
-            master = join_master(local.to(state_device, non_blocking=False), state["remainder"])
+            master = join_master(param, state["remainder"])
         else:
-            master = local
+            master = param  # an fp32 parameter is its own master
         exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
-        adam_math(master, grad32, exp_avg, exp_avg_sq, step=int(state["step"]), lr=group["lr"], beta1=beta1,
-                  beta2=beta2, eps=group["eps"], weight_decay=weight_decay)
+        adam_math(master, grad32, exp_avg, exp_avg_sq, **math)
         state["exp_avg"].copy_(exp_avg)
         state["exp_avg_sq"].copy_(exp_avg_sq)
         if "remainder" in state:
             new_param, remainder = split_master(master)
             state["remainder"].copy_(remainder)
-            local.copy_(new_param, non_blocking=self.config.overlap)
-        elif master is not local:
-            local.copy_(master, non_blocking=self.config.overlap)
+            param.copy_(new_param)
+        elif master is not param:
+            param.copy_(master)
 
     def state_dict(self) -> dict:
         """As torch's, with the state of sharded (DTensor) parameters wrapped as DTensors of the same layout, so

@@ -199,7 +199,8 @@ def _profiled(run_dir: Path, fn):
     with profile(activities=activities) as prof:
         record = fn()
     if _rank_and_world()[0] == 0:
-        sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        sort = os.environ.get("OPENRECIPES_PROFILE_SORT") or (
+            "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
         atomic_write_text(run_dir / "profile.txt", prof.key_averages().table(sort_by=sort, row_limit=40))
     return record
 

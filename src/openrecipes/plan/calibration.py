@@ -31,8 +31,10 @@ NOT_FOR_SPEED = {
     "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "profiled step inside the timing window (rerun)",
     "2026-11-29-engine_speed-4gpu-h200-memory-trace.json": "two-step timing window; run for its memory phases",
     "2026-11-29-engine_speed-2gpu-h200.json:dp2ep2_bal": "profiled step inside the timing window",
+    "2026-11-29-engine_speed-2gpu-h200-offload.json": "before the CPU update moved to slices (rerun: -sliced)",
 }
 NOT_FOR_MEMORY = {
+    "2026-11-29-engine_speed-2gpu-h200-offload.json": "the same layout as the -sliced rerun",
     "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",
     "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "superseded by the rerun",
     "2026-11-29-engine_speed-4gpu-h200-seed48.json": "its peak includes building the whole model (see the trace)",

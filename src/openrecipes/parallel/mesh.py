@@ -7,8 +7,8 @@ Dense layers shard over the data-parallel mesh ``dp`` (all ranks while tp = cp =
 same ranks as ``edp x ep``: ep consecutive ranks hold the E/ep experts each, and the edp groups of equal expert shards
 average (sum) their gradients. Both meshes come from one root mesh so FSDP2 and DTensor can compose them.
 
-With tensor (or context) parallelism the ranks form a ``dp x tp`` (``dp x cp``) mesh: FSDP2 shards over dp on top of
-the TP DTensors, and the expert layers regroup all ranks as ``edp x ep``.
+With tensor (or context) parallelism the ranks form a ``pp x dp x tp`` (``dp x cp``) mesh: FSDP2 shards over dp on top
+of the TP DTensors, and the expert layers regroup the ranks of a stage as ``edp x ep``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
                          "parallelism each combine with dp and ep, not with each other)")
     if layout.tp > 1 and not layout.sequence_parallel:
         raise ValueError("layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true")
-    if layout.pp > 1 and layout.tp * layout.cp > 1:
-        raise ValueError(f"layout: pp={layout.pp} with tp={layout.tp}, cp={layout.cp} is not supported yet "
-                         "(pipeline stages combine with dp and ep)")
+    if layout.pp > 1 and layout.cp > 1:
+        raise ValueError(f"layout: pp={layout.pp} with cp={layout.cp} is not supported yet (pipeline stages combine "
+                         "with dp, ep and tp)")
     if layout.tp * layout.cp > 1:
         return _sequence_parallel_state(layout, rank, world, device)
     if layout.pp > 1:
@@ -102,17 +102,21 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
 
 
 def _sequence_parallel_state(layout: LayoutConfig, rank: int, world: int, device: torch.device) -> ParallelState:
-    """TP (with SP) or CP, inside dp: ranks form a ``dp x seq`` mesh, the seq ranks of a row holding its slices.
+    """TP (with SP) or CP, inside dp and pipeline stages: ranks form a ``pp x dp x seq`` mesh, the seq ranks of a row
+    holding its slices (and passing them to the same seq rank of the next stage).
 
-    Every rank holds different tokens, so the expert layers regroup all of them as ``edp x ep`` (ep consecutive
-    ranks); their mesh is separate from the dense one because FSDP leaves the experts to expert parallelism."""
+    Every rank holds different tokens, so the expert layers regroup the ranks of a stage as ``edp x ep`` (ep
+    consecutive ranks); their mesh is separate from the dense one because FSDP leaves the experts to expert
+    parallelism."""
     name, size = ("tp", layout.tp) if layout.tp > 1 else ("cp", layout.cp)
-    root = init_device_mesh(device.type, (layout.dp, size), mesh_dim_names=("dp", name))
+    root = init_device_mesh(device.type, (layout.pp, layout.dp, size), mesh_dim_names=("pp", "dp", name))
     expert = None
     if layout.ep > 1:
-        grid = torch.arange(world).view(world // layout.ep, layout.ep)
-        expert = DeviceMesh(device.type, grid, mesh_dim_names=("edp", "ep"))
+        grid = torch.arange(world).view(layout.pp, layout.dp * size // layout.ep, layout.ep)
+        expert = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "edp", "ep"))["edp", "ep"]
     return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),
                          dp_size=layout.dp, ep_size=layout.ep, dense_mesh=root["dp"] if layout.dp > 1 else None,
                          expert_mesh=expert, tp_size=layout.tp, tp_mesh=root["tp"] if layout.tp > 1 else None,
-                         cp_size=layout.cp, cp_mesh=root["cp"] if layout.cp > 1 else None)
+                         cp_size=layout.cp, cp_mesh=root["cp"] if layout.cp > 1 else None,
+                         pp_size=layout.pp, pp_rank=root["pp"].get_local_rank(),
+                         pp_group=root["pp"].get_group() if layout.pp > 1 else None)

@@ -42,12 +42,16 @@ class StageModule(nn.Module):
 
 class StageLoss:
     """Per-token loss of one microbatch on the last stage. ``target`` packs (next-token id, weight) in its last
-    dimension; ``supervised_tokens`` (the global batch's count) is set before each step."""
+    dimension; ``supervised_tokens`` (the global batch's count) is set before each step. Under sequence parallelism
+    the logits cover this rank's slice of the sequence, and ``sequence_slice`` cuts the targets to match."""
 
-    def __init__(self) -> None:
+    def __init__(self, sequence_slice=None) -> None:
         self.supervised_tokens = 1.0
+        self.sequence_slice = sequence_slice
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.sequence_slice is not None:
+            target = self.sequence_slice(target)
         per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target[..., 0].reshape(-1),
                                     reduction="none")
         return (per_token * target[..., 1].reshape(-1).to(per_token.dtype)).sum() / self.supervised_tokens

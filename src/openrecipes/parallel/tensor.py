@@ -44,10 +44,11 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
             return _original(x_full, *args, **kwargs)
 
         attention.forward = forward
-    embedding = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))
-    embed_forward = embedding.forward
-    # Each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's.
-    embedding.forward = lambda ids: embed_forward(ids).chunk(tp_size, dim=1)[tp_rank]
+    embedding = next((m for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
+    if embedding is not None:  # a later pipeline stage has none: it receives its slice from the previous stage
+        embed_forward = embedding.forward
+        # Each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's.
+        embedding.forward = lambda ids: embed_forward(ids).chunk(tp_size, dim=1)[tp_rank]
     # by name: FSDP later replaces the parameter objects (and Python may hand their old ids to new objects)
     model.tp_sharded_parameter_names = frozenset(n for n, p in model.named_parameters() if isinstance(p, DTensor))
 

@@ -138,7 +138,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         per_rank_rows = recipe.global_batch // parallel.dp_size
         schedule = build_schedule(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
                                   device=device, group=parallel.pp_group,
-                                  microbatches=-(-per_rank_rows // rows_per_microbatch), loss_fn=StageLoss())
+                                  microbatches=-(-per_rank_rows // rows_per_microbatch),
+                                  loss_fn=StageLoss(_tp_sequence_slice(parallel)))
 
     start = 0
     if resume:
@@ -189,6 +190,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         gc.enable()
         metrics.close()
     return run_dir
+
+
+def _tp_sequence_slice(parallel):
+    """This TP rank's slice of a (B, T, ...) tensor, or None without tensor parallelism."""
+    if parallel.tp_size == 1:
+        return None
+    from openrecipes.parallel.tensor import local_sequence_slice
+
+    return lambda t: local_sequence_slice(t, parallel.tp_mesh)
 
 
 def _profiled(run_dir: Path, fn):

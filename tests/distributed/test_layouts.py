@@ -172,6 +172,17 @@ def test_muse_spark_dp2_ep2_matches_one_process(tmp_path):
     assert_same(metrics(tmp_path / "parallel"), metrics(tmp_path / "single"), rel=5e-5)
 
 
+def test_muse_spark_seed_shaped_layout_matches_one_process(tmp_path):
+    # TP splits Muse Spark's heads with their output norm and sigmoid output gate; latent projections, router and the
+    # fp32 residual gates stay whole on every TP rank; PP2 x TP2 x DP2 with EP4 over each stage's four ranks
+    single = train(tmp_path / "single", "model=muse-spark-tiny", "layout.max_tokens_per_gpu=256")
+    assert single.returncode == 0, single.stderr[-3000:]
+    parallel = train(tmp_path / "parallel", "model=muse-spark-tiny", "layout.max_tokens_per_gpu=256", "layout.pp=2",
+                     "layout.tp=2", "layout.dp=2", "layout.ep=4", "layout.sequence_parallel=true", nproc=8)
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    assert_same(metrics(tmp_path / "parallel"), metrics(tmp_path / "single"), rel=5e-5)
+
+
 def test_precision_aware_bf16_dp2_ep2_tracks_one_process(tmp_path):
     # bf16 parameters + int16 remainders sharded by FSDP2 (two microbatches per rank: fp32 accumulation); bf16
     # rounding differs between layouts, so the curves are compared at bf16-level tolerance

@@ -26,15 +26,19 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
     group, tp_rank, tp_size = tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size()
     for layer in layers:
         attention = layer.self_attn
-        if not hasattr(attention, "num_kv_heads"):
-            raise ValueError(f"layout.tp: tensor parallelism supports Qwen3-MoE attention for now, not "
-                             f"{type(attention).__name__}")
-        if attention.num_kv_heads % tp_size or attention.num_heads % tp_size:
-            raise ValueError(f"layout.tp={tp_size} must divide the {attention.num_heads} query and "
-                             f"{attention.num_kv_heads} key/value heads")
-        parallelize_module(attention, tp_mesh, {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(),
-                                                "v_proj": ColwiseParallel(),
-                                                "o_proj": RowwiseParallel(output_layouts=Shard(1))})
+        head_dim = getattr(attention, "head_dim", None)
+        if head_dim is None or not hasattr(attention, "q_proj"):
+            raise ValueError(f"layout.tp: tensor parallelism needs q/k/v/o projections and head_dim, which "
+                             f"{type(attention).__name__} does not have")
+        heads, kv_heads = attention.q_proj.out_features // head_dim, attention.k_proj.out_features // head_dim
+        if kv_heads % tp_size or heads % tp_size:
+            raise ValueError(f"layout.tp={tp_size} must divide the {heads} query and {kv_heads} key/value heads")
+        # per-head work (Q/K norms, Muse Spark's output norm and sigmoid output gate) follows the heads' split
+        plan = {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),
+                "o_proj": RowwiseParallel(output_layouts=Shard(1))}
+        if getattr(attention, "output_gate_proj", None) is not None:
+            plan["output_gate_proj"] = ColwiseParallel()
+        parallelize_module(attention, tp_mesh, plan)
         original = attention.forward
 
         def forward(x_local, *args, _original=original, **kwargs):

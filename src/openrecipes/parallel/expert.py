@@ -89,7 +89,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, compute_dtype: torch.dtype | None) -> None:
     """Keep this rank's E/ep experts of every block as DTensors (Replicate over edp, Shard(0) over ep) and route
-    through all-to-all. The full expert tensors must hold the same values on every rank beforehand."""
+    through all-to-all. On the meta device (the engine's path) the slices are materialised and initialised later;
+    with real tensors the full expert tensors must hold the same values on every rank beforehand."""
     ep_size = expert_mesh["ep"].size()
     ep_rank = expert_mesh["ep"].get_local_rank()
     group = expert_mesh["ep"].get_group()

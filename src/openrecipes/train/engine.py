@@ -51,25 +51,30 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
     compute_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
     dtype = parameter_dtype(recipe, distributed)
     pipelined = distributed and parallel.pp_size > 1
+    expert_parallel = distributed and parallel.ep_size > 1
     if recipe.init == "checkpoint":
         from openrecipes.checkpoint.hf import from_hf
 
         model = from_hf(recipe.model, dtype=dtype, device=device)
-    elif pipelined:  # build only this stage's part: everything else stays on the meta device and is dropped
+    elif pipelined or expert_parallel:
+        # build on the meta device and materialise only what this rank keeps (its stage, its experts)
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None)
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed)
     if pipelined:
-        _keep_pipeline_stage(model, recipe, config, parallel, device)
+        _keep_pipeline_stage(model, recipe, config, parallel)
     configure_kernels(model, attention=recipe.kernels.attention, experts=recipe.kernels.experts)
     if recipe.debug.force_load_balance:
         force_load_balance(model)
     layers = decoder_layers(model)
-    if distributed and parallel.ep_size > 1:
+    if expert_parallel:
         from openrecipes.parallel.expert import apply_expert_parallel
 
         apply_expert_parallel([layer.mlp for layer in layers], parallel.expert_mesh,
                               compute_dtype=compute_dtype if compute_dtype != dtype else None)
+    if next(model.parameters()).is_meta:
+        model.to_empty(device=device)
+        model.init_weights(seed=recipe.seed)  # seeded per parameter name: the whole model's values, sliced
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel
 
@@ -115,7 +120,7 @@ def fold_sharded_grads(model: nn.Module) -> None:
         param.grad = None
 
 
-def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel, device: torch.device) -> None:
+def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel) -> None:
     from openrecipes.parallel.layout import stage_layer_counts
     from openrecipes.parallel.pipeline import prune_to_stage
 
@@ -124,9 +129,6 @@ def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel
     layers = next(m for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, nn.ModuleDict))
     prune_to_stage(model, layers, range(start, start + counts[parallel.pp_rank]), first=parallel.pp_rank == 0,
                    last=parallel.pp_rank == parallel.pp_size - 1)
-    if next(model.parameters()).is_meta:
-        model.to_empty(device=device)
-        model.init_weights(seed=recipe.seed)  # seeded per parameter name: the whole model's values
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.init import fill_seeded_normal_
 from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
 from openrecipes.models.common.router import KeepFP32, SigmoidTopKRouter
 from openrecipes.models.muse_spark.config import SLIDING, MuseSparkConfig
-from openrecipes.models.qwen3_moe.model import seeded_normal
 
 INIT_STD = 0.02
 
@@ -201,7 +201,7 @@ class MuseSparkForCausalLM(nn.Module):
                 elif isinstance(module, SigmoidTopKRouter) and param_name == "expert_bias":
                     param.zero_()
                 else:
-                    param.copy_(seeded_normal(param, name, seed=seed, std=INIT_STD))
+                    fill_seeded_normal_(param, name, seed=seed, std=INIT_STD)
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:

@@ -7,12 +7,12 @@ Legend: B rows, T tokens per row, D hidden, H query heads, K key/value heads, Dh
 from __future__ import annotations
 
 import math
-import zlib
 
 import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.init import fill_seeded_normal_
 from openrecipes.models.common.moe import SparseMoeBlock
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
@@ -112,12 +112,7 @@ class Qwen3MoeForCausalLM(nn.Module):
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                param.copy_(seeded_normal(param, name, seed=seed, std=INIT_STD))
-
-
-def seeded_normal(param: torch.Tensor, name: str, *, seed: int, std: float) -> torch.Tensor:
-    generator = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.randn(param.shape, generator=generator, dtype=torch.float32, device=param.device) * std
+                fill_seeded_normal_(param, name, seed=seed, std=INIT_STD)
 
 
 def build_qwen3_moe(config: Qwen3MoeConfig, *, device: str | torch.device = "cpu",

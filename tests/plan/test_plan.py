@@ -90,6 +90,20 @@ def test_search_ranks_only_fitting_layouts():
     assert speeds == sorted(speeds, reverse=True)
 
 
+def test_search_for_this_engine_ranks_only_layouts_it_runs():
+    tiny = model_shape(get_config("qwen3-moe-tiny"))
+    kwargs = dict(max_tokens=[4096], recompute=["full"], optimizers=["adam"], offloads=[0.0],
+                  global_batch_tokens=8 * 4096 * 4)
+    hw = load_hardware("H100", memory_gib=1e6)
+    megatron, _ = search(tiny, 8, hw, **kwargs)
+    ours, _ = search(tiny, 8, hw, engine="openrecipes", **kwargs)
+    unsupported = [p for p in megatron if p.layout.etp > 1 or p.layout.vpp > 1 or p.layout.tp * p.layout.cp > max(
+        p.layout.tp, p.layout.cp) or (p.layout.pp > 1 and p.layout.cp > 1)]
+    assert unsupported and 0 < len(ours) == len(megatron) - len(unsupported)
+    assert all(p.to_json()["openrecipes_runs_it"] for p in ours)
+    assert not any(p.to_json()["openrecipes_runs_it"] for p in unsupported)
+
+
 def test_invalid_layout_and_gpu_strings():
     with pytest.raises(ValueError, match="^tp"):
         evaluate(MUSE, MUSE_LAYOUT.model_copy(update={"tp": 16, "dp": 1, "pp": 8, "ep": 16,

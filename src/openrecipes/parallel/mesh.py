@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from openrecipes.parallel.layout import LayoutConfig
+from openrecipes.parallel.layout import LayoutConfig, unsupported_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,20 +67,9 @@ def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.dev
 def build_parallel_state(layout: LayoutConfig, device: torch.device) -> ParallelState:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    unsupported = {name: getattr(layout, name) for name in ("etp",) if getattr(layout, name) != 1}
-    if layout.vpp != 1:
-        unsupported["vpp"] = layout.vpp
-    if unsupported:
-        raise ValueError(f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the "
-                         "engine yet (data, expert, pipeline, tensor and context parallelism are); `openrecipes plan` can still plan it")
-    if layout.tp > 1 and layout.cp > 1:
-        raise ValueError(f"layout: tp={layout.tp} with cp={layout.cp} is not supported yet (tensor and context "
-                         "parallelism each combine with dp and ep, not with each other)")
-    if layout.tp > 1 and not layout.sequence_parallel:
-        raise ValueError("layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true")
-    if layout.pp > 1 and layout.cp > 1:
-        raise ValueError(f"layout: pp={layout.pp} with cp={layout.cp} is not supported yet (pipeline stages combine "
-                         "with dp, ep and tp)")
+    reason = unsupported_reason(layout)
+    if reason:
+        raise ValueError(reason)
     if layout.tp * layout.cp > 1:
         return _sequence_parallel_state(layout, rank, world, device)
     if layout.pp > 1:

@@ -28,8 +28,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--global-batch-tokens", type=int, default=128 * 8192,
                    help="tokens per optimizer step (default 128 rows x 8192)")
     p.add_argument("--engine", choices=["megatron", "openrecipes"], default="megatron",
-                   help="whose memory layout to predict: Megatron-LM's (as in the seed cards; default) or this "
-                        "engine's (bf16 gradients with one microbatch, FSDP2-sharded fp32 masters when parallel)")
+                   help="whose memory and speed to predict: Megatron-LM's (as in the seed cards; default) or this "
+                        "engine's (FSDP2 sharding; speed calibrated on our H200 runs; a search ranks only the "
+                        "layouts it can run)")
     p.add_argument("--hardware", help="hardware YAML (default: the packaged hardware.yaml)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                           "ranked": [p.to_json() for p in top]}, indent=2))
         return 0
     print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated} valid layout settings, "
-          f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU (uncalibrated estimates)")
+          f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU ({_basis(args.engine)})")
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
              f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6}"
     print(header)
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan(plan: Any, model: str, gpu: str) -> None:
+    from openrecipes.parallel.layout import unsupported_reason
+
     t = plan.throughput
     print(f"{model} on {plan.layout.world_size}x{gpu}: {plan.layout.label()}, {plan.layout.max_tokens_per_gpu} "
           f"tokens/GPU, recompute {plan.setup.recompute}, {plan.setup.optimizer}, offload "
@@ -106,4 +109,14 @@ def _print_plan(plan: Any, model: str, gpu: str) -> None:
     verdict = "fits" if plan.fits else "does NOT fit"
     print(f"peak {plan.peak_memory_gib:.1f} GiB of {plan.capacity_gib} GiB: {verdict}")
     print(f"predicted {t.tokens_per_s_per_gpu:.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "
-          f"{t.microbatches} microbatches, bubble {t.bubble_fraction:.1%} (uncalibrated estimates)")
+          f"{t.microbatches} microbatches, bubble {t.bubble_fraction:.1%} ({_basis(plan.setup.engine)})")
+    if plan.setup.engine == "openrecipes":
+        reason = unsupported_reason(plan.layout)
+        if reason:
+            print(f"openrecipes train cannot run this layout yet: {reason}")
+
+
+def _basis(engine: str) -> str:
+    if engine == "openrecipes":
+        return "estimates; this engine's TP/CP/offload costs fitted to our H200 runs, see docs/plan.md"
+    return "estimates, not calibrated for Megatron-LM"

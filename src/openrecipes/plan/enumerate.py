@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from openrecipes.parallel.layout import LayoutConfig, enumerate_layouts, validate_layout
+from openrecipes.parallel.layout import LayoutConfig, enumerate_layouts, unsupported_reason, validate_layout
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory
 from openrecipes.plan.shape import ModelShape
@@ -48,6 +48,8 @@ class Plan:
             "bubble_fraction": round(self.throughput.bubble_fraction, 4),
             "step_time_s": round(self.throughput.step_time_s, 3),
             "cpu_optimizer_gib_per_rank": round(max(s.cpu_optimizer_gib for s in self.stages), 2),
+            "engine": self.setup.engine,
+            "openrecipes_runs_it": unsupported_reason(self.layout) is None,
             "memory_parts_gib": [s.parts_gib for s in self.stages],
             "time_parts_s": self.throughput.parts_s,
         }
@@ -75,6 +77,8 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
         layouts = enumerate_layouts(world_size, num_layers=shape.num_layers, num_experts=shape.num_experts,
                                     max_tokens_per_gpu=tokens, num_query_groups=shape.kv_heads,
                                     max_tp=min(max_tp, hw.gpu.nvlink_domain))
+        if engine == "openrecipes":  # rank only what this engine can run
+            layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
         for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
                                   global_batch_tokens=global_batch_tokens, engine=engine)

@@ -119,6 +119,23 @@ def test_seed_shaped_layout_pp_tp_dp_ep_matches_one_process(tmp_path, reference)
     assert_same(metrics(run_dir), reference)
 
 
+@pytest.mark.parametrize("nproc,sets", [
+    (4, ("layout.dp=4", "layout.ep=2", "layout.etp=2")),
+    (4, ("layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true", "layout.ep=2", "layout.etp=2")),
+], ids=["DP4-EP2-ETP2", "TP2-DP2-EP2-ETP2"])
+def test_expert_tensor_parallel_matches_one_process(tmp_path, reference, nproc, sets):
+    # each expert's FFN split over two ranks; the checkpoint (experts sharded on three mesh dims) resumes in one process
+    run_dir = tmp_path / "run"
+    result = train(run_dir, *sets, nproc=nproc, extra=["--stop-after", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir)]
+                             + [a for kv in ("layout.tp=1", "layout.dp=1", "layout.ep=1", "layout.etp=1",
+                                             "layout.sequence_parallel=false") for a in ("--set", kv)],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same(metrics(run_dir), reference)
+
+
 def test_pipeline_checkpoint_resumes_in_one_process(tmp_path, reference):
     run_dir = tmp_path / "run"
     first = train(run_dir, "layout.pp=2", "layout.dp=1", "layout.max_tokens_per_gpu=256", nproc=2,
@@ -150,7 +167,8 @@ def test_a_failing_rank_ends_the_job(tmp_path):
 
 
 @pytest.mark.parametrize("nproc,sets,message", [
-    (2, ("layout.dp=1", "layout.tp=2", "layout.cp=1", "layout.etp=2"), "layout: etp=2 is not supported"),
+    (2, ("layout.dp=1", "layout.pp=2", "layout.vpp=2", "layout.max_tokens_per_gpu=256"),
+     "layout: vpp=2 is not supported"),
     (2, ("layout.dp=1", "layout.tp=2"), "layout.sequence_parallel"),
     (4, ("layout.dp=1", "layout.tp=2", "layout.cp=2", "layout.sequence_parallel=true"), "tp=2 with cp=2"),
     (4, ("layout.dp=1", "layout.cp=2", "layout.pp=2"), "pp=2 with cp=2"),

@@ -1,8 +1,10 @@
 """Expert parallelism: each of the ep ranks of an expert group holds E/ep experts; token copies travel to the rank
-of their expert and back with all-to-all.
+of their expert and back with all-to-all. With expert tensor parallelism (etp > 1) the etp ranks of a group split each
+of those experts' FFN: they gather the copies all of them received, each applies its FFN slice, and the partial outputs
+are summed back to the rank that received each copy (reduce-scatter).
 
 Legend: T local tokens, K experts per token, R = T·K routed copies, E experts in all, L = E/ep local experts,
-S source ranks of the expert group.
+S source ranks of the expert group, P etp peers.
 """
 
 from __future__ import annotations
@@ -40,6 +42,57 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
+def _gather_padded(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+    """Every peer's rows (``sizes[i]`` from peer i), concatenated in peer order."""
+    width = max(sizes)
+    padded = x.new_zeros((width, *x.shape[1:]))
+    padded[:x.shape[0]] = x
+    out = x.new_empty((len(sizes) * width, *x.shape[1:]))
+    dist.all_gather_into_tensor(out, padded, group=group)
+    return torch.cat([out[i * width:i * width + n] for i, n in enumerate(sizes)])
+
+
+def _reduce_scatter_padded(x: torch.Tensor, sizes: list[int], rank: int, group) -> torch.Tensor:
+    """Rows concatenated in peer order (``sizes``), summed over the peers; each keeps its own rows."""
+    width = max(sizes)
+    padded = x.new_zeros((len(sizes) * width, *x.shape[1:]))
+    start = 0
+    for i, n in enumerate(sizes):
+        padded[i * width:i * width + n] = x[start:start + n]
+        start += n
+    out = x.new_empty((width, *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, padded, group=group)
+    return out[:sizes[rank]]
+
+
+class _GatherFromPeers(torch.autograd.Function):
+    """Forward: all peers' rows. Backward: each row's gradient summed over the peers, back to its owner."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list[int], rank: int, group):
+        ctx.args = (sizes, rank, group)
+        return _gather_padded(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_padded(grad, *ctx.args), None, None, None
+
+
+class _SumToOwners(torch.autograd.Function):
+    """Forward: partial rows summed over the peers, each owner keeping its rows. Backward: the owners' gradients
+    gathered to every peer (each peer's partial contributed to all of them)."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list[int], rank: int, group):
+        ctx.args = (sizes, group)
+        return _reduce_scatter_padded(x, sizes, rank, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        sizes, group = ctx.args
+        return _gather_padded(grad, sizes, group), None, None, None
+
+
 def _segments_to_expert_major(counts_SL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows arrive ordered (source rank, local expert); return the permutation to (local expert, source) order
     and its inverse."""
@@ -56,12 +109,14 @@ def _segments_to_expert_major(counts_SL: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 class ExpertParallelDispatcher:
-    def __init__(self, *, group, ep_size: int, num_experts: int, compute_dtype: torch.dtype | None) -> None:
+    def __init__(self, *, group, ep_size: int, num_experts: int, compute_dtype: torch.dtype | None,
+                 etp_group=None, etp_size: int = 1, etp_rank: int = 0) -> None:
         self.group = group
         self.ep_size = ep_size
         self.num_experts = num_experts
         self.local_experts = num_experts // ep_size
         self.compute_dtype = compute_dtype
+        self.etp_group, self.etp_size, self.etp_rank = etp_group, etp_size, etp_rank
 
     def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
         tokens, top_k = routing.experts_TK.shape
@@ -73,14 +128,30 @@ class ExpertParallelDispatcher:
         send_splits = counts_E.view(self.ep_size, self.local_experts).sum(1).tolist()
         recv_splits = counts_SL.sum(1).tolist()
         received = _AllToAll.apply(x_RD, recv_splits, send_splits, self.group)
+        out = self._experts(received, counts_SL, experts)
+        returned = _AllToAll.apply(out, send_splits, recv_splits, self.group)
+        out_TKD = _PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
+        return (out_TKD * routing.weights_TK.unsqueeze(-1).to(out_TKD.dtype)).sum(dim=1)
+
+    def _experts(self, received: torch.Tensor, counts_SL: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
+        """The local experts on the received rows (ordered by source rank, then expert); same order out."""
+        sizes = None
+        if self.etp_size > 1:  # every etp peer's rows, each peer applying its slice of the FFN
+            counts_PSL = counts_SL.new_empty((self.etp_size * counts_SL.shape[0], counts_SL.shape[1]))
+            dist.all_gather_into_tensor(counts_PSL, counts_SL.contiguous(), group=self.etp_group)
+            counts_PSL = counts_PSL.view(self.etp_size, *counts_SL.shape)
+            sizes = counts_PSL.sum((1, 2)).tolist()
+            received = _GatherFromPeers.apply(received, sizes, self.etp_rank, self.etp_group)
+            counts_SL = counts_PSL.flatten(0, 1)  # (peer, source) pairs act as sources
         index, inverse = _segments_to_expert_major(counts_SL)
         weights = [_local(w) for w in (experts.gate_proj, experts.up_proj, experts.down_proj)]
         if self.compute_dtype is not None:
             weights = [w.to(self.compute_dtype) for w in weights]
         out = swiglu_experts(_PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights)
-        returned = _AllToAll.apply(_PermuteRows.apply(out, inverse, index), send_splits, recv_splits, self.group)
-        out_TKD = _PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
-        return (out_TKD * routing.weights_TK.unsqueeze(-1).to(out_TKD.dtype)).sum(dim=1)
+        out = _PermuteRows.apply(out, inverse, index)
+        if sizes is not None:
+            out = _SumToOwners.apply(out, sizes, self.etp_rank, self.etp_group)
+        return out
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -88,26 +159,33 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, compute_dtype: torch.dtype | None) -> None:
-    """Keep this rank's E/ep experts of every block as DTensors (Replicate over edp, Shard(0) over ep) and route
-    through all-to-all. On the meta device (the engine's path) the slices are materialised and initialised later;
-    with real tensors the full expert tensors must hold the same values on every rank beforehand."""
-    ep_size = expert_mesh["ep"].size()
-    ep_rank = expert_mesh["ep"].get_local_rank()
-    group = expert_mesh["ep"].get_group()
+    """Keep this rank's E/ep experts of every block, and its 1/etp of their FFN, as DTensors (Replicate over edp,
+    Shard(0) over ep, the FFN dimension sharded over etp), and route through all-to-all. On the meta device (the
+    engine's path) the slices are materialised and initialised later; with real tensors the full expert tensors must
+    hold the same values on every rank beforehand."""
+    ep_size, ep_rank = expert_mesh["ep"].size(), expert_mesh["ep"].get_local_rank()
+    etp_size, etp_rank = expert_mesh["etp"].size(), expert_mesh["etp"].get_local_rank()
     for block in moe_blocks:
         experts: GroupedExperts = block.experts
         total = experts.num_experts
         if total % ep_size:
             raise ValueError(f"layout.ep={ep_size} does not divide the {total} experts")
-        local = total // ep_size
-        for name in ("gate_proj", "up_proj", "down_proj"):
+        ffn = experts.gate_proj.shape[1]
+        if ffn % etp_size:
+            raise ValueError(f"layout.etp={etp_size} does not divide the expert FFN width {ffn}")
+        local, ffn_local = total // ep_size, ffn // etp_size
+        ffn_part = slice(etp_rank * ffn_local, (etp_rank + 1) * ffn_local)
+        for name, ffn_dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
             full = getattr(experts, name)
-            piece = full.detach()[ep_rank * local:(ep_rank + 1) * local].clone()
-            sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0)], run_check=False)
+            index = [slice(ep_rank * local, (ep_rank + 1) * local), slice(None), slice(None)]
+            index[ffn_dim] = ffn_part
+            piece = full.detach()[tuple(index)].clone()
+            sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), Shard(ffn_dim)], run_check=False)
             setattr(experts, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
         experts.num_experts = local
-        block.token_dispatcher = ExpertParallelDispatcher(group=group, ep_size=ep_size, num_experts=total,
-                                                          compute_dtype=compute_dtype)
+        block.token_dispatcher = ExpertParallelDispatcher(
+            group=expert_mesh["ep"].get_group(), ep_size=ep_size, num_experts=total, compute_dtype=compute_dtype,
+            etp_group=expert_mesh["etp"].get_group(), etp_size=etp_size, etp_rank=etp_rank)
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -189,10 +189,9 @@ def enumerate_layouts(world_size: int, *, num_layers: int, num_experts: int, max
 def unsupported_reason(layout: LayoutConfig) -> str | None:
     """Why this engine cannot run ``layout`` (a message naming the keys), or None when it can. The planner uses it
     to rank only runnable layouts for ``--engine openrecipes``."""
-    unsupported = {name: getattr(layout, name) for name in ("etp", "vpp") if getattr(layout, name) != 1}
-    if unsupported:
-        return (f"layout: {', '.join(f'{k}={v}' for k, v in unsupported.items())} is not supported by the engine yet "
-                "(data, expert, pipeline, tensor and context parallelism are); `openrecipes plan` can still plan it")
+    if layout.vpp != 1:
+        return (f"layout: vpp={layout.vpp} is not supported by the engine yet (interleaved pipeline stages); "
+                "`openrecipes plan` can still plan it")
     if layout.tp > 1 and layout.cp > 1:
         return (f"layout: tp={layout.tp} with cp={layout.cp} is not supported yet (tensor and context parallelism "
                 "each combine with dp and ep, not with each other)")

@@ -51,7 +51,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
     compute_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
     dtype = parameter_dtype(recipe, distributed)
     pipelined = distributed and parallel.pp_size > 1
-    expert_parallel = distributed and parallel.ep_size > 1
+    expert_parallel = distributed and parallel.expert_mesh is not None
     if recipe.init == "checkpoint":
         from openrecipes.checkpoint.hf import from_hf
 
@@ -91,7 +91,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> nn.Modul
 
         # with ep > 1 the experts are sharded by expert parallelism (and summed over edp by hand); else FSDP
         # shards them with everything else
-        ignored = set(expert_parameters(model)) if parallel.ep_size > 1 else set()
+        ignored = set(expert_parameters(model)) if parallel.expert_mesh is not None else set()
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=compute_dtype, ignored=ignored)
     return model
 

@@ -251,7 +251,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
     trace.mark("forward_backward")
-    if parallel is not None and parallel.ep_size > 1:
+    if parallel is not None and parallel.expert_mesh is not None:
         from openrecipes.parallel.expert import all_reduce_expert_grads
 
         all_reduce_expert_grads(model, parallel.expert_mesh)

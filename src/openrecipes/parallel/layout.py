@@ -197,7 +197,4 @@ def unsupported_reason(layout: LayoutConfig) -> str | None:
                 "each combine with dp and ep, not with each other)")
     if layout.tp > 1 and not layout.sequence_parallel:
         return "layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true"
-    if layout.pp > 1 and layout.cp > 1:
-        return (f"layout: pp={layout.pp} with cp={layout.cp} is not supported yet (pipeline stages combine with dp, "
-                "ep and tp)")
     return None

@@ -139,7 +139,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         schedule = build_schedule(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
                                   device=device, group=parallel.pp_group,
                                   microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=StageLoss(_tp_sequence_slice(parallel)))
+                                  loss_fn=StageLoss(_sequence_slice(parallel)))
 
     start = 0
     if resume:
@@ -192,13 +192,14 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     return run_dir
 
 
-def _tp_sequence_slice(parallel):
-    """This TP rank's slice of a (B, T, ...) tensor, or None without tensor parallelism."""
-    if parallel.tp_size == 1:
+def _sequence_slice(parallel):
+    """This rank's slice of a (B, T, ...) tensor under tensor or context parallelism, or None without either."""
+    if max(parallel.tp_size, parallel.cp_size) == 1:
         return None
     from openrecipes.parallel.tensor import local_sequence_slice
 
-    return lambda t: local_sequence_slice(t, parallel.tp_mesh)
+    mesh = parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
+    return lambda t: local_sequence_slice(t, mesh)
 
 
 def _profiled(run_dir: Path, fn):
@@ -232,14 +233,12 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     if hasattr(model, "fold_grads"):
         model.fold_grads = len(microbatches) > 1
+    sequence_slice = _sequence_slice(parallel) if parallel is not None else None
+    sequence_mesh = None if sequence_slice is None else parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
     if schedule is not None:
-        loss_sum += _pipeline_step(schedule, microbatches, supervised, device)
-    sequence_slice, sequence_mesh = None, None
-    if parallel is not None and max(parallel.tp_size, parallel.cp_size) > 1:
-        from openrecipes.parallel.tensor import local_sequence_slice
-
-        sequence_mesh = parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
-        sequence_slice = lambda t: local_sequence_slice(t, sequence_mesh)  # noqa: E731
+        # context parallelism feeds each rank its slice of the tokens and positions (documents stay whole)
+        cp_slice = sequence_slice if parallel.cp_size > 1 else None
+        loss_sum += _pipeline_step(schedule, microbatches, supervised, device, cp_slice)
     for batch in microbatches if schedule is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -321,7 +320,8 @@ class _MemoryTrace:
             torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device: torch.device) -> torch.Tensor:
+def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device: torch.device,
+                   cp_slice=None) -> torch.Tensor:
     """Run the step's microbatches through the 1F1B schedule; returns this rank's loss sum (the last stage's)."""
     import torch.nn.functional as F
 
@@ -329,6 +329,8 @@ def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device
                                                                                 "document_ids")}
     weights = torch.cat([F.pad(engine.loss_weights(b), (0, 1)) for b in microbatches]).to(device)
     target = torch.stack([torch.roll(stacked["input_ids"], -1, dims=1), weights], dim=-1)
+    if cp_slice is not None:  # the loss slices the targets itself (StageLoss.sequence_slice)
+        stacked["input_ids"], stacked["position_ids"] = cp_slice(stacked["input_ids"]), cp_slice(stacked["position_ids"])
     schedule._loss_fn.supervised_tokens = supervised
     stage = schedule._stage
     losses: list[torch.Tensor] = []

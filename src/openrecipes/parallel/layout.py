@@ -192,9 +192,6 @@ def unsupported_reason(layout: LayoutConfig) -> str | None:
     if layout.vpp != 1:
         return (f"layout: vpp={layout.vpp} is not supported by the engine yet (interleaved pipeline stages); "
                 "`openrecipes plan` can still plan it")
-    if layout.tp > 1 and layout.cp > 1:
-        return (f"layout: tp={layout.tp} with cp={layout.cp} is not supported yet (tensor and context parallelism "
-                "each combine with dp and ep, not with each other)")
     if layout.tp > 1 and not layout.sequence_parallel:
         return "layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true"
     return None

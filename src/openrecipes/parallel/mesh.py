@@ -1,8 +1,8 @@
 """Process groups and device meshes for a validated layout.
 
-The ranks form a ``pp x dp x seq`` mesh, where seq is the tensor-parallel (``tp``) or context-parallel (``cp``)
-group: the pp coordinate is the stage, the seq ranks of a row hold its slices, and FSDP2 shards the dense weights over
-``dp`` (on top of TP's DTensors). Expert layers regroup the ranks of a stage as ``edp x ep x etp``: etp consecutive
+The ranks form a ``pp x dp x cp x tp`` mesh: the pp coordinate is the stage, the cp ranks of a row hold its contiguous
+chunks and the tp ranks of a chunk its sequence-parallel parts, and FSDP2 shards the dense weights over ``dp`` (on
+top of TP's DTensors). Expert layers regroup the ranks of a stage as ``edp x ep x etp``: etp consecutive
 ranks split each expert's FFN, ep such groups hold E/ep experts each, and the edp groups of equal expert shards sum
 their gradients. The expert mesh is separate from the dense one: FSDP leaves the experts to expert parallelism.
 """
@@ -70,11 +70,11 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
     if world == 1:
         return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1,
                              dense_mesh=None, expert_mesh=None)
-    seq_name, seq = ("cp", layout.cp) if layout.cp > 1 else ("tp", layout.tp)
-    root = init_device_mesh(device.type, (layout.pp, layout.dp, seq), mesh_dim_names=("pp", "dp", seq_name))
+    root = init_device_mesh(device.type, (layout.pp, layout.dp, layout.cp, layout.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
     expert = None
     if layout.ep * layout.etp > 1:
-        stage_ranks = layout.dp * seq
+        stage_ranks = layout.dp * layout.cp * layout.tp
         grid = torch.arange(world).view(layout.pp, stage_ranks // (layout.ep * layout.etp), layout.ep, layout.etp)
         expert = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "edp", "ep", "etp"))["edp", "ep", "etp"]
     return ParallelState(rank=rank, world_size=world, device=device, dp_rank=root["dp"].get_local_rank(),

@@ -57,10 +57,11 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
     model.tp_sharded_parameter_names = frozenset(n for n, p in model.named_parameters() if isinstance(p, DTensor))
 
 
-def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters whole on every rank of the TP (or CP) group, in the same order on every rank. FSDP may still
-    shard them over dp; expert-parallel experts are left out (their gradients are summed over edp instead)."""
-    sharded = getattr(model, "tp_sharded_parameter_names", frozenset())
+def replicated_parameters(model: nn.Module, *, include_tp_shards: bool = False) -> list[nn.Parameter]:
+    """Parameters whole on every rank of the TP (or CP) group, in the same order on every rank (with
+    ``include_tp_shards``, TP's shards too: they are the same on every rank of a CP group). FSDP may still shard them
+    over dp; expert-parallel experts are left out (their gradients are summed over edp instead)."""
+    sharded = frozenset() if include_tp_shards else getattr(model, "tp_sharded_parameter_names", frozenset())
     return [p for n, p in model.named_parameters()
             if p.requires_grad and n not in sharded and not _expert_parallel(p)]
 
@@ -69,10 +70,11 @@ def _expert_parallel(param: nn.Parameter) -> bool:
     return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
 
 
-def all_reduce_replicated_grads(model: nn.Module, tp_mesh) -> None:
-    """Weights whole on every TP rank saw only that rank's tokens: sum their gradients over the TP group."""
-    group = tp_mesh.get_group()
-    for param in replicated_parameters(model):
+def all_reduce_replicated_grads(model: nn.Module, mesh, *, include_tp_shards: bool = False) -> None:
+    """Weights whole on every rank of ``mesh`` (a TP or CP group) saw only that rank's tokens: sum their gradients
+    over the group."""
+    group = mesh.get_group()
+    for param in replicated_parameters(model, include_tp_shards=include_tp_shards):
         grad = getattr(param, "main_grad", None)
         grad = grad if grad is not None else param.grad
         if grad is not None:

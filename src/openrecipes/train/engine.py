@@ -171,24 +171,24 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return batch["loss_mask"][:, 1:] * (batch["position_ids"][:, 1:] != 0)
 
 
-def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], sequence_slice=None, *,
-                        slice_inputs: bool = False) -> torch.Tensor:
-    """Sum of the masked next-token cross entropies of one microbatch (fp32). ``sequence_slice`` picks this rank's
+def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target_slice=None, *,
+                        input_slice=None) -> torch.Tensor:
+    """Sum of the masked next-token cross entropies of one microbatch (fp32). ``target_slice`` picks this rank's
     part of the targets when the model returns logits for a slice of the sequence (sequence and context
-    parallelism); with ``slice_inputs`` the tokens and positions fed to the model are sliced too (context
-    parallelism: the documents stay whole, attention needs the whole row's mask)."""
+    parallelism); ``input_slice`` cuts the tokens and positions fed to the model (context parallelism: the documents
+    stay whole, attention needs the whole row's mask)."""
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
-    if slice_inputs:
-        input_ids, position_ids = sequence_slice(input_ids), sequence_slice(position_ids)
+    if input_slice is not None:
+        input_ids, position_ids = input_slice(input_ids), input_slice(position_ids)
     logits = model(input_ids, position_ids, documents)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
     targets = torch.roll(batch["input_ids"], -1, dims=1)
     weights = F.pad(loss_weights(batch), (0, 1))
-    if sequence_slice is not None:
-        targets, weights = sequence_slice(targets), sequence_slice(weights)
+    if target_slice is not None:
+        targets, weights = target_slice(targets), target_slice(weights)
     targets, weights = targets.reshape(-1), weights.reshape(-1)
     per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, reduction="none")
     return (per_token * weights).sum()

@@ -139,7 +139,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         schedule = build_schedule(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
                                   device=device, group=parallel.pp_group,
                                   microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=StageLoss(_sequence_slice(parallel)))
+                                  loss_fn=StageLoss(_sequence_slices(parallel)[1]))
 
     start = 0
     if resume:
@@ -192,14 +192,18 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     return run_dir
 
 
-def _sequence_slice(parallel):
-    """This rank's slice of a (B, T, ...) tensor under tensor or context parallelism, or None without either."""
-    if max(parallel.tp_size, parallel.cp_size) == 1:
-        return None
+def _sequence_slices(parallel) -> tuple:
+    """(context slice, this rank's slice) of a (B, T, ...) tensor, each None where it is the whole: context
+    parallelism cuts a row into cp contiguous chunks, tensor (sequence) parallelism each chunk into tp parts."""
     from openrecipes.parallel.tensor import local_sequence_slice
 
-    mesh = parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
-    return lambda t: local_sequence_slice(t, mesh)
+    if parallel is None or max(parallel.tp_size, parallel.cp_size) == 1:
+        return None, None
+    cp_slice = (lambda t: local_sequence_slice(t, parallel.cp_mesh)) if parallel.cp_size > 1 else None
+    if parallel.tp_size == 1:
+        return cp_slice, cp_slice
+    tp_slice = lambda t: local_sequence_slice(t, parallel.tp_mesh)  # noqa: E731
+    return cp_slice, tp_slice if cp_slice is None else (lambda t: tp_slice(cp_slice(t)))
 
 
 def _profiled(run_dir: Path, fn):
@@ -233,17 +237,15 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     if hasattr(model, "fold_grads"):
         model.fold_grads = len(microbatches) > 1
-    sequence_slice = _sequence_slice(parallel) if parallel is not None else None
-    sequence_mesh = None if sequence_slice is None else parallel.tp_mesh if parallel.tp_size > 1 else parallel.cp_mesh
+    # context parallelism feeds each rank its chunk of the tokens and positions (documents stay whole); the loss
+    # reads the rank's own slice of the targets
+    cp_slice, target_slice = _sequence_slices(parallel)
     if schedule is not None:
-        # context parallelism feeds each rank its slice of the tokens and positions (documents stay whole)
-        cp_slice = sequence_slice if parallel.cp_size > 1 else None
         loss_sum += _pipeline_step(schedule, microbatches, supervised, device, cp_slice)
     for batch in microbatches if schedule is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
-        micro_loss = engine.microbatch_loss_sum(model, batch, sequence_slice,
-                                                slice_inputs=parallel is not None and parallel.cp_size > 1)
+        micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
         (micro_loss / supervised).backward()
         if len(microbatches) > 1 and getattr(model, "fold_grads", False):
             engine.fold_sharded_grads(model)  # gradients FSDP2 wrote (the hooks fold the others)
@@ -254,10 +256,13 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         from openrecipes.parallel.expert import all_reduce_expert_grads
 
         all_reduce_expert_grads(model, parallel.expert_mesh)
-    if sequence_mesh is not None:  # weights whole on every rank of the group saw only its tokens
+    if target_slice is not None:  # weights whole on every rank of a TP or CP group saw only its tokens
         from openrecipes.parallel.tensor import all_reduce_replicated_grads
 
-        all_reduce_replicated_grads(model, sequence_mesh)
+        if parallel.tp_size > 1:
+            all_reduce_replicated_grads(model, parallel.tp_mesh)
+        if parallel.cp_size > 1:  # TP's shards too: the cp ranks hold the same shard
+            all_reduce_replicated_grads(model, parallel.cp_mesh, include_tp_shards=True)
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
     grad_norm, clip_scale = engine.grad_norm_and_clip_scale(

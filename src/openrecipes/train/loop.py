@@ -292,7 +292,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
 
 def _build_peak_and_reset(device: torch.device) -> float | None:
     """Peak memory of building the model (max over ranks), then restart the counter: step records report the
-    training peak, and the first one also the build's (expert parallelism slices experts from a whole model)."""
+    training peak, and the first one also the build's (loading a checkpoint builds the whole model on every rank)."""
     if device.type != "cuda":
         return None
     peak = _all_reduce(torch.tensor(float(torch.cuda.max_memory_allocated(device)), dtype=torch.float64,

@@ -46,5 +46,4 @@ def test_training_peaks(comparisons):
     errors = {(c.run.source, c.run.variant): c.memory_error for c in comparisons if c.memory_error is not None}
     assert len(errors) >= 12
     worst = max(errors.items(), key=lambda item: abs(item[1]))
-    assert abs(worst[1]) < 0.12, worst
-    assert sum(abs(e) <= 0.10 for e in errors.values()) >= len(errors) - 1
+    assert abs(worst[1]) <= 0.10, worst

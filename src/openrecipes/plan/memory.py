@@ -28,6 +28,10 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 ENGINES = ("megatron", "openrecipes")
+# This engine's loss: bf16 logits (2 B per token and vocabulary entry), the fp32 copy cross-entropy reads (4 B) and its
+# fp32 log-softmax (4 B) are alive together for a moment, 6 B stay for the backward. 8 B is fitted to the memory
+# phases of our DP2-EP2 and DP4-EP4 runs (both rise 15.4 GiB above the resident state; docs/plan.md).
+OPENRECIPES_LOGITS_BYTES = 8
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -156,7 +160,8 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         transient = working
         if last:
             # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP)
-            logits = tokens * shape.vocab / layout.tp * (2 + 4)
+            logits = tokens * shape.vocab / layout.tp * (
+                OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4)
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":

@@ -22,6 +22,14 @@ def train(run_dir, *sets, nproc=1, extra=(), env=None):
     return result
 
 
+def resume_in_one_process(run_dir, *sets):
+    """Continue ``run_dir`` from its checkpoint in a single process, with ``sets`` undoing its layout."""
+    args = [sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir)]
+    for item in sets:
+        args += ["--set", item]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+
 def metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
@@ -47,9 +55,7 @@ def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path, re
     result = train(run_dir, "layout.dp=1", "layout.tp=2", "layout.sequence_parallel=true", nproc=2,
                    extra=["--stop-after", "2"])
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
-                              "layout.tp=1", "--set", "layout.sequence_parallel=false"],
-                             capture_output=True, text=True, timeout=600)  # TP2 checkpoint, one process
+    resumed = resume_in_one_process(run_dir, "layout.tp=1", "layout.sequence_parallel=false")  # TP2 checkpoint
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 
@@ -83,9 +89,8 @@ def test_sequence_split_inside_data_parallel_matches_one_process(tmp_path, refer
     result = train(run_dir, *sets, nproc=4, extra=["--stop-after", "2"] if "layout.tp=2" in sets else [])
     assert result.returncode == 0, result.stderr[-3000:]
     if "layout.tp=2" in sets:  # the 2-D sharded checkpoint resumes in one process
-        resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
-                                  "layout.tp=1", "--set", "layout.dp=1", "--set", "layout.ep=1", "--set",
-                                  "layout.sequence_parallel=false"], capture_output=True, text=True, timeout=600)
+        resumed = resume_in_one_process(run_dir, "layout.tp=1", "layout.dp=1", "layout.ep=1",
+                                        "layout.sequence_parallel=false")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 
@@ -116,12 +121,9 @@ def test_seed_shaped_layouts_match_one_process(tmp_path, reference, split):
     result = train(run_dir, "layout.pp=2", "layout.pp_first_stage_layers=1", *split, nproc=8,
                    extra=["--stop-after", "2"])
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir)]
-                             + [a for kv in ("layout.pp=1", "layout.tp=1", "layout.cp=1", "layout.dp=1", "layout.ep=1",
-                                             "layout.sequence_parallel=false", "layout.pp_first_stage_layers=null",
-                                             "layout.max_tokens_per_gpu=256")
-                                for a in ("--set", kv)],
-                             capture_output=True, text=True, timeout=600)
+    resumed = resume_in_one_process(run_dir, "layout.pp=1", "layout.tp=1", "layout.cp=1", "layout.dp=1", "layout.ep=1",
+                                    "layout.sequence_parallel=false", "layout.pp_first_stage_layers=null",
+                                    "layout.max_tokens_per_gpu=256")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 
@@ -135,10 +137,8 @@ def test_expert_tensor_parallel_matches_one_process(tmp_path, reference, nproc, 
     run_dir = tmp_path / "run"
     result = train(run_dir, *sets, nproc=nproc, extra=["--stop-after", "2"])
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir)]
-                             + [a for kv in ("layout.tp=1", "layout.dp=1", "layout.ep=1", "layout.etp=1",
-                                             "layout.sequence_parallel=false") for a in ("--set", kv)],
-                             capture_output=True, text=True, timeout=600)
+    resumed = resume_in_one_process(run_dir, "layout.tp=1", "layout.dp=1", "layout.ep=1", "layout.etp=1",
+                                    "layout.sequence_parallel=false")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 
@@ -148,9 +148,7 @@ def test_pipeline_checkpoint_resumes_in_one_process(tmp_path, reference):
     first = train(run_dir, "layout.pp=2", "layout.dp=1", "layout.max_tokens_per_gpu=256", nproc=2,
                   extra=["--stop-after", "1"])
     assert first.returncode == 0, first.stderr[-3000:]
-    second = subprocess.run([sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set",
-                             "layout.pp=1", "--set", "layout.max_tokens_per_gpu=512"],
-                            capture_output=True, text=True, timeout=600)
+    second = resume_in_one_process(run_dir, "layout.pp=1", "layout.max_tokens_per_gpu=512")
     assert second.returncode == 0, second.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 
@@ -159,9 +157,7 @@ def test_checkpoint_from_one_layout_resumes_under_another(tmp_path, reference):
     run_dir = tmp_path / "run"
     first = train(run_dir, "layout.dp=2", "layout.ep=2", nproc=2, extra=["--stop-after", "2"])
     assert first.returncode == 0, first.stderr[-3000:]
-    args = [sys.executable, "-m", "openrecipes", "train", "--resume", str(run_dir), "--set", "layout.dp=1",
-            "--set", "layout.ep=1"]
-    second = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    second = resume_in_one_process(run_dir, "layout.dp=1", "layout.ep=1")
     assert second.returncode == 0, second.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
 

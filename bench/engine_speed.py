@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from openrecipes.measure import measure_run_dir  # noqa: E402
 from openrecipes.train.loop import train  # noqa: E402
-from openrecipes.train.recipe import recipe_from_dict  # noqa: E402
+from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
 
 VARIANTS = {
     "single_bal": dict(packed=False, rows_per_step=1, balanced=True),

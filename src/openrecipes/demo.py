@@ -71,7 +71,7 @@ def _recipe_tree(*, name: str, rows: Path, run_dir: Path, steps: int, precision:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from openrecipes.train.recipe import dump_recipe, recipe_from_dict
+    from openrecipes.config.recipe import dump_recipe, recipe_from_dict
 
     if args.steps < 6:
         raise ValueError(f"--steps must be at least 6 (the measurement window starts at step 5), got {args.steps}")

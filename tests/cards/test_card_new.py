@@ -19,7 +19,7 @@ WINDOW = (1, 5)
 
 def _train(rows: Path, run_dir: Path, max_tokens_per_gpu: int) -> Path:
     from openrecipes.train.loop import train
-    from openrecipes.train.recipe import recipe_from_dict
+    from openrecipes.config.recipe import recipe_from_dict
 
     tree = {
         "model": "qwen3-moe-tiny", "data": {"rows": str(rows)},

@@ -1,7 +1,7 @@
 import pytest
 from .card_fixtures import QWEN_CARD
 
-from openrecipes.cards.safe_yaml import MAX_CARD_BYTES, UnsafeYamlError, load_plain_yaml, load_plain_yaml_file
+from openrecipes.config.safe_yaml import MAX_CARD_BYTES, UnsafeYamlError, load_plain_yaml, load_plain_yaml_file
 from openrecipes.cards.validate import validate_paths
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from openrecipes.config.layout import LayoutConfig, rows_per_microbatch
 from openrecipes.data.batching import (RowLoader, attention_sum_sq, global_batch_rows, load_rows,
-                                       make_microbatch, rows_per_microbatch, shard_rows)
+                                       make_microbatch, shard_rows)
 
 from tests.data.sft_data_helpers import read_rows
 
@@ -57,7 +58,7 @@ def test_sharding_covers_each_global_batch_once(tiny_rows: Path, dp_size: int) -
         assert sorted(np.concatenate(parts).tolist()) == sorted(batch.tolist())
         assert all(p.size == 16 // dp_size for p in parts)
         loaders = [RowLoader(dataset=dataset, global_batch=16, dp_rank=r, dp_size=dp_size,
-                             max_tokens_per_gpu=512) for r in range(dp_size)]
+                             rows_per_microbatch=rows_per_microbatch(LayoutConfig(max_tokens_per_gpu=512), dataset.row_tokens)) for r in range(dp_size)]
         seen = [row for loader in loaders
                 for mb in loader.microbatches(step) for row in mb["input_ids"].numpy().tolist()]
         assert sorted(seen) == sorted(dataset.input_ids[batch].tolist())
@@ -68,15 +69,15 @@ def test_sharding_covers_each_global_batch_once(tiny_rows: Path, dp_size: int) -
 
 
 def test_rows_per_microbatch_and_loader(tiny_rows: Path) -> None:
-    assert rows_per_microbatch(16384, 8192) == 2
-    assert rows_per_microbatch(8192, 8192) == 1
-    assert rows_per_microbatch(1000, 8192) == 1
+    assert rows_per_microbatch(LayoutConfig(max_tokens_per_gpu=16384), 8192) == 2
+    assert rows_per_microbatch(LayoutConfig(max_tokens_per_gpu=8192), 8192) == 1
+    assert rows_per_microbatch(LayoutConfig(max_tokens_per_gpu=1000), 8192) == 1
     dataset = load_rows(tiny_rows)
-    loader = RowLoader(dataset=dataset, global_batch=8, dp_rank=1, dp_size=2, max_tokens_per_gpu=3 * 256)
+    loader = RowLoader(dataset=dataset, global_batch=8, dp_rank=1, dp_size=2, rows_per_microbatch=rows_per_microbatch(LayoutConfig(max_tokens_per_gpu=3 * 256), 256))
     mbs = loader.microbatches(0)
     assert [mb["input_ids"].shape[0] for mb in mbs] == [3, 1]  # 4 rows for this rank, 3 per microbatch
     with pytest.raises(ValueError):
-        RowLoader(dataset=dataset, global_batch=8, dp_rank=2, dp_size=2, max_tokens_per_gpu=256)
+        RowLoader(dataset=dataset, global_batch=8, dp_rank=2, dp_size=2, rows_per_microbatch=1)
 
 
 def test_reader_rejects_bad_rows(tmp_path: Path) -> None:

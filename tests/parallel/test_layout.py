@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from openrecipes.parallel.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size,
+from openrecipes.config.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size,
                                          stage_layer_counts, validate_layout)
 
 MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_layers=3, pp_last_stage_layers=3,

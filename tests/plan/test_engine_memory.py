@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from openrecipes.models.registry import get_config
-from openrecipes.parallel.layout import LayoutConfig
+from openrecipes.config.layout import LayoutConfig
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.memory import TrainingSetup

@@ -3,7 +3,7 @@
 import pytest
 
 from openrecipes.models.registry import get_config
-from openrecipes.parallel.layout import LayoutConfig
+from openrecipes.config.layout import LayoutConfig
 from openrecipes.plan.enumerate import evaluate, search
 from openrecipes.plan.hardware import load_hardware, parse_gpus
 from openrecipes.plan.memory import TrainingSetup

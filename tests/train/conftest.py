@@ -1,6 +1,6 @@
 import pytest
 
-from openrecipes.train.recipe import recipe_from_dict
+from openrecipes.config.recipe import recipe_from_dict
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ def test_loss_is_the_per_token_loss_of_the_global_batch(make_recipe):
 
     model = build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=0)
     loader = RowLoader(dataset=load_rows(recipe.data.rows), global_batch=4, dp_rank=0, dp_size=1,
-                       max_tokens_per_gpu=64 * 4)
+                       rows_per_microbatch=4)
     (batch,) = loader.microbatches(0)
     # the loss recomputed straightforwardly: every document of every row alone
     total, count = 0.0, 0

@@ -3,7 +3,7 @@
 import pytest
 
 from openrecipes.cli import main
-from openrecipes.train.recipe import apply_overrides, load_recipe
+from openrecipes.config.recipe import apply_overrides, load_recipe
 
 
 def write(tmp_path, text):

@@ -4,12 +4,12 @@ it, and the planner says it fits an H200 with this engine's memory."""
 from pathlib import Path
 
 from openrecipes.models.registry import get_config
-from openrecipes.parallel.layout import validate_layout
+from openrecipes.config.layout import validate_layout
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.memory import TrainingSetup
 from openrecipes.plan.shape import model_shape
-from openrecipes.train.recipe import load_recipe
+from openrecipes.config.recipe import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-8xh200.yaml"
 

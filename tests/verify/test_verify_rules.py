@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from openrecipes.cli import main
-from openrecipes.train.recipe import Recipe, recipe_from_dict
+from openrecipes.config.recipe import Recipe, recipe_from_dict
 from openrecipes.verify.rules import (
     FIELD_RULES,
     NUMERICS,

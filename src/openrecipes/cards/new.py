@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import yaml
 
+from openrecipes.config.layout import rows_per_microbatch, stage_layer_counts
+
 # GPU memory as sold (GB) for the GPUs whose size is unambiguous; others need --gpu-memory-gb
 GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0}
 
@@ -141,12 +143,8 @@ def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[st
     }
 
 
-def _rows_per_microbatch(recipe: Any, row_tokens: int) -> int:
-    return recipe.layout.rows_per_microbatch or max(1, recipe.layout.max_tokens_per_gpu // row_tokens)
-
-
 def describe_layout(recipe: Any, row_tokens: int) -> str:
-    lay, rpm = recipe.layout, _rows_per_microbatch(recipe, row_tokens)
+    lay, rpm = recipe.layout, rows_per_microbatch(recipe.layout, row_tokens)
     recompute = recipe.recompute
     recompute_text = ("no recompute" if recompute.granularity == "none" else
                       f"{recompute.granularity} recompute ({recompute.method}, {recompute.num_layers} layer(s))")
@@ -161,8 +159,6 @@ def describe_layout(recipe: Any, row_tokens: int) -> str:
 
 
 def layout_block(recipe: Any, row_tokens: int, num_layers: int) -> dict[str, Any]:
-    from openrecipes.parallel.layout import stage_layer_counts
-
     lay = recipe.layout
     split = None
     if lay.pp > 1 and (lay.pp_first_stage_layers or lay.pp_last_stage_layers):
@@ -176,7 +172,7 @@ def layout_block(recipe: Any, row_tokens: int, num_layers: int) -> dict[str, Any
         "sequence_parallel": lay.sequence_parallel,
         "layer_split": split,
         "max_tokens_per_gpu": lay.max_tokens_per_gpu,
-        "rows_per_microbatch": _rows_per_microbatch(recipe, row_tokens),
+        "rows_per_microbatch": rows_per_microbatch(lay, row_tokens),
         "recompute": None if recompute.granularity == "none" else {
             "granularity": recompute.granularity,
             "method": recompute.method if recompute.granularity == "full" else None,
@@ -289,7 +285,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     """Every field of the card, from the two run directories and the options."""
     from openrecipes.measure import measure_run_dir
     from openrecipes.measure.rundir import read_run_json
-    from openrecipes.train.recipe import dump_recipe, load_recipe
+    from openrecipes.config.recipe import dump_recipe, load_recipe
     from openrecipes.verify.convergence import Thresholds, check_convergence
     from openrecipes.verify.curves import read_loss_curve
     from openrecipes.verify.rules import check_rules, recipe_path

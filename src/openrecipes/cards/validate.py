@@ -14,7 +14,7 @@ from typing import Any, Iterable, Literal
 import pydantic
 
 from openrecipes.cards.checks import Finding, Loc, check_card
-from openrecipes.cards.safe_yaml import UnsafeYamlError, load_plain_yaml_file
+from openrecipes.config.safe_yaml import UnsafeYamlError, load_plain_yaml_file
 from openrecipes.cards.schema import RecipeCard
 
 CARD_SUFFIXES = (".yaml", ".yml")

@@ -4,8 +4,8 @@ Global batch ``step`` is rows ``(step * G + j) % N`` for ``j`` in ``0..G-1`` (G 
 rows, N = rows in the file; the file is already shuffled at build time, so reading in order is
 the schedule; it wraps into the next epoch). Data-parallel rank ``r`` of ``d`` gets positions
 ``j = r, r + d, r + 2d, ...`` of that list (a strided split; G must be divisible by d). A rank
-packs its rows, in order, into microbatches of ``rows_per_microbatch`` whole rows
-(``max_tokens_per_gpu // row_tokens``, at least 1); the last one may hold fewer.
+packs its rows, in order, into microbatches of ``rows_per_microbatch`` whole rows (the layout decides how
+many: ``openrecipes.config.layout.rows_per_microbatch``); the last one may hold fewer.
 
 A microbatch is a dict of tensors, B rows of T tokens:
   input_ids     (B, T) int64
@@ -85,12 +85,6 @@ def load_rows(path: str | Path) -> RowsDataset:
                        doc_offsets=doc_offsets, doc_lens_flat=doc_flat)
 
 
-def rows_per_microbatch(max_tokens_per_gpu: int, row_tokens: int) -> int:
-    if max_tokens_per_gpu <= 0 or row_tokens <= 0:
-        raise ValueError("max_tokens_per_gpu and row_tokens must be positive")
-    return max(1, max_tokens_per_gpu // row_tokens)
-
-
 def global_batch_rows(step: int, global_batch: int, num_rows: int) -> np.ndarray:
     """Row indices of global batch ``step`` (wrapping over epochs)."""
     if global_batch <= 0 or step < 0:
@@ -145,16 +139,14 @@ class RowLoader:
     global_batch: int
     dp_rank: int
     dp_size: int
-    max_tokens_per_gpu: int
+    rows_per_microbatch: int  # from openrecipes.config.layout.rows_per_microbatch
 
     def __post_init__(self) -> None:
+        if self.rows_per_microbatch < 1:
+            raise ValueError(f"rows_per_microbatch must be positive, got {self.rows_per_microbatch}")
         if self.global_batch % self.dp_size:
             raise ValueError(f"global_batch {self.global_batch} is not divisible by dp_size {self.dp_size}")
         shard_rows(np.zeros(self.dp_size, dtype=np.int64), self.dp_rank, self.dp_size)  # checks the rank
-
-    @property
-    def rows_per_microbatch(self) -> int:
-        return rows_per_microbatch(self.max_tokens_per_gpu, self.dataset.row_tokens)
 
     def rank_rows(self, step: int) -> np.ndarray:
         return shard_rows(global_batch_rows(step, self.global_batch, len(self.dataset)), self.dp_rank, self.dp_size)

@@ -1,5 +1,5 @@
-"""Parallel layouts and (later) the code that applies them to a model."""
+"""The code that applies a parallel layout to a model (the layout itself lives in `openrecipes.config.layout`)."""
 
-from openrecipes.parallel.layout import LayoutConfig, stage_layer_counts, validate_layout
+from openrecipes.config.layout import LayoutConfig, stage_layer_counts, validate_layout
 
 __all__ = ["LayoutConfig", "stage_layer_counts", "validate_layout"]

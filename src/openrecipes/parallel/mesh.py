@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from openrecipes.parallel.layout import LayoutConfig, unsupported_reason
+from openrecipes.config.layout import LayoutConfig, unsupported_reason
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from openrecipes.parallel.layout import LayoutConfig
+from openrecipes.config.layout import LayoutConfig
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import EngineCalibration, Hardware
 from openrecipes.plan.memory import TrainingSetup

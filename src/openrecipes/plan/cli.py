@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from openrecipes.models.registry import get_config
-    from openrecipes.parallel.layout import LayoutConfig
+    from openrecipes.config.layout import LayoutConfig
     from openrecipes.plan.enumerate import evaluate, search
     from openrecipes.plan.hardware import load_hardware, parse_gpus
     from openrecipes.plan.memory import TrainingSetup
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan(plan: Any, model: str, gpu: str) -> None:
-    from openrecipes.parallel.layout import unsupported_reason
+    from openrecipes.config.layout import unsupported_reason
 
     t = plan.throughput
     print(f"{model} on {plan.layout.world_size}x{gpu}: {plan.layout.label()}, {plan.layout.max_tokens_per_gpu} "

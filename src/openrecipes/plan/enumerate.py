@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from openrecipes.parallel.layout import LayoutConfig, enumerate_layouts, unsupported_reason, validate_layout
+from openrecipes.config.layout import LayoutConfig, enumerate_layouts, unsupported_reason, validate_layout
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory
 from openrecipes.plan.shape import ModelShape

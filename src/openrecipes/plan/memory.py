@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from openrecipes.parallel.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.shape import ModelShape
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openrecipes.parallel.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.memory import GRAD_BYTES, OPTIMIZERS, TrainingSetup, microbatches_per_step, stage_params
 from openrecipes.plan.shape import ModelShape

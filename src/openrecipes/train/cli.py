@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
                             rdzv_endpoint=args.rdzv_endpoint)
 
     from openrecipes.train.loop import TrainingStopped, train
-    from openrecipes.train.recipe import load_recipe
+    from openrecipes.config.recipe import load_recipe
 
     if args.stop_after is not None and args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0, got {args.stop_after}")

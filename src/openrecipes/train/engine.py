@@ -13,7 +13,7 @@ from torch import nn
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.moe import Routing, SoftmaxTopKRouter, set_expert_backend
 from openrecipes.parallel.recompute import apply_recompute
-from openrecipes.train.recipe import Recipe
+from openrecipes.config.recipe import Recipe
 
 
 def model_config(recipe: Recipe) -> Any:
@@ -121,7 +121,7 @@ def fold_sharded_grads(model: nn.Module) -> None:
 
 
 def _keep_pipeline_stage(model: nn.Module, recipe: Recipe, config: Any, parallel) -> None:
-    from openrecipes.parallel.layout import stage_layer_counts
+    from openrecipes.config.layout import stage_layer_counts
     from openrecipes.parallel.pipeline import prune_to_stage
 
     counts = stage_layer_counts(recipe.layout, config.num_hidden_layers)

@@ -99,7 +99,7 @@ def register(subparsers) -> None:
 def run_slurm(args) -> int:
     from pathlib import Path
 
-    from openrecipes.train.recipe import load_recipe
+    from openrecipes.config.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)  # fail here, not on the cluster, on a bad recipe
     world = args.nodes * args.gpus_per_node

@@ -21,7 +21,7 @@ from openrecipes.optim.schedule import lr_at
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from openrecipes.train.metrics import METRICS_FILE, MetricsStream, truncate_after
-from openrecipes.train.recipe import Recipe, dump_recipe
+from openrecipes.config.recipe import Recipe, dump_recipe
 from openrecipes.utils import atomic_write_text
 
 KNOWN_GPUS = ("GB200", "B200", "H200", "H100", "A100")
@@ -92,7 +92,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
           device: torch.device | None = None) -> Path:
     """Run (or resume) the recipe; returns the run directory."""
     from openrecipes.data.batching import RowLoader, load_rows
-    from openrecipes.parallel.layout import validate_layout
+    from openrecipes.config.layout import rows_per_microbatch as layout_rows_per_microbatch, validate_layout
 
     from openrecipes.parallel.mesh import build_parallel_state, init_distributed
 
@@ -111,15 +111,10 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     dataset = load_rows(prepare_rows(recipe, run_dir))
     row_tokens = dataset.row_tokens
-    # a microbatch's rows are split over the cp ranks, so each of them holds max_tokens_per_gpu of its tokens
-    capacity = recipe.layout.max_tokens_per_gpu * recipe.layout.cp
-    rows_per_microbatch = recipe.layout.rows_per_microbatch or max(1, capacity // row_tokens)
-    if rows_per_microbatch * row_tokens > capacity:
-        raise ValueError(f"layout.rows_per_microbatch: {rows_per_microbatch} rows of {row_tokens} tokens exceed "
-                         f"layout.max_tokens_per_gpu={recipe.layout.max_tokens_per_gpu} x cp={recipe.layout.cp}")
+    rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
-                       max_tokens_per_gpu=rows_per_microbatch * row_tokens)
+                       rows_per_microbatch=rows_per_microbatch)
 
     model = engine.build_model(recipe, device, parallel)
     if engine.parameter_dtype(recipe, parallel.distributed) == torch.bfloat16:

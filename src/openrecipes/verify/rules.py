@@ -1,6 +1,6 @@
 """Numerics rules: which recipe fields may change the numbers a run computes, and which only its speed.
 
-Every leaf field of the recipe tree (:class:`openrecipes.train.recipe.Recipe`, walked through its nested
+Every leaf field of the recipe tree (:class:`openrecipes.config.recipe.Recipe`, walked through its nested
 sections) is classified exactly once in ``FIELD_RULES``, with the reason beside it. Two recipes train the
 same model the same way when they differ in performance-only fields alone; the tuner changes only those
 (:func:`performance_only_fields`). A test walks the recipe tree and fails on any field missing here, so a
@@ -99,7 +99,7 @@ def _section_models(annotation: Any) -> list[type[BaseModel]]:
 def field_paths(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
     """Every leaf field of the recipe tree as a dotted path, recursing through nested sections."""
     if model is None:
-        from openrecipes.train.recipe import Recipe
+        from openrecipes.config.recipe import Recipe
 
         model = Recipe
     paths: list[str] = []
@@ -227,7 +227,7 @@ def recipe_path(path: str | Path) -> Path:
 
 def check_rules(candidate: str | Path, reference: str | Path) -> RulesReport:
     """Load two recipes (files or run directories) and compare them."""
-    from openrecipes.train.recipe import load_recipe
+    from openrecipes.config.recipe import load_recipe
 
     cand_path, ref_path = recipe_path(candidate), recipe_path(reference)
     return compare_recipes(load_recipe(cand_path), load_recipe(ref_path),

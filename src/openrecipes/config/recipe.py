@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openrecipes.parallel.layout import LayoutConfig
+from openrecipes.config.layout import LayoutConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -179,7 +179,7 @@ def recipe_from_dict(tree: dict, *, source: str = "recipe") -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    from openrecipes.cards.safe_yaml import load_plain_yaml_file
+    from openrecipes.config.safe_yaml import load_plain_yaml_file
 
     tree, _, _ = load_plain_yaml_file(path)
     if not isinstance(tree, dict):

@@ -1,6 +1,7 @@
 """Parallel layouts: the sizes of each parallel dimension and the checks that make a layout runnable.
 
-Pure Python, no ``torch.distributed``: the engine builds its device meshes from a validated layout,
+The one home of the layout rules (world size, expert regrouping, stage splits, rows per microbatch); the
+recipe, the card, the planner and the loop all call these functions. Pure Python, no ``torch.distributed``: the engine builds its device meshes from a validated layout,
 the planner enumerates and scores layouts before anything runs.
 
 Rank grouping follows Megatron-Core. Dense layers see ``world = tp * cp * dp * pp``. Expert layers
@@ -16,7 +17,7 @@ from typing import Iterable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
-           "enumerate_layouts", "divisors"]
+           "microbatch_token_capacity", "rows_per_microbatch", "enumerate_layouts", "divisors", "unsupported_reason"]
 
 
 class LayoutConfig(BaseModel):
@@ -65,6 +66,24 @@ class LayoutConfig(BaseModel):
 
 def expert_data_parallel_size(layout: LayoutConfig) -> int:
     return (layout.tp * layout.cp * layout.dp) // (layout.ep * layout.etp)
+
+
+def microbatch_token_capacity(layout: LayoutConfig) -> int:
+    """Tokens of one microbatch: its rows are split over the cp ranks, each holding ``max_tokens_per_gpu``."""
+    return layout.max_tokens_per_gpu * layout.cp
+
+
+def rows_per_microbatch(layout: LayoutConfig, row_tokens: int) -> int:
+    """Whole rows of ``row_tokens`` tokens in one microbatch: the layout's explicit value, else as many as its
+    token capacity holds (at least one). Raises ValueError naming the field when the explicit value does not fit."""
+    if row_tokens < 1:
+        raise ValueError(f"row_tokens must be positive, got {row_tokens}")
+    capacity = microbatch_token_capacity(layout)
+    rows = layout.rows_per_microbatch or max(1, capacity // row_tokens)
+    if layout.rows_per_microbatch is not None and rows * row_tokens > capacity:
+        raise ValueError(f"layout.rows_per_microbatch: {rows} rows of {row_tokens} tokens exceed "
+                         f"layout.max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp}")
+    return rows
 
 
 def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
@@ -124,7 +143,7 @@ def validate_layout(layout: LayoutConfig, *, world_size: int, num_layers: int, n
     counts = stage_layer_counts(layout, num_layers)
     if layout.vpp > 1 and any(c % layout.vpp for c in counts):
         raise ValueError(f"vpp: every stage's layer count {counts} must be a multiple of vpp={layout.vpp}")
-    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > layout.max_tokens_per_gpu * layout.cp:
+    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > microbatch_token_capacity(layout):
         raise ValueError(f"rows_per_microbatch: {layout.rows_per_microbatch} rows cannot fit in "
                          f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens")
     return counts

@@ -34,7 +34,7 @@ def _train(rows: Path, run_dir: Path, max_tokens_per_gpu: int) -> Path:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """A candidate (2 rows per microbatch) and a reference (1 row per microbatch) of the same recipe."""
     from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.cli import ASSETS
+    from openrecipes.data.bundled import ASSETS
 
     root = tmp_path_factory.mktemp("card-new")
     rows = root / "rows"

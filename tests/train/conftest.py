@@ -6,7 +6,7 @@ from openrecipes.config.recipe import recipe_from_dict
 @pytest.fixture(scope="session")
 def rows_dir(tmp_path_factory):
     from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.cli import ASSETS
+    from openrecipes.data.bundled import ASSETS
 
     out = tmp_path_factory.mktemp("rows") / "tiny"
     build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",

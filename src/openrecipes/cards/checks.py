@@ -12,6 +12,7 @@ from typing import Literal
 
 from openrecipes.cards import reference
 from openrecipes.cards.schema import RecipeCard
+from openrecipes.config.layout import layout_problems
 
 Loc = tuple[str | int, ...]
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -49,17 +50,26 @@ def check_card(card: RecipeCard) -> list[Finding]:
     return findings
 
 
+# where a layout problem's field sits on a card
+_CARD_LOC: dict[str, Loc] = {"dp": ("layout",), "pp_first_stage_layers": ("layout", "layer_split"),
+                             "pp_last_stage_layers": ("layout", "layer_split")}
+
+
 def _check_layout(card: RecipeCard) -> list[Finding]:
     lay, out = card.layout, []
-    product = lay.tp * lay.pp * lay.cp * lay.dp
-    if product != card.gpu.count:
-        out.append(Finding(loc=("layout",), message=(
-            f"tp·pp·cp·dp = {lay.tp}·{lay.pp}·{lay.cp}·{lay.dp} = {product}, "
-            f"but gpu.count is {card.gpu.count}")))
-    # experts fold onto the non-pipeline ranks: ep·etp must divide tp·cp·dp
-    if (lay.tp * lay.cp * lay.dp) % (lay.ep * lay.etp):
-        out.append(Finding(loc=("layout", "ep"), message=(
-            f"ep·etp = {lay.ep * lay.etp} does not divide tp·cp·dp = {lay.tp * lay.cp * lay.dp}")))
+    layers = reference.model_layers(card.model)
+    for problem in layout_problems(lay.layout_config(card.workload.row_tokens), world_size=card.gpu.count,
+                                   num_layers=layers, num_experts=reference.model_experts(card.model)):
+        message = problem.message
+        if problem.field == "dp":
+            message += f" (gpu.count is {card.gpu.count})"
+        elif problem.field in ("pp", "pp_first_stage_layers", "pp_last_stage_layers"):
+            message += f" for the {layers} layers of {card.model}" + ("; give layout.layer_split"
+                                                                       if problem.field == "pp" else "")
+        out.append(Finding(loc=_CARD_LOC.get(problem.field, ("layout", problem.field)), message=message))
+    if layers is None:
+        out.append(Finding(loc=("layout", "layer_split"), severity="note", message=(
+            f"layer count of model {card.model!r} unknown; layer split not checked")))
     per_dp, rest = divmod(card.workload.global_batch, lay.dp)
     if rest or per_dp % lay.rows_per_microbatch:
         out.append(Finding(loc=("layout", "rows_per_microbatch"), message=(
@@ -73,38 +83,7 @@ def _check_layout(card: RecipeCard) -> list[Finding]:
     if build is not None and build.row_tokens != card.workload.row_tokens:
         out.append(Finding(loc=("workload", "dataset", "build", "row_tokens"), message=(
             f"{build.row_tokens} differs from workload.row_tokens {card.workload.row_tokens}")))
-    out.extend(_check_layer_split(card))
     return out
-
-
-def _check_layer_split(card: RecipeCard) -> list[Finding]:
-    lay = card.layout
-    layers = reference.model_layers(card.model)
-    if layers is None:
-        return [Finding(loc=("layout", "layer_split"), severity="note", message=(
-            f"layer count of model {card.model!r} unknown; layer split not checked"))]
-    split = lay.layer_split
-    if split is None:
-        if layers % lay.pp:
-            return [Finding(loc=("layout", "pp"), message=(
-                f"{layers} layers of {card.model} do not split evenly over pp {lay.pp}; "
-                "give layout.layer_split")) ]
-        return []
-    loc: Loc = ("layout", "layer_split")
-    if lay.pp < 2:
-        return [Finding(loc=loc, message=f"a first/last split needs pp >= 2, got pp {lay.pp}")]
-    middle_stages = lay.pp - 2
-    middle_layers = layers - split.first - split.last
-    if middle_stages == 0:
-        if middle_layers:
-            return [Finding(loc=loc, message=(
-                f"first {split.first} + last {split.last} != {layers} layers of {card.model}"))]
-        return []
-    if middle_layers < middle_stages or middle_layers % middle_stages:
-        return [Finding(loc=loc, message=(
-            f"first {split.first} + last {split.last} + {middle_stages} middle stages cannot hold "
-            f"the {layers} layers of {card.model} evenly ({middle_layers} left over)"))]
-    return []
 
 
 def _check_window(card: RecipeCard) -> list[Finding]:

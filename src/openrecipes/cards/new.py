@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from openrecipes.config.layout import rows_per_microbatch, stage_layer_counts
+from openrecipes.config.rundir import PROFILE_FILE, rows_directory
 
 # GPU memory as sold (GB) for the GPUs whose size is unambiguous; others need --gpu-memory-gb
 GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0}
@@ -69,40 +70,20 @@ def dump_card(data: dict[str, Any], header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_CardDumper, sort_keys=False, width=110, allow_unicode=True)
 
 
-def _require(data: dict[str, Any], key: str, origin: Path) -> Any:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or node.get(part) is None:
-            raise ValueError(f"{origin}: missing field '{key}'")
-        node = node[part]
-    return node
-
-
 def _rows_dir(recipe: Any, run_dir: Path) -> Path:
-    return Path(recipe.data.rows) if recipe.data.rows is not None else run_dir / "rows"
+    return rows_directory(recipe.data.rows, run_dir)
 
 
 def read_rows_manifest(rows_dir: Path) -> dict[str, Any]:
     """The rows manifest, after checking that the parquet file is the one it describes."""
-    from openrecipes.utils import sha256_file
+    from openrecipes.data.manifest import read_manifest
 
-    path = rows_dir / "manifest.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (the rows the run trained on)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON: {error}") from None
-    for key in ("name", "rows", "row_tokens", "rows_sha256", "parquet_sha256", "parquet_bytes", "loss_mask"):
-        _require(manifest, key, path)
-    parquet = rows_dir / manifest.get("parquet_file", "rows.parquet")
-    if not parquet.is_file() or sha256_file(parquet) != manifest["parquet_sha256"]:
-        raise ValueError(f"{path}: parquet_sha256 does not match {parquet}; the rows changed after the build")
-    return manifest
+    return read_manifest(rows_dir, check_parquet=True, require=(
+        "name", "rows", "row_tokens", "rows_sha256", "parquet_sha256", "parquet_bytes", "loss_mask"))
 
 
 def _is_bundled(path: str | None, name: str) -> bool:
-    from openrecipes.data.cli import ASSETS
+    from openrecipes.data.bundled import ASSETS
 
     return path is not None and Path(path).resolve() == (ASSETS / name).resolve()
 
@@ -284,23 +265,23 @@ def _model_name(recipe: Any, given: str | None) -> str:
 def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     """Every field of the card, from the two run directories and the options."""
     from openrecipes.measure import measure_run_dir
-    from openrecipes.measure.rundir import read_run_json
+    from openrecipes.config.rundir import RUN_FILE, read_run_info
     from openrecipes.config.recipe import dump_recipe, load_recipe
     from openrecipes.verify.convergence import Thresholds, check_convergence
     from openrecipes.verify.curves import read_loss_curve
     from openrecipes.verify.rules import check_rules, recipe_path
 
     run_dir, ref_dir = Path(options.run_dir), Path(options.reference)
-    run = read_run_json(run_dir)
-    run_origin = run_dir / "run.json"
+    run = read_run_info(run_dir)
+    run_origin = run_dir / RUN_FILE
     recipe = load_recipe(recipe_path(run_dir))
     reference_recipe = load_recipe(recipe_path(ref_dir))
     measured = measure_run_dir(run_dir, window=options.window, gpu_type=options.gpu_type,
                                usd_per_gpu_hour=options.usd_per_gpu_hour, instance=options.instance)
     manifest = read_rows_manifest(_rows_dir(recipe, run_dir))
     row_tokens = int(manifest["row_tokens"])
-    versions = run.get("versions") or {}
-    started = str(_require(run, "started", run_origin))
+    versions = run.versions
+    started = str(run.require("started", run_origin))
     try:
         measured_on = datetime.date.fromisoformat(started[:10])
     except ValueError:
@@ -354,7 +335,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         "workload": {"row_tokens": row_tokens, "rows": "SFT conversations", "global_batch": recipe.global_batch,
                      "precision": recipe.precision, "workflow": "sft",
                      "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},
-        "layout": layout_block(recipe, row_tokens, int(_require(run, "model.num_layers", run_origin))),
+        "layout": layout_block(recipe, row_tokens, int(run.require("model.num_layers", run_origin))),
         "result": {
             "tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu,
             "usd_per_million_tokens": measured.usd_per_million_tokens,
@@ -367,11 +348,11 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                               "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
                               "revision": None},
             "measured": measured_on,
-            "steps_per_run": int(_require(run, "steps", run_origin)),
+            "steps_per_run": int(run.require("steps", run_origin)),
             "window": list(measured.window),
             "window_tokens": measured.window_tokens,
             "runs": 1,
-            "profiler": (run_dir / "profile.txt").exists(),
+            "profiler": (run_dir / PROFILE_FILE).exists(),
             "gpu_hours": measured.gpu_hours,
             "gpu_hours_note": measured.gpu_hours_note,
         },
@@ -379,7 +360,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                                     reference_text),
         "env": {},
         "patches": [],
-        "run": str(_require(run, "command", run_origin)),
+        "run": str(run.require("command", run_origin)),
         "notes": notes_text,
         "curves": {"candidate": curve_points(candidate_curve), "reference": curve_points(reference_curve)},
     }

@@ -34,9 +34,19 @@ def price_for_instance(instance: str | None) -> float | None:
     return spec.usd_per_gpu_hour if spec else None
 
 
-def model_layers(model: str) -> int | None:
+def _registered_config(model: str):
     from openrecipes.models.registry import get_config, names
 
     name = model.strip().lower().replace(" ", "-")
     name = _MODEL_ALIASES.get(name, name)
-    return get_config(name).num_hidden_layers if name in names() else None
+    return get_config(name) if name in names() else None
+
+
+def model_layers(model: str) -> int | None:
+    config = _registered_config(model)
+    return config.num_hidden_layers if config else None
+
+
+def model_experts(model: str) -> int | None:
+    config = _registered_config(model)
+    return config.num_experts if config else None

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from openrecipes.config.layout import LayoutConfig, ParallelSizes
+
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256")]
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -112,24 +114,28 @@ class Offload(_Strict):
     overlap_d2h_h2d: bool
 
 
-class Layout(_Strict):
+class Layout(_Strict, ParallelSizes):
+    """The recipe's parallel sizes (``openrecipes.config.layout.ParallelSizes``) and how the card describes them."""
+
     label: Text
     summary: Text
     highlights: str | None = None
-    tp: PosInt
-    pp: PosInt
-    vpp: PosInt = 1
-    cp: PosInt
-    ep: PosInt
-    etp: PosInt
-    dp: PosInt
-    sequence_parallel: bool
     layer_split: LayerSplit | None = None
     max_tokens_per_gpu: PosInt | None = None
     rows_per_microbatch: PosInt
     recompute: Recompute | None = None
     offload: Offload | None = None
     dispatcher: Text
+
+    def layout_config(self, row_tokens: int) -> LayoutConfig:
+        """The recipe layout this card describes; without ``max_tokens_per_gpu``, the tokens its microbatches
+        hold on each cp rank."""
+        split = self.layer_split
+        return LayoutConfig(
+            **{name: getattr(self, name) for name in ParallelSizes.model_fields},
+            pp_first_stage_layers=split.first if split else None, pp_last_stage_layers=split.last if split else None,
+            max_tokens_per_gpu=self.max_tokens_per_gpu or -(-self.rows_per_microbatch * row_tokens // self.cp),
+            rows_per_microbatch=self.rows_per_microbatch)
 
 
 class ActiveParams(_Strict):

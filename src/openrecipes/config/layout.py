@@ -12,16 +12,17 @@ is sharded. Hence ``ep * etp`` must divide ``tp * cp * dp``.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
-           "microbatch_token_capacity", "rows_per_microbatch", "enumerate_layouts", "divisors", "unsupported_reason"]
+__all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
+           "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
+           "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason"]
 
 
-class LayoutConfig(BaseModel):
-    """One parallel layout, with the keys the recipe cards use."""
+class ParallelSizes(BaseModel):
+    """The sizes of the parallel dimensions: shared by the recipe's layout and the recipe card's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -33,14 +34,19 @@ class LayoutConfig(BaseModel):
     dp: int = Field(1, ge=1, description="data parallel size")
     vpp: int = Field(1, ge=1, description="virtual pipeline stages per rank (interleaved 1F1B)")
     sequence_parallel: bool = False
-    pp_first_stage_layers: int | None = Field(None, ge=1)
-    pp_last_stage_layers: int | None = Field(None, ge=1)
-    max_tokens_per_gpu: int = Field(..., ge=1, description="tokens one GPU holds per microbatch")
-    rows_per_microbatch: int | None = Field(None, ge=1)
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
+
+
+class LayoutConfig(ParallelSizes):
+    """One parallel layout, with the keys the recipe cards use."""
+
+    pp_first_stage_layers: int | None = Field(None, ge=1)
+    pp_last_stage_layers: int | None = Field(None, ge=1)
+    max_tokens_per_gpu: int = Field(..., ge=1, description="tokens one GPU holds per microbatch")
+    rows_per_microbatch: int | None = Field(None, ge=1)
 
     @property
     def edp(self) -> int:
@@ -86,6 +92,14 @@ def rows_per_microbatch(layout: LayoutConfig, row_tokens: int) -> int:
     return rows
 
 
+class LayoutError(ValueError):
+    """A layout that cannot run; the message starts with the offending field."""
+
+    def __init__(self, problem: LayoutProblem) -> None:
+        super().__init__(f"{problem.field}: {problem.message}")
+        self.problem = problem
+
+
 def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
     """Decoder layers per pipeline stage: the first/last stage sizes asked for, the rest split evenly.
 
@@ -97,7 +111,8 @@ def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
     if pp == 1:
         for name, value in (("pp_first_stage_layers", first), ("pp_last_stage_layers", last)):
             if value is not None and value != num_layers:
-                raise ValueError(f"{name}={value} needs pp > 1 (pp=1 holds all {num_layers} layers)")
+                raise LayoutError(LayoutProblem(name, f"{name}={value} needs pp > 1 (pp=1 holds all {num_layers} "
+                                                      "layers)"))
         return [num_layers]
     rest = num_layers - (first or 0) - (last or 0)
     middle = pp - (first is not None) - (last is not None)
@@ -106,12 +121,13 @@ def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
         field = "pp"
     if middle == 0:
         if rest != 0:
-            raise ValueError(f"{field}: pp_first_stage_layers + pp_last_stage_layers = {num_layers - rest} "
-                             f"must equal num_layers={num_layers} when pp=2")
+            raise LayoutError(LayoutProblem(field, f"pp_first_stage_layers + pp_last_stage_layers = "
+                                                   f"{num_layers - rest} must equal num_layers={num_layers} when pp=2"))
         return [first, last]  # type: ignore[list-item]
     if rest < middle or rest % middle:
-        raise ValueError(f"{field}: {rest} layers left for the {middle} other pipeline stage(s) do not split "
-                         f"evenly (num_layers={num_layers}, pp={pp}, first={first}, last={last})")
+        raise LayoutError(LayoutProblem(field, f"{rest} layers left for the {middle} other pipeline stage(s) do not "
+                                               f"split evenly (num_layers={num_layers}, pp={pp}, first={first}, "
+                                               f"last={last})"))
     per = rest // middle
     counts = [per] * middle
     if first is not None:
@@ -121,32 +137,59 @@ def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
     return counts
 
 
+class LayoutProblem(NamedTuple):
+    """One reason a layout cannot run: the offending field and a message that names the numbers."""
+
+    field: str
+    message: str
+
+
+def layout_problems(layout: LayoutConfig, *, world_size: int, num_layers: int | None = None,
+                    num_experts: int | None = None) -> list[LayoutProblem]:
+    """Every reason ``layout`` cannot run ``num_layers`` layers of ``num_experts`` experts on ``world_size`` GPUs.
+
+    The one layout check: the loop and the planner raise the first problem (``validate_layout``), a card lists them
+    all. A count left as None is not checked (a card of a model whose shape is unknown).
+    """
+    found: list[LayoutProblem] = []
+    product = layout.world_size
+    if product != world_size:
+        found.append(LayoutProblem("dp", f"tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} = {product} "
+                                         f"must equal the world size {world_size}"))
+    if num_experts is not None and num_experts % layout.ep:
+        found.append(LayoutProblem("ep", f"ep={layout.ep} must divide num_experts={num_experts}"))
+    dense_group = layout.tp * layout.cp * layout.dp
+    if dense_group % (layout.ep * layout.etp):
+        found.append(LayoutProblem("ep", f"ep·etp = {layout.ep}·{layout.etp} must divide tp·cp·dp = {dense_group} "
+                                         "(expert layers regroup the GPUs of one pipeline stage as etp x ep x edp)"))
+    if layout.sequence_parallel and layout.tp == 1:
+        found.append(LayoutProblem("sequence_parallel", "needs tp > 1"))
+    if layout.vpp > 1 and layout.pp == 1:
+        found.append(LayoutProblem("vpp", f"vpp={layout.vpp} needs pp > 1"))
+    if num_layers is not None:
+        try:
+            counts = stage_layer_counts(layout, num_layers)
+        except LayoutError as error:
+            found.append(error.problem)
+        else:
+            if layout.vpp > 1 and any(c % layout.vpp for c in counts):
+                found.append(LayoutProblem("vpp", f"every stage's layer count {counts} must be a multiple of "
+                                                  f"vpp={layout.vpp}"))
+    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > microbatch_token_capacity(layout):
+        found.append(LayoutProblem("rows_per_microbatch", f"{layout.rows_per_microbatch} rows cannot fit in "
+                                   f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens"))
+    return found
+
+
 def validate_layout(layout: LayoutConfig, *, world_size: int, num_layers: int, num_experts: int) -> list[int]:
     """Check that ``layout`` can run ``num_layers`` layers and ``num_experts`` experts on ``world_size`` GPUs.
 
     Returns the per-stage layer counts. Raises ValueError whose message starts with the offending field.
     """
-    product = layout.world_size
-    if product != world_size:
-        raise ValueError(f"dp: tp*pp*cp*dp = {layout.tp}*{layout.pp}*{layout.cp}*{layout.dp} = {product} "
-                         f"must equal the world size {world_size}")
-    if num_experts % layout.ep:
-        raise ValueError(f"ep: ep={layout.ep} must divide num_experts={num_experts}")
-    dense_group = layout.tp * layout.cp * layout.dp
-    if dense_group % (layout.ep * layout.etp):
-        raise ValueError(f"ep: ep*etp = {layout.ep}*{layout.etp} must divide tp*cp*dp = {dense_group} "
-                         "(expert layers regroup the GPUs of one pipeline stage as etp x ep x edp)")
-    if layout.sequence_parallel and layout.tp == 1:
-        raise ValueError("sequence_parallel: needs tp > 1")
-    if layout.vpp > 1 and layout.pp == 1:
-        raise ValueError(f"vpp: vpp={layout.vpp} needs pp > 1")
-    counts = stage_layer_counts(layout, num_layers)
-    if layout.vpp > 1 and any(c % layout.vpp for c in counts):
-        raise ValueError(f"vpp: every stage's layer count {counts} must be a multiple of vpp={layout.vpp}")
-    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > microbatch_token_capacity(layout):
-        raise ValueError(f"rows_per_microbatch: {layout.rows_per_microbatch} rows cannot fit in "
-                         f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens")
-    return counts
+    problems = layout_problems(layout, world_size=world_size, num_layers=num_layers, num_experts=num_experts)
+    if problems:
+        raise LayoutError(problems[0])
+    return stage_layer_counts(layout, num_layers)
 
 
 def divisors(n: int) -> list[int]:

@@ -19,14 +19,13 @@ Attention must never cross a ``cu_seqlens`` boundary.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from openrecipes.data.manifest import MANIFEST_FILE, ROWS_FILE
+from openrecipes.data.manifest import MANIFEST_FILE, ROWS_FILE, read_manifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +55,8 @@ def load_rows(path: str | Path) -> RowsDataset:
     path = Path(path)
     expected_T = None
     if path.is_dir():
-        manifest_path = path / MANIFEST_FILE
-        if manifest_path.is_file():
-            expected_T = int(json.loads(manifest_path.read_text())["row_tokens"])
+        if (path / MANIFEST_FILE).is_file():
+            expected_T = int(read_manifest(path)["row_tokens"])
         path = path / ROWS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")

@@ -272,3 +272,19 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
         "counts": counts,
         "invalid_examples": examples,
     }
+
+
+def build_recipe_rows(spec: Any, out: Path) -> Path:
+    """Build a recipe's ``data.build`` rows into ``out`` unless a finished build is already there.
+
+    Called once, before the training processes start, so the loop only ever reads rows.
+    """
+    from openrecipes.data import bundled
+
+    if not (out / MANIFEST_FILE).is_file():
+        build(BuildConfig(
+            input=bundled.resolve(spec.input, bundled.CONVERSATIONS),
+            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER),
+            loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
+            template_kwargs=dict(spec.template_kwargs), chat_template=spec.chat_template, out=out, progress=False))
+    return out

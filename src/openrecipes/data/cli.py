@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-ASSETS = Path(__file__).with_name("assets")
+from openrecipes.data import bundled
+
 
 
 def register(subparsers: Any) -> None:
@@ -19,10 +20,10 @@ def register(subparsers: Any) -> None:
         description="Render conversations with a chat template, mask all but the assistant turns, "
                     "pack them into rows of exactly --row-tokens tokens, and write rows.parquet and "
                     "manifest.json into --out (atomically).")
-    build.add_argument("input", nargs="?", default=str(ASSETS / "conversations.jsonl"),
+    build.add_argument("input", nargs="?", default=str(bundled.CONVERSATIONS),
                        help="JSON Lines or Parquet file with a 'messages' column, or a local Hugging Face "
                             "dataset directory (default: the bundled synthetic conversations)")
-    build.add_argument("--tokenizer", default=str(ASSETS / "tokenizer"),
+    build.add_argument("--tokenizer", default=str(bundled.TOKENIZER),
                        help="Hugging Face tokenizer directory (default: the bundled 1,024-token tokenizer)")
     build.add_argument("--loss-mask", required=True, choices=["qwen3", "muse_spark"])
     build.add_argument("--row-tokens", type=int, required=True, help="tokens per row")

@@ -118,8 +118,26 @@ def rows_sha256_of(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any]:
+def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tokens",),
+                  check_parquet: bool = False) -> dict[str, Any]:
+    """The manifest of a built rows directory: the only reader of it. ``require`` names keys that must be present;
+    ``check_parquet`` also checks that the parquet file is the one the manifest describes (its sha256)."""
+    from openrecipes.utils import sha256_file
+
     path = Path(directory) / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (not a built rows directory)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key in require:
+        if manifest.get(key) is None:
+            raise ValueError(f"{path}: missing field '{key}'")
+    if check_parquet:
+        parquet = Path(directory) / manifest.get("parquet_file", ROWS_FILE)
+        if not parquet.is_file() or sha256_file(parquet) != manifest.get("parquet_sha256"):
+            raise ValueError(f"{path}: parquet_sha256 does not match {parquet}; the rows changed after the build")
+    return manifest

@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-ASSETS = Path(__file__).with_name("assets")
-BUILTIN_TEMPLATES = {"qwen3": ASSETS / "templates" / "qwen3.jinja",
-                     "muse_spark": ASSETS / "templates" / "muse_spark.jinja"}
+from openrecipes.data import bundled
+
+BUILTIN_TEMPLATES = bundled.TEMPLATES
 
 
 @dataclass(frozen=True, kw_only=True)

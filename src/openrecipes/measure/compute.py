@@ -10,13 +10,14 @@ from typing import Any
 
 from openrecipes.measure import metrics as m
 from openrecipes.measure.hardware import HardwareTable, load_hardware
-from openrecipes.measure.rundir import (
+from openrecipes.config.rundir import (
     METRICS_FILE,
     RUN_FILE,
+    RunInfo,
+    RunModelInfo,
     StepRecord,
-    get_path,
     read_metrics,
-    read_run_json,
+    read_run_info,
     require_number,
 )
 
@@ -92,14 +93,9 @@ def resolve_price(
     )
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: expected a positive integer, got {value!r}")
-    return value
-
 
 def compute_metrics(
-    run: dict[str, Any],
+    run: RunInfo,
     records: list[StepRecord],
     *,
     window: tuple[int, int] = DEFAULT_WINDOW,
@@ -127,8 +123,8 @@ def compute_metrics(
         )
     window_records = [by_step[step] for step in wanted]
 
-    gpus = _positive_int(get_path(run, "gpu.count", run_origin), f"{run_origin}: gpu.count")
-    gpu_name = gpu_type or str(get_path(run, "gpu.type", run_origin))
+    gpus = run.gpu.count
+    gpu_name = gpu_type or run.gpu.type
     notes: list[str] = []
 
     step_times = []
@@ -150,8 +146,8 @@ def compute_metrics(
     mean, std, cv = m.step_time_stats(step_times)
 
     # rows are fixed-size, so a token count off rows x row tokens means a broken writer
-    batch, row_tokens = run.get("global_batch"), run.get("row_tokens")
-    if isinstance(batch, int) and isinstance(row_tokens, int):
+    batch, row_tokens = run.global_batch, run.row_tokens
+    if batch is not None and row_tokens is not None:
         expected = m.window_tokens(len(window_records), batch, row_tokens)
         if expected != tokens:
             notes.append(
@@ -172,10 +168,9 @@ def compute_metrics(
         notes=notes,
     )
 
-    model = run.get("model") if isinstance(run.get("model"), dict) else {}
-    active = model.get("active_params")
-    if active is not None:
-        result.active_params = _positive_int(active, f"{run_origin}: model.active_params")
+    model = run.model
+    if model.active_params is not None:
+        result.active_params = model.active_params
     else:
         notes.append(f"{run_origin} has no model.active_params: MFU and model TFLOP/s left out")
 
@@ -207,8 +202,8 @@ def compute_metrics(
     result.steps_recorded = len(records)
     result.total_step_time_s = math.fsum(all_times)
     result.gpu_hours = m.gpu_hours(gpus, result.total_step_time_s)
-    planned = run.get("steps")
-    if isinstance(planned, int) and planned != len(records):
+    planned = run.steps
+    if planned is not None and planned != len(records):
         notes.append(f"run.json plans {planned} steps but metrics record {len(records)}: GPU-hours cover those recorded")
 
     memory = [require_number(r, "peak_memory_gib", metrics_origin, allow_null=True) for r in records]
@@ -222,20 +217,18 @@ def _model_tflops(
     tokens: int,
     window_time: float,
     gpus: int,
-    model: dict[str, Any],
+    model: RunModelInfo,
     window_records: list[StepRecord],
     notes: list[str],
     *,
     run_origin: str,
     metrics_origin: str,
 ) -> float | None:
-    dims = {key: model.get(key) for key in ("num_layers", "num_attention_heads", "head_dim")}
+    dims = {key: getattr(model, key) for key in ("num_layers", "num_attention_heads", "head_dim")}
     absent = [key for key, value in dims.items() if value is None]
     if absent:
         notes.append(f"{run_origin} lacks model.{', model.'.join(absent)}: model TFLOP/s left out")
         return None
-    for key, value in dims.items():
-        _positive_int(value, f"{run_origin}: model.{key}")
     sum_sq = 0.0
     for record in window_records:
         value = require_number(record, "sum_doc_len_sq", metrics_origin, allow_null=True)
@@ -264,11 +257,11 @@ def measure_run_dir(
 ) -> Measurement:
     """Read ``run_dir`` and compute its metrics; prices and peaks come from the hardware table."""
     run_dir = Path(run_dir)
-    run = read_run_json(run_dir)
+    run = read_run_info(run_dir)
     metrics_path = run_dir / METRICS_FILE
     records = read_metrics(metrics_path)
     hardware = load_hardware(hardware_files)
-    gpu_name = gpu_type or str(get_path(run, "gpu.type", run_dir / RUN_FILE))
+    gpu_name = gpu_type or run.gpu.type
     price = resolve_price(hardware, gpu_name, usd_per_gpu_hour=usd_per_gpu_hour, instance=instance)
     return compute_metrics(
         run, records, window=window, gpu_type=gpu_type, hardware=hardware, price=price,

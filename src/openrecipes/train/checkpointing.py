@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from openrecipes.config.rundir import CHECKPOINTS_DIR
 from openrecipes.utils import atomic_write_text
 
 LATEST = "latest"
@@ -49,7 +50,7 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dic
 
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *,
                     keep: int) -> Path:
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS_DIR
     final = root / f"step-{step:06d}"
     staging = root / f".step-{step:06d}.partial"
     if _is_main():
@@ -72,7 +73,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / LATEST
+    pointer = Path(run_dir) / CHECKPOINTS_DIR / LATEST
     if not pointer.is_file():
         return None
     path = pointer.parent / pointer.read_text().strip()

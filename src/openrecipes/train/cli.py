@@ -26,10 +26,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
+def _load(args: argparse.Namespace):
     from pathlib import Path
 
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.config.rundir import RECIPE_FILE
+
+    if args.resume:
+        if args.recipe:
+            raise ValueError("give either RECIPE or --resume RUN_DIR, not both")
+        recipe_path = Path(args.resume) / RECIPE_FILE
+        if not recipe_path.is_file():
+            raise FileNotFoundError(f"{recipe_path} is missing: {args.resume} is not a run directory")
+        recipe = load_recipe(recipe_path, args.overrides)
+        if Path(recipe.run_dir).resolve() != Path(args.resume).resolve():
+            recipe = recipe.model_copy(update={"run_dir": str(args.resume)})
+        return recipe
+    if args.recipe:
+        return load_recipe(args.recipe, args.overrides)
+    raise ValueError("give a RECIPE file or --resume RUN_DIR")
+
+
+def _build_rows(args: argparse.Namespace) -> None:
+    from openrecipes.config.rundir import rows_directory
+    from openrecipes.data.build import build_recipe_rows
+
+    recipe = _load(args)
+    if recipe.data.build is not None:
+        build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    if "WORLD_SIZE" not in os.environ and args.node_rank == 0:
+        _build_rows(args)  # once, before any training process starts
     if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
         from openrecipes.train.launch import run_torchrun
 
@@ -40,23 +71,10 @@ def run(args: argparse.Namespace) -> int:
                             rdzv_endpoint=args.rdzv_endpoint)
 
     from openrecipes.train.loop import TrainingStopped, train
-    from openrecipes.config.recipe import load_recipe
 
     if args.stop_after is not None and args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0, got {args.stop_after}")
-    if args.resume:
-        if args.recipe:
-            raise ValueError("give either RECIPE or --resume RUN_DIR, not both")
-        recipe_path = Path(args.resume) / "recipe.yaml"
-        if not recipe_path.is_file():
-            raise FileNotFoundError(f"{recipe_path} is missing: {args.resume} is not a run directory")
-        recipe = load_recipe(recipe_path, args.overrides)
-        if Path(recipe.run_dir).resolve() != Path(args.resume).resolve():
-            recipe = recipe.model_copy(update={"run_dir": str(args.resume)})
-    elif args.recipe:
-        recipe = load_recipe(args.recipe, args.overrides)
-    else:
-        raise ValueError("give a RECIPE file or --resume RUN_DIR")
+    recipe = _load(args)
     command = os.environ.get("OPENRECIPES_LAUNCH_COMMAND") or (
         "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
     try:

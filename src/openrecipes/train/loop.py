@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import platform
@@ -20,8 +19,11 @@ from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from openrecipes.train.metrics import METRICS_FILE, MetricsStream, truncate_after
+from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.config.recipe import Recipe, dump_recipe
+from openrecipes.config.rundir import (METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo, RunModelInfo,
+                                       rows_directory, write_run_info)
+from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
 KNOWN_GPUS = ("GB200", "B200", "H200", "H100", "A100")
@@ -50,42 +52,28 @@ def gpu_type(device: torch.device) -> str:
     return next((known for known in KNOWN_GPUS if re.search(known, name)), name)
 
 
-def prepare_rows(recipe: Recipe, run_dir: Path) -> Path:
-    """The rows directory the run reads; built into RUN_DIR/rows (once, by rank 0) when the recipe says so."""
-    if recipe.data.rows is not None:
-        return Path(recipe.data.rows)
-    out = run_dir / "rows"
-    rank, _ = _rank_and_world()
-    if rank == 0 and not (out / "manifest.json").is_file():
-        from openrecipes.data.build import BuildConfig, build
-        from openrecipes.data.cli import ASSETS
-
-        spec = recipe.data.build
-        build(BuildConfig(
-            input=Path(ASSETS / "conversations.jsonl" if spec.input == "bundled" else spec.input),
-            tokenizer=Path(ASSETS / "tokenizer" if spec.tokenizer == "bundled" else spec.tokenizer),
-            loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
-            template_kwargs=dict(spec.template_kwargs), chat_template=spec.chat_template, out=out, progress=False))
-    if dist.is_initialized():
-        dist.barrier()
-    return out
+def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:
+    rows = rows_directory(recipe.data.rows, run_dir)
+    if not (rows / MANIFEST_FILE).is_file():
+        raise FileNotFoundError(f"{rows / MANIFEST_FILE} not found: build the rows first (`openrecipes train` builds "
+                                "data.build's rows before it starts the workers; see openrecipes.data.build_recipe_rows)")
+    return rows
 
 
-def _run_info(recipe: Recipe, config, device: torch.device, command: str, world: int) -> dict:
-    return {
-        "command": command,
-        "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "model": {"name": recipe.model, "active_params": config.active_params(),
-                  "total_params": config.total_params(), "num_layers": config.num_hidden_layers,
-                  "hidden_size": config.hidden_size, "num_attention_heads": config.num_attention_heads,
-                  "head_dim": config.head_dim},
-        "gpu": {"type": gpu_type(device), "count": world},
-        "world_size": world,
-        "global_batch": recipe.global_batch,
-        "steps": recipe.steps,
-        "versions": {"openrecipes": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                     "cuda": torch.version.cuda},
-    }
+def _run_info(recipe: Recipe, config, device: torch.device, command: str, world: int, row_tokens: int,
+              rows_per_microbatch: int) -> RunInfo:
+    return RunInfo(
+        command=command,
+        started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        model=RunModelInfo(name=recipe.model, active_params=config.active_params(),
+                           total_params=config.total_params(), num_layers=config.num_hidden_layers,
+                           hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                           head_dim=config.head_dim),
+        gpu=RunGpuInfo(type=gpu_type(device), count=world),
+        world_size=world, global_batch=recipe.global_batch, row_tokens=row_tokens,
+        rows_per_microbatch=rows_per_microbatch, steps=recipe.steps,
+        versions={"openrecipes": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                  "cuda": torch.version.cuda})
 
 
 def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
@@ -109,7 +97,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
 
-    dataset = load_rows(prepare_rows(recipe, run_dir))
+    dataset = load_rows(_rows_to_train_on(recipe, run_dir))
     row_tokens = dataset.row_tokens
     rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
@@ -145,9 +133,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         if rank == 0:
             truncate_after(run_dir, start - 1)
     elif rank == 0:
-        atomic_write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
-        atomic_write_text(run_dir / "run.json",
-                          json.dumps(_run_info(recipe, config, device, command, world), indent=2) + "\n")
+        atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
+        write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
 
     metrics = MetricsStream(run_dir, total_steps=recipe.steps, progress=recipe.logging.progress,
                             tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
@@ -211,7 +198,7 @@ def _profiled(run_dir: Path, fn):
     if _rank_and_world()[0] == 0:
         sort = os.environ.get("OPENRECIPES_PROFILE_SORT") or (
             "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
-        atomic_write_text(run_dir / "profile.txt", prof.key_averages().table(sort_by=sort, row_limit=40))
+        atomic_write_text(run_dir / PROFILE_FILE, prof.key_averages().table(sort_by=sort, row_limit=40))
     return record
 
 

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openrecipes.config.rundir import METRICS_FILE
 from openrecipes.utils import atomic_write_text
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def _jsonable(value: Any) -> Any:

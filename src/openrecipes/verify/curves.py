@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrecipes.measure.rundir import METRICS_FILE, read_metrics
+from openrecipes.config.rundir import METRICS_FILE, read_metrics
 from openrecipes.utils import iter_json_lines
 
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from openrecipes.config.rundir import RECIPE_FILE
+
 Kind = Literal["numerics", "performance"]
 NUMERICS: Kind = "numerics"
 PERFORMANCE: Kind = "performance"
@@ -175,10 +177,11 @@ def _rows_identity(value: Any) -> Any:
     """A rows directory stands for its content: two copies of the same rows are the same data."""
     if not isinstance(value, str):
         return value
-    manifest = Path(value) / "manifest.json"
+    from openrecipes.data.manifest import read_manifest
+
     try:
-        digest = json.loads(manifest.read_text()).get("rows_sha256")
-    except (OSError, ValueError, AttributeError):
+        digest = read_manifest(value, require=()).get("rows_sha256")
+    except (OSError, ValueError):
         return value
     return f"rows_sha256:{digest}" if isinstance(digest, str) else value
 
@@ -219,7 +222,7 @@ def recipe_path(path: str | Path) -> Path:
     """A recipe file, or a run directory standing for its ``recipe.yaml``."""
     path = Path(path)
     if path.is_dir():
-        path = path / "recipe.yaml"
+        path = path / RECIPE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such recipe file")
     return path

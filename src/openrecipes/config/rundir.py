@@ -1,0 +1,139 @@
+"""The run directory (docs/run-dir.md): its file names, the typed ``run.json`` record and the ``metrics.jsonl`` reader.
+
+``train`` writes what is named here; ``measure``, ``card new`` and ``verify`` read it through these functions.
+Errors name the file and, for metrics, the line, so a broken run is easy to find.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openrecipes.utils import atomic_write_text, iter_json_lines, read_json
+
+RECIPE_FILE = "recipe.yaml"       # the resolved recipe the run trains
+RUN_FILE = "run.json"             # RunInfo: what ran, where, with which versions
+METRICS_FILE = "metrics.jsonl"    # one JSON line per step
+CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` pointer
+ROWS_DIR = "rows"                 # rows built at the start of the run (data.build)
+PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
+
+
+def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
+    """The rows a run trains on: the recipe's ``data.rows``, or those built into the run directory."""
+    return Path(data_rows) if data_rows is not None else Path(run_dir) / ROWS_DIR
+
+
+class RunModelInfo(BaseModel):
+    """The model's shape as measure needs it (MFU and attention FLOPs)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # JSON numbers as written: no "8" or true for 8
+    name: str | None = None
+    active_params: int | None = Field(None, ge=1)
+    total_params: int | None = Field(None, ge=1)
+    num_layers: int | None = Field(None, ge=1)
+    hidden_size: int | None = Field(None, ge=1)
+    num_attention_heads: int | None = Field(None, ge=1)
+    head_dim: int | None = Field(None, ge=1)
+
+
+class RunGpuInfo(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # JSON numbers as written: no "8" or true for 8
+    type: str
+    count: int = Field(..., ge=1)
+
+
+class RunInfo(BaseModel):
+    """``run.json``. Fields a reader cannot do without are required; the rest are optional so that run
+    directories written by other tools (or older versions) still measure."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # JSON numbers as written: no "8" or true for 8
+    command: str | None = None
+    started: str | None = None               # ISO-8601 UTC
+    model: RunModelInfo = Field(default_factory=RunModelInfo)
+    gpu: RunGpuInfo
+    world_size: int | None = Field(None, ge=1)
+    global_batch: int | None = Field(None, ge=1)
+    row_tokens: int | None = Field(None, ge=1)
+    rows_per_microbatch: int | None = Field(None, ge=1)  # what the loop ran (layout x row length)
+    steps: int | None = Field(None, ge=1)
+    versions: dict[str, str | None] = Field(default_factory=dict)
+
+    def require(self, dotted: str, origin: str | os.PathLike) -> Any:
+        """The value at ``a.b``, or a ValueError naming the file and the field when it is absent."""
+        node: Any = self
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                raise ValueError(f"{origin}: missing field '{dotted}'")
+        return node
+
+
+def write_run_info(run_dir: str | os.PathLike, info: RunInfo) -> None:
+    atomic_write_text(Path(run_dir) / RUN_FILE, info.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One line of metrics.jsonl: the step number, the line it came from, and all its fields."""
+
+    step: int
+    line: int
+    fields: dict[str, Any]
+
+
+def read_run_info(run_dir: str | os.PathLike) -> RunInfo:
+    path = Path(run_dir) / RUN_FILE
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} not found")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory?)")
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    try:
+        return RunInfo.model_validate(data)
+    except ValidationError as error:
+        item = error.errors()[0]
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        raise ValueError(f"{path}: {where}: {item['msg']}") from None
+
+
+def read_metrics(path: str | os.PathLike) -> list[StepRecord]:
+    """Every record of a metrics.jsonl file, in file order; duplicate steps are an error.
+
+    Python's json accepts the NaN / Infinity literals that ``json.dumps`` writes for
+    non-finite floats, so a diverged step is read, not rejected; checks decide what it means.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    records: list[StepRecord] = []
+    seen: dict[int, int] = {}
+    for line_no, data in iter_json_lines(path):
+        step = data.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{path}:{line_no}: 'step' must be a non-negative integer, got {step!r}")
+        if step in seen:
+            raise ValueError(f"{path}:{line_no}: step {step} repeats line {seen[step]}")
+        seen[step] = line_no
+        records.append(StepRecord(step=step, line=line_no, fields=data))
+    return records
+
+
+def require_number(record: StepRecord, key: str, path: str | os.PathLike, *, allow_null: bool = False) -> float | None:
+    """``record.fields[key]`` as a float, or a ValueError naming file, line and field."""
+    value = record.fields.get(key, None)
+    if value is None:
+        if allow_null:
+            return None
+        if key not in record.fields:
+            raise ValueError(f"{path}:{record.line}: step {record.step}: missing field '{key}'")
+        raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' is null")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' must be a number, got {value!r}")
+    return float(value)

@@ -21,9 +21,6 @@ import yaml
 from openrecipes.config.layout import rows_per_microbatch, stage_layer_counts
 from openrecipes.config.rundir import PROFILE_FILE, rows_directory
 
-# GPU memory as sold (GB) for the GPUs whose size is unambiguous; others need --gpu-memory-gb
-GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0}
-
 
 @dataclass(frozen=True, kw_only=True)
 class NewCardOptions:
@@ -287,13 +284,14 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     except ValueError:
         raise ValueError(f"{run_origin}: 'started' is not an ISO date-time: {started!r}") from None
 
-    from openrecipes.measure import load_hardware
+    from openrecipes.config.hardware import load_hardware
 
     try:  # the table's spelling (H200, not h200) when the type is known
-        gpu_type = load_hardware().gpu(measured.gpu_type).name
+        spec = load_hardware().gpu(measured.gpu_type)
+        gpu_type, memory_as_sold = spec.name, spec.memory_gb
     except ValueError:
-        gpu_type = measured.gpu_type
-    memory = options.gpu_memory_gb or GPU_MEMORY_GB.get(gpu_type.upper())
+        gpu_type, memory_as_sold = measured.gpu_type, None
+    memory = options.gpu_memory_gb or memory_as_sold
     if memory is None:
         raise ValueError(f"--gpu-memory-gb: the memory of one {gpu_type!r} device is not known; give it")
     per_node = options.gpus_per_node

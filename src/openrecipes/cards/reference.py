@@ -17,7 +17,7 @@ _MODEL_ALIASES = {"muse-spark-open": "muse-spark-open-816b-a42b"}
 
 @lru_cache(maxsize=1)
 def _hardware():
-    from openrecipes.measure.hardware import load_hardware
+    from openrecipes.config.hardware import load_hardware
 
     return load_hardware()
 

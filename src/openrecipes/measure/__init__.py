@@ -5,7 +5,7 @@ putting the numbers together in :mod:`openrecipes.measure.compute`.
 """
 
 from openrecipes.measure.compute import Measurement, compute_metrics, measure_run_dir, resolve_price
-from openrecipes.measure.hardware import HardwareTable, load_hardware
+from openrecipes.config.hardware import HardwareTable, load_hardware
 from openrecipes.measure.metrics import (
     attention_flops,
     gpu_hours,

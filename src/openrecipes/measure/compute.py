@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.measure import metrics as m
-from openrecipes.measure.hardware import HardwareTable, load_hardware
+from openrecipes.config.hardware import HardwareTable, load_hardware
 from openrecipes.config.rundir import (
     METRICS_FILE,
     RUN_FILE,

@@ -1,25 +1,18 @@
-"""GPU, link and efficiency data for the planner, read from ``hardware.yaml`` (or a file given)."""
+"""The planner's view of the hardware: a GPU of the hardware table (``openrecipes.config.hardware``) with the
+efficiency and overhead data of ``planner.yaml`` (or a file given)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_HARDWARE = Path(__file__).with_name("hardware.yaml")
+from openrecipes.config.hardware import LINK_AND_MEMORY_FIELDS, GpuSpec, load_hardware as load_hardware_table
+from openrecipes.config.hardware import parse_hardware
 
-
-@dataclass(kw_only=True, frozen=True)
-class GpuSpec:
-    name: str
-    memory_gib: float
-    peak_bf16_tflops: float
-    hbm_tb_s: float
-    nvlink_gb_s: float
-    nvlink_domain: int
-    network_gb_s: float
-    pcie_gb_s: float
+DEFAULT_PLANNER_FILE = Path(__file__).with_name("planner.yaml")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -76,25 +69,35 @@ def _build(cls: type, values: dict[str, Any], where: str, **extra: Any) -> Any:
     return cls(**values, **extra)
 
 
-def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: float | None = None) -> Hardware:
-    """The record for ``gpu_type`` (case-insensitive); ``memory_gib`` overrides its memory."""
-    import yaml
-
-    source = Path(path) if path else DEFAULT_HARDWARE
-    if not source.exists():
-        raise FileNotFoundError(f"hardware file {source} not found")
-    raw = yaml.safe_load(source.read_text()) or {}
-    gpus = _section(raw, "gpus", str(source))
-    by_upper = {name.upper(): name for name in gpus}
-    if gpu_type.upper() not in by_upper:
-        raise ValueError(f"--gpus: unknown GPU type {gpu_type!r}; {source.name} knows {', '.join(gpus)}")
-    name = by_upper[gpu_type.upper()]
-    gpu_values = dict(gpus[name])
+def _planner_gpu(gpu_type: str, extra_gpus: dict[str, Any] | None, source: str, memory_gib: float | None) -> GpuSpec:
+    table = load_hardware_table()
+    if extra_gpus:
+        table = dataclasses.replace(table, gpus={**table.gpus, **parse_hardware({"gpus": extra_gpus}, source).gpus})
+    try:
+        gpu = table.gpu(gpu_type)
+    except ValueError as error:
+        raise ValueError(f"--gpus: {error}") from None
     if memory_gib is not None:
         if memory_gib <= 0:
             raise ValueError(f"--gpu-memory-gib: must be positive, got {memory_gib}")
-        gpu_values["memory_gib"] = memory_gib
-    gpu = _build(GpuSpec, gpu_values, f"{source.name}: gpus.{name}", name=name)
+        gpu = dataclasses.replace(gpu, memory_gib=memory_gib)
+    missing = [key for key in LINK_AND_MEMORY_FIELDS if getattr(gpu, key) is None]
+    if missing:
+        raise ValueError(f"--gpus: the hardware table has no {', '.join(missing)} for {gpu.name}, which the planner "
+                         f"needs (add them with --hardware FILE under gpus.{gpu.name})")
+    return gpu
+
+
+def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: float | None = None) -> Hardware:
+    """The planner's record for ``gpu_type`` (case-insensitive); ``memory_gib`` overrides its memory. ``path`` is a
+    planner file (efficiency, memory, cpu_optimizer, openrecipes_engine) that may also add or replace ``gpus``."""
+    import yaml
+
+    source = Path(path) if path else DEFAULT_PLANNER_FILE
+    if not source.exists():
+        raise FileNotFoundError(f"hardware file {source} not found")
+    raw = yaml.safe_load(source.read_text()) or {}
+    gpu = _planner_gpu(gpu_type, raw.get("gpus"), str(source), memory_gib)
     cpu = _section(raw, "cpu_optimizer", str(source))
     rate = cpu.get("elements_per_s_per_rank")
     if not isinstance(rate, (int, float)) or rate <= 0:

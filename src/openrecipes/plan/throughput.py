@@ -50,7 +50,7 @@ def _link_time(nbytes: float, span: int, hw: Hardware) -> float:
 
 def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
                         hw: Hardware) -> Throughput:
-    peak = hw.gpu.peak_bf16_tflops * 1e12
+    peak = hw.gpu.peak_bf16_dense_flops
     eff = hw.efficiency
     imbalance = hw.memory.moe_token_imbalance
     T = layout.max_tokens_per_gpu

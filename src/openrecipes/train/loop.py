@@ -6,7 +6,6 @@ import gc
 import math
 import os
 import platform
-import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,8 +24,6 @@ from openrecipes.config.rundir import (METRICS_FILE, PROFILE_FILE, RECIPE_FILE, 
                                        rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
-
-KNOWN_GPUS = ("GB200", "B200", "H200", "H100", "A100")
 
 
 class TrainingStopped(ValueError):
@@ -48,8 +45,9 @@ def _all_reduce(value: torch.Tensor, op=None) -> torch.Tensor:
 def gpu_type(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
-    name = torch.cuda.get_device_name(device)
-    return next((known for known in KNOWN_GPUS if re.search(known, name)), name)
+    from openrecipes.config.hardware import known_gpu_name
+
+    return known_gpu_name(torch.cuda.get_device_name(device))
 
 
 def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:

@@ -1,8 +1,8 @@
-"""The hardware table: peak FLOP/s per GPU type and price per instance.
+"""The hardware table, the one home of GPU facts: peak FLOP/s, memory, links per GPU type, price per instance.
 
-The defaults ship as ``hardware.yaml`` beside this module; a user file given with
-``--hardware`` is merged over them entry by entry (an entry of the same name replaces
-the default one whole, new names are added).
+``openrecipes measure``, ``plan``, ``card new``, the card checks and the loop (GPU names) all read it. The defaults
+ship as ``hardware.yaml`` beside this module; a user file given with ``--hardware`` is merged over them entry by
+entry (an entry of the same name replaces the default one whole, new names are added).
 """
 
 from __future__ import annotations
@@ -18,10 +18,21 @@ import yaml
 DEFAULT_HARDWARE_FILE = Path(__file__).with_name("hardware.yaml")
 
 
+# what the planner needs beyond the peak; a GPU without them can be measured but not planned
+LINK_AND_MEMORY_FIELDS = ("memory_gib", "hbm_tb_s", "nvlink_gb_s", "nvlink_domain", "network_gb_s", "pcie_gb_s")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GpuSpec:
     name: str
     peak_bf16_dense_flops: float
+    memory_gb: float | None = None       # as sold ("141 GB"): what a card states
+    memory_gib: float | None = None      # as the device reports it (nvidia-smi MiB / 1024): what the planner fills
+    hbm_tb_s: float | None = None
+    nvlink_gb_s: float | None = None     # per GPU and direction
+    nvlink_domain: int | None = None     # GPUs one NVLink domain joins
+    network_gb_s: float | None = None    # scale-out per GPU and direction
+    pcie_gb_s: float | None = None       # host link per direction
     default_instance: str | None = None
     source: str | None = None
 
@@ -86,16 +97,19 @@ def _optional_str(value: Any, where: str) -> str | None:
 def _parse_gpu(name: str, body: Any, where: str) -> GpuSpec:
     if not isinstance(body, dict):
         raise ValueError(f"{where}: expected a mapping")
-    unknown = set(body) - {"peak_bf16_dense_flops", "default_instance", "source"}
+    numbers = ("peak_bf16_dense_flops", "memory_gb", *LINK_AND_MEMORY_FIELDS)
+    unknown = set(body) - {*numbers, "default_instance", "source"}
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     if "peak_bf16_dense_flops" not in body:
         raise ValueError(f"{where}.peak_bf16_dense_flops: missing")
+    values: dict[str, Any] = {key: _positive_number(body[key], f"{where}.{key}") for key in numbers if key in body}
+    if "nvlink_domain" in values:
+        if values["nvlink_domain"] != int(values["nvlink_domain"]):
+            raise ValueError(f"{where}.nvlink_domain: expected a whole number of GPUs, got {body['nvlink_domain']!r}")
+        values["nvlink_domain"] = int(values["nvlink_domain"])
     return GpuSpec(
-        name=name,
-        peak_bf16_dense_flops=_positive_number(
-            body["peak_bf16_dense_flops"], f"{where}.peak_bf16_dense_flops"
-        ),
+        name=name, **values,
         default_instance=_optional_str(body.get("default_instance"), f"{where}.default_instance"),
         source=_optional_str(body.get("source"), f"{where}.source"),
     )
@@ -175,3 +189,11 @@ def load_hardware(extra_files: list[str | os.PathLike] | None = None) -> Hardwar
                 f"gpus.{gpu.name}.default_instance names unknown instance {gpu.default_instance!r}"
             )
     return table
+
+
+def known_gpu_name(device_name: str) -> str:
+    """The table's name for a device name such as 'NVIDIA H200' (longest match first: GB200 before B200), else the
+    device name itself."""
+    names = sorted(read_hardware_file(DEFAULT_HARDWARE_FILE).gpus, key=len, reverse=True)
+    upper = device_name.upper()
+    return next((name for name in names if name.upper() in upper), device_name)

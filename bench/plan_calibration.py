@@ -1,6 +1,6 @@
 """Fit the planner's `openrecipes_engine` numbers to our measured runs and compare every run with the prediction.
 
-Reads the `bench/engine_speed.py` results under bench/results (H200), fits each number of hardware.yaml's
+Reads the `bench/engine_speed.py` results under bench/results (H200), fits each number of planner.yaml's
 `openrecipes_engine` block from its run (`openrecipes.plan.calibration.FITTED_ON`), and writes the comparison of
 every run (fitted or held out; throughput and training peak memory) as JSON and as a Markdown table.
 

@@ -1,4 +1,4 @@
-"""The planner's engine model against our measured H200 runs (bench/results) and hardware.yaml's fitted numbers."""
+"""The planner's engine model against our measured H200 runs (bench/results) and planner.yaml's fitted numbers."""
 
 from dataclasses import asdict
 from pathlib import Path

@@ -2,7 +2,7 @@
 
 Each result of `bench/engine_speed.py` records its variant's settings (GPUs, dp/ep/tp/cp, optimizer, offload,
 layers, rows per microbatch) and what was measured (tokens/s/GPU, peak allocated memory). `measured_runs` reads
-them, `fit_engine_calibration` fits the three numbers of hardware.yaml's ``openrecipes_engine`` block, each from
+them, `fit_engine_calibration` fits the three numbers of planner.yaml's ``openrecipes_engine`` block, each from
 one run named in ``FITTED_ON``, and `compare` evaluates every run with ``--engine openrecipes``: the runs not
 named there are held out. `bench/plan_calibration.py` prints and saves the table.
 """

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
                    help="whose memory and speed to predict: Megatron-LM's (as in the seed cards; default) or this "
                         "engine's (FSDP2 sharding; speed calibrated on our H200 runs; a search ranks only the "
                         "layouts it can run)")
-    p.add_argument("--hardware", help="hardware YAML (default: the packaged hardware.yaml)")
+    p.add_argument("--hardware", help="planner YAML: efficiencies and overheads, optionally extra gpus entries (default: the packaged plan/planner.yaml)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)

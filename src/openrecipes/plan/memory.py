@@ -12,7 +12,7 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
 - activations: ``layer_activation_bytes`` per layer and microbatch; 1F1B keeps ``pp - i`` microbatches in
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
   fp32 copy the loss uses; pipeline send/receive buffers.
-- constants and factors from hardware.yaml: fixed workspaces, communication buffers, allocator overhead.
+- constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step time, tokens/s/GPU and MFU of a layout (an estimate; efficiencies are data in hardware.yaml).
+"""Step time, tokens/s/GPU and MFU of a layout (an estimate; efficiencies are data in planner.yaml).
 
 Per microbatch and stage: matmul FLOPs (2 per multiply-add; forward + backward = 3 forwards, full
 recompute adds one forward, selective adds the attention core again) at the dense or grouped-expert

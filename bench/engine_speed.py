@@ -93,7 +93,8 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
     return out
 
 
-def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str) -> dict:
+def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
+                memory_trace: bool = False) -> dict:
     tiny = device_type == "cpu"
     row_tokens = 256 if tiny else 8192
     vocab = 1024 if tiny else 151936
@@ -115,7 +116,8 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
                       "moment_dtype": "bf16" if spec.get("precision_aware", nproc == 1) else "fp32"},
         "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
-        "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"]},
+        "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
+                        "profile_step": steps - 1 if name in PROFILED else None},
     }
     run_dir = Path(tree["run_dir"])
     started = time.perf_counter()
@@ -155,6 +157,7 @@ def main() -> None:
     parser.add_argument("--variants", default="single_bal,single_nat,packed_bal,accum8_bal")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--memory-trace", action="store_true", help="record rank 0's memory per step phase")
     args = parser.parse_args()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
@@ -165,10 +168,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants.split(","):
             # the profiled step is the last one, outside the timing window (profiling slows the steps around it)
-            os.environ["OPENRECIPES_PROFILE_STEP"] = str(args.steps - 1) if name in PROFILED else "-1"
             try:
                 results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
-                                           workdir=Path(tmp), device_type=device_type))
+                                           workdir=Path(tmp), device_type=device_type,
+                                           memory_trace=args.memory_trace))
             except Exception as error:  # keep what the other variants measured
                 results.append({"variant": name, "error": repr(error)})
                 print(f"RESULT {name}: failed: {error!r}", flush=True)

@@ -163,7 +163,7 @@ def test_checkpoint_from_one_layout_resumes_under_another(tmp_path, reference):
 
 
 def test_a_failing_rank_ends_the_job(tmp_path):
-    result = train(tmp_path / "run", "layout.dp=2", nproc=2, env={"OPENRECIPES_FAIL_AT": "1:1"})
+    result = train(tmp_path / "run", "layout.dp=2", "debug.fail_at=[1, 1]", nproc=2)
     assert result.returncode != 0
     assert "injected failure on rank 1 at step 1" in result.stderr
     assert "a worker failed" in result.stderr

@@ -97,6 +97,10 @@ class Debug(BaseModel):
     model_config = _STRICT
     force_load_balance: bool = False   # route tokens round-robin over experts (benchmarks only)
     skip_nonfinite_steps: bool = False  # skip an update with a non-finite loss or grad norm instead of stopping
+    profile_step: int | None = Field(None, ge=0)  # run this step under torch.profiler; its table goes to profile.txt
+    profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
+    memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
+    fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
 
 
 class Recipe(BaseModel):

@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--nnodes", type=int, default=1, help="nodes in the job")
     launch.add_argument("--node-rank", type=int, default=0, help="this node's rank (0..nnodes-1)")
     launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="rendezvous of a multi-node job")
+    # the command the user typed, handed to the workers by the launcher (for run.json); not for users
+    parser.add_argument("--launch-command", help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_after is not None and args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0, got {args.stop_after}")
     recipe = _load(args)
-    command = os.environ.get("OPENRECIPES_LAUNCH_COMMAND") or (
+    command = args.launch_command or (
         "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
     try:
         run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)

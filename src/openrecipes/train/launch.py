@@ -6,7 +6,6 @@ that error, instead of waiting forever in a collective.
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -33,8 +32,8 @@ def torchrun_command(train_args: list[str], *, nproc: int, nnodes: int = 1, node
 def run_torchrun(train_args: list[str], **kwargs) -> int:
     command = torchrun_command(train_args, **kwargs)
     print("launching: " + shlex.join(command), file=sys.stderr, flush=True)
-    env = dict(os.environ, OPENRECIPES_LAUNCH_COMMAND="openrecipes " + shlex.join(sys.argv[1:]))
-    result = subprocess.run(command, env=env)
+    command.append("--launch-command=openrecipes " + shlex.join(sys.argv[1:]))
+    result = subprocess.run(command)
     if result.returncode:
         print(f"openrecipes train: a worker failed (exit status {result.returncode}); torchrun stopped the others",
               file=sys.stderr)

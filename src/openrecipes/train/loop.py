@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import platform
 import time
 from datetime import datetime, timezone
@@ -138,16 +137,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                             tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
                             wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
     last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
-    profile_step = int(os.environ.get("OPENRECIPES_PROFILE_STEP", "-1"))
-    fail_at = os.environ.get("OPENRECIPES_FAIL_AT")  # "RANK:STEP": fault injection for launcher tests
+    debug = recipe.debug
     build_peak = _build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     try:
         for step in range(start, last + 1):
-            if fail_at == f"{rank}:{step}":
-                raise RuntimeError(f"injected failure on rank {rank} at step {step} (OPENRECIPES_FAIL_AT)")
-            if step == profile_step:
-                record = _profiled(run_dir, lambda: train_step(model, optimizer, loader, recipe, step, device,
+            if debug.fail_at == (rank, step):
+                raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
+            if step == debug.profile_step:
+                record = _profiled(run_dir, debug.profile_sort, lambda: train_step(model, optimizer, loader, recipe, step, device,
                                                                parallel, schedule))
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, parallel, schedule)
@@ -186,7 +184,7 @@ def _sequence_slices(parallel) -> tuple:
     return cp_slice, tp_slice if cp_slice is None else (lambda t: tp_slice(cp_slice(t)))
 
 
-def _profiled(run_dir: Path, fn):
+def _profiled(run_dir: Path, sort: str | None, fn):
     """Run one step under torch.profiler; write the kernel table to RUN_DIR/profile.txt (rank 0)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -194,8 +192,7 @@ def _profiled(run_dir: Path, fn):
     with profile(activities=activities) as prof:
         record = fn()
     if _rank_and_world()[0] == 0:
-        sort = os.environ.get("OPENRECIPES_PROFILE_SORT") or (
-            "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
+        sort = sort or ("cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
         atomic_write_text(run_dir / PROFILE_FILE, prof.key_averages().table(sort_by=sort, row_limit=40))
     return record
 
@@ -205,7 +202,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    trace = _MemoryTrace(device)
+    trace = _MemoryTrace(device, recipe.debug.memory_trace)
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
@@ -282,11 +279,11 @@ def _build_peak_and_reset(device: torch.device) -> float | None:
 
 
 class _MemoryTrace:
-    """With OPENRECIPES_MEMORY_TRACE=1 on CUDA: this rank's memory at the start of the step and the peak of each
+    """With debug.memory_trace on CUDA: this rank's memory at the start of the step and the peak of each
     phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.enabled = device.type == "cuda" and os.environ.get("OPENRECIPES_MEMORY_TRACE") == "1"
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.enabled = device.type == "cuda" and enabled
         self.device, self.phases = device, {}
         if self.enabled:
             self.phases["start"] = round(torch.cuda.memory_allocated(device) / 2**30, 3)

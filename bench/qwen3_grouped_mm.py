@@ -21,10 +21,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from openrecipes.models.common.moe import set_expert_backend  # noqa: E402
+from openrecipes.models.common.moe import GroupedExperts  # noqa: E402
 from openrecipes.models.qwen3_moe import build_qwen3_moe  # noqa: E402
 from openrecipes.models.registry import get_config  # noqa: E402
 
+
+
+def set_expert_backend(model: torch.nn.Module, backend: str) -> None:
+    """Switch the expert kernel of a built model (the engine chooses it at build time, KernelOptions.experts)."""
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            module.backend = backend
 
 def forward_backward(model, input_ids):
     for param in model.parameters():
@@ -68,14 +75,14 @@ def main() -> None:
                               generator=torch.Generator().manual_seed(0)).to(device)
 
     model = build_qwen3_moe(config, device=device, dtype=torch.float32, seed=0)
-    set_expert_backend("loop")
+    set_expert_backend(model, "loop")
     ref_loss, ref_logits, ref_grads = forward_backward(model, input_ids)
     model = model.to(torch.bfloat16)
     torch.cuda.reset_peak_memory_stats()
 
     results: dict = {}
     for backend in ("grouped_mm", "loop"):
-        set_expert_backend(backend)
+        set_expert_backend(model, backend)
         loss, logits, grads = forward_backward(model, input_ids)
         worst = max(grads, key=lambda n: rel_l2(grads[n], ref_grads[n]))
         times = timed(model, input_ids, args.iters)

@@ -9,8 +9,9 @@ Heavy imports (torch, pyarrow) happen inside ``func``, so ``--help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+
+from openrecipes.utils import register_modules
 
 # verb -> module that registers it; order is the order shown in --help
 VERB_MODULES: dict[str, str] = {
@@ -36,8 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
-    for module_name in VERB_MODULES.values():
-        importlib.import_module(module_name).register(subparsers)
+    register_modules(subparsers, VERB_MODULES.values())
     return parser
 
 

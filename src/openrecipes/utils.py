@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -92,3 +92,12 @@ def atomic_output_dir(path: str | os.PathLike, *, overwrite: bool = False) -> It
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def register_modules(subparsers: Any, modules: Iterable[str]) -> None:
+    """Let each module add its (sub)command with its ``register(subparsers)``: the one registration step of
+    ``openrecipes`` and of its verb groups."""
+    import importlib
+
+    for module_name in modules:
+        importlib.import_module(module_name).register(subparsers)

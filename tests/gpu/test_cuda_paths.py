@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from openrecipes.models.common.attention import Documents, attention
-from openrecipes.models.common.moe import GroupedExperts, set_expert_backend
+from openrecipes.models.common.moe import GroupedExperts
 
 pytestmark = pytest.mark.gpu
 
@@ -16,13 +16,10 @@ def test_grouped_mm_matches_loop_in_bf16():
         torch.nn.init.normal_(p, std=0.05)
     counts = torch.tensor([0, 37, 5, 128, 0, 64, 1, 21], device="cuda")
     x = torch.randn(int(counts.sum()), 256, device="cuda", dtype=torch.bfloat16)
-    try:
-        set_expert_backend("grouped_mm")
-        fast = experts(x, counts).float()
-        set_expert_backend("loop")
-        exact = experts(x, counts).float()
-    finally:
-        set_expert_backend("auto")
+    experts.backend = "grouped_mm"
+    fast = experts(x, counts).float()
+    experts.backend = "loop"
+    exact = experts(x, counts).float()
     assert ((fast - exact).norm() / exact.norm()).item() < 1e-2
 
 

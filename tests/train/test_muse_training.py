@@ -24,7 +24,7 @@ def test_muse_spark_trains_and_resumes_exactly(make_recipe, tmp_path):
 
 
 def test_fp32_router_and_residual_gates_survive_bf16_training(make_recipe):
-    model = engine.build_model(make_recipe(model="muse-spark-tiny", precision="bf16"), torch.device("cpu"))
+    model, _ = engine.build_model(make_recipe(model="muse-spark-tiny", precision="bf16"), torch.device("cpu"))
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     assert dtypes["model.language_model.layers.0.mlp.gate.weight"] == torch.float32
     assert dtypes["model.language_model.layers.0.attn_residual_gate.weight"] == torch.float32

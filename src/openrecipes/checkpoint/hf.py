@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
 from openrecipes.models.families import ModelFamily, family_for_config, family_for_model_type
 
@@ -72,11 +73,12 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
         yield name, tensor
 
 
-def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
+def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+            kernels: KernelOptions | None = None) -> nn.Module:
     """Load an HF checkpoint directory into the native model (built on meta, then filled)."""
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint)
-    model = family.build(config, device=device, seed=None)
+    model = family.build(config, device=device, seed=None, kernels=kernels or KernelOptions())
     params = dict(model.named_parameters())
     for name, tensor in iter_native_tensors(checkpoint, family, config):
         target_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype

@@ -1,6 +1,9 @@
-"""Model families: how to read a Hugging Face config, build the native model and map its tensor names.
+"""Model families: the contract each family package declares, in one ``ModelFamily`` object.
 
-The checkpoint code is written once against this interface; each family (Qwen3-MoE, Muse Spark) registers here.
+A family declares its named configs, how to read and write a Hugging Face config and map tensor names, how to build
+the native model, the shape the planner works on, its chat format, and a plain-string sharding plan that
+``openrecipes.parallel`` applies. The checkpoint code, the planner, the registry and the parallel step are written
+once against this contract; ``openrecipes.models.registry`` lists the families (one line each).
 """
 
 from __future__ import annotations
@@ -11,66 +14,94 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from openrecipes.models.shape import ModelShape
+
+
+TP_STYLES = ("colwise", "rowwise")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardingPlan:
+    """Where the parts parallelism splits live (module paths from the model, or from a decoder layer) and how.
+
+    ``attention_tp``: tensor-parallel style per attention projection (``colwise``: split the output features by head;
+    ``rowwise``: split the input features, output reduce-scattered over the sequence). Every attention module
+    exposes ``head_dim`` and an assignable ``backend`` (a kernel name or a callable: context parallelism's).
+    ``experts``: the grouped expert weights (E, ...), split over expert-parallel ranks by their first dimension;
+    ``etp`` splits the dimension named for each.
+    ``replicated``: name patterns of the tensors whole on every TP rank (their gradients are summed over it).
+    """
+
+    layers: str                         # the ModuleDict of decoder layers, keyed by global layer index
+    embedding: str                      # dropped by every pipeline stage but the first
+    final_norm: str                     # dropped by every stage but the last
+    lm_head: str                        # dropped by every stage but the last
+    attention: str                      # within a decoder layer
+    moe: str                            # within a decoder layer: router + experts + token_dispatcher
+    attention_tp: dict[str, str]
+    experts: dict[str, int]             # within ``moe.experts``: each grouped weight -> the dim of its FFN width
+    replicated: tuple[str, ...]
+
+    def decoder_layers(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.get_submodule(self.layers).values())
+
+    def layer_dict(self, model: nn.Module) -> nn.ModuleDict:
+        return model.get_submodule(self.layers)
+
+    def attention_of(self, layer: nn.Module) -> nn.Module:
+        return layer.get_submodule(self.attention)
+
+    def moe_of(self, layer: nn.Module) -> nn.Module:
+        return layer.get_submodule(self.moe)
+
+    def drop(self, model: nn.Module, path: str) -> None:
+        """Set the submodule at ``path`` to None (a pipeline stage that does not run it)."""
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, name, None)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelFamily:
+    name: str
+    named_configs: dict[str, Callable[[], Any]]               # registry name -> config factory
+    model_class: type                                         # what ``build`` returns
+    planner_shape: Callable[[Any, str], ModelShape]           # (config, name) -> the planner's shape
+    chat_format: str                                          # its loss mask / built-in chat template name
+    sharding: ShardingPlan
     model_types: tuple[str, ...]                              # config.json "model_type" values it reads
     config_class: type
     config_from_hf: Callable[[dict[str, Any], str], Any]      # (raw config.json, source name) -> config
     config_to_hf: Callable[[Any], dict[str, Any]]
-    build: Callable[..., nn.Module]                           # build(config, *, device, dtype, seed)
+    build: Callable[..., nn.Module]                           # build(config, *, device, dtype, seed, kernels)
     native_key: Callable[[str], tuple[str, int | None]]       # HF name -> (native name, expert index or None)
     to_hf: Callable[[str, torch.Tensor, Any], list[tuple[str, torch.Tensor]]]  # native -> HF tensors
     # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
     ignored_key: Callable[[str], bool] | None = None
 
 
-_FAMILIES: list[ModelFamily] = []
+def _families() -> tuple[ModelFamily, ...]:
+    from openrecipes.models.registry import families
 
-
-def register_family(family: ModelFamily) -> None:
-    _FAMILIES.append(family)
+    return families()
 
 
 def family_for_model_type(model_type: str | None, *, source: str) -> ModelFamily:
-    _ensure_registered()
-    for family in _FAMILIES:
+    for family in _families():
         if model_type in family.model_types:
             return family
-    known = sorted(t for f in _FAMILIES for t in f.model_types)
+    known = sorted(t for f in _families() for t in f.model_types)
     raise ValueError(f"{source}: model_type {model_type!r} is not supported; supported: {known}")
 
 
 def family_for_config(config: Any) -> ModelFamily:
-    _ensure_registered()
-    for family in _FAMILIES:
+    for family in _families():
         if isinstance(config, family.config_class):
             return family
     raise ValueError(f"no model family for config of type {type(config).__name__}")
 
 
-def _ensure_registered() -> None:
-    if _FAMILIES:
-        return
-    from openrecipes.models.qwen3_moe import hf as qwen3_hf
-    from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
-    from openrecipes.models.qwen3_moe.model import build_qwen3_moe
-
-    register_family(ModelFamily(
-        model_types=("qwen3_moe",), config_class=Qwen3MoeConfig,
-        config_from_hf=lambda raw, source: Qwen3MoeConfig.from_hf_dict(raw, source=source),
-        config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
-        native_key=qwen3_hf.native_key,
-        to_hf=qwen3_hf.to_hf,
-    ))
-
-    from openrecipes.models.muse_spark import hf as muse_hf
-    from openrecipes.models.muse_spark.config import MODEL_TYPE, MuseSparkConfig
-    from openrecipes.models.muse_spark.model import build_muse_spark
-
-    register_family(ModelFamily(
-        model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
-        config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
-        config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
-        native_key=muse_hf.native_key, to_hf=muse_hf.to_hf, ignored_key=muse_hf.ignored_key,
-    ))
+def family_for_model(model: nn.Module) -> ModelFamily:
+    for family in _families():
+        if isinstance(model, family.model_class):
+            return family
+    raise ValueError(f"no model family builds {type(model).__name__}")

@@ -1,57 +1,41 @@
-"""Named model configurations. Values are written here, in the project, not downloaded."""
+"""The model families openrecipes knows, and their named configurations (values written in each family's package,
+not downloaded). Adding a family is one new folder under models/ (see docs/adding-a-model.md) and one line here."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from functools import lru_cache
+from typing import Any
 
-from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
+# one line per family: the module that declares its ``FAMILY``
+FAMILY_MODULES = (
+    "openrecipes.models.qwen3_moe.family",
+    "openrecipes.models.muse_spark.family",
+)
 
-# name -> factory returning a config; a model family registers its own entries here
-_REGISTRY: dict[str, Callable[[], Any]] = {}
+
+@lru_cache(maxsize=1)
+def families() -> tuple[Any, ...]:
+    declared = tuple(importlib.import_module(module).FAMILY for module in FAMILY_MODULES)
+    seen: dict[str, str] = {}
+    for family in declared:
+        for name in family.named_configs:
+            if name in seen:
+                raise ValueError(f"model {name!r} is named by both {seen[name]} and {family.name}")
+            seen[name] = family.name
+    return declared
 
 
-def register(name: str, factory: Callable[[], Any]) -> None:
-    if name in _REGISTRY:
-        raise ValueError(f"model {name!r} is already registered")
-    _REGISTRY[name] = factory
+def _named() -> dict[str, Any]:
+    return {name: factory for family in families() for name, factory in family.named_configs.items()}
 
 
 def get_config(name: str) -> Any:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+    named = _named()
+    if name not in named:
+        raise ValueError(f"unknown model {name!r}; registered: {', '.join(sorted(named))}")
+    return named[name]()
 
 
 def names() -> list[str]:
-    return list(_REGISTRY)
-
-
-# Qwen/Qwen3-30B-A3B config.json (revision ad44e777bcd18fa416d9da3bd8f70d33ebb85d39), field by field.
-register("qwen3-30b-a3b", lambda: Qwen3MoeConfig(
-    vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-    num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-    num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, rms_norm_eps=1e-6,
-    rope_theta=1_000_000.0, max_position_embeddings=40960, tie_word_embeddings=False,
-    bos_token_id=151643, eos_token_id=151645,
-))
-
-# Small enough for CPU tests and the demo; num_attention_heads * head_dim != hidden_size on purpose.
-register("qwen3-moe-tiny", lambda: Qwen3MoeConfig(
-    vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-    num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6,
-    rope_theta=10_000.0, max_position_embeddings=4096,
-))
-
-# Muse Spark Open: the DESIGN.md architecture (published facts plus documented derived sizes).
-from openrecipes.models.muse_spark.config import MuseSparkConfig  # noqa: E402
-
-register("muse-spark-open-816b-a42b", lambda: MuseSparkConfig())
-
-# CPU-sized Muse Spark: mixed layer types (layers 1 and 3 full), latent experts, small window.
-register("muse-spark-tiny", lambda: MuseSparkConfig(
-    vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, sliding_window=16, moe_latent_size=32, num_experts=8, num_experts_per_tok=2,
-    moe_intermediate_size=32, max_position_embeddings=4096,
-    layer_types=("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
-))
+    return list(_named())

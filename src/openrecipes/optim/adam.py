@@ -23,6 +23,8 @@ from typing import Iterable
 
 import torch
 
+from openrecipes.parallel.dtensor import is_sharded, shard_like
+from openrecipes.parallel.dtensor import local_tensor as _local
 from openrecipes.optim import fused_cuda
 from openrecipes.optim.remainders import join_master, split_master
 
@@ -201,20 +203,14 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """As torch's, with the state of sharded (DTensor) parameters wrapped as DTensors of the same layout, so
         torch.distributed.checkpoint can save and reshard it."""
-        from torch.distributed.tensor import DTensor
-
         saved = super().state_dict()
         params = [p for group in self.param_groups for p in group["params"]]
         for index, values in saved["state"].items():
             param = params[index]
-            if not isinstance(param, DTensor):
+            if not is_sharded(param):
                 continue
-            device = param.to_local().device
-            saved["state"][index] = {
-                key: DTensor.from_local(value.to(device), param.device_mesh, param.placements, run_check=False,
-                                        shape=param.shape, stride=param.stride())
-                if torch.is_tensor(value) and value.dim() > 0 else value
-                for key, value in values.items()}
+            saved["state"][index] = {key: shard_like(param, value) if torch.is_tensor(value) and value.dim() > 0
+                                     else value for key, value in values.items()}
         return saved
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -235,7 +231,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 if key not in state:
                     raise ValueError(f"optimizer state key {key!r} does not exist in this optimizer's configuration")
                 target = state[key]
-                source = value.to_local() if hasattr(value, "to_local") else value
+                source = _local(value) if torch.is_tensor(value) else value
                 target.copy_(source.reshape(target.shape) if torch.is_tensor(source) else torch.as_tensor(source))
 
     def master_weights(self) -> dict[torch.nn.Parameter, torch.Tensor]:
@@ -269,11 +265,6 @@ def _choose_offloaded(params: list[torch.nn.Parameter], fraction: float) -> set:
         chosen.add(p)
         held += _local(p).numel()
     return chosen
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (FSDP2 / tensor parallel), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _grad(p: torch.nn.Parameter) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, sliced_query_attention
+from openrecipes.models.families import ShardingPlan
 from openrecipes.parallel.collectives import GatherAlongDim
 
 
@@ -29,8 +30,7 @@ class ContextParallelAttention:
                                       documents=documents, window=window)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
+def apply_context_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.Module], cp_mesh) -> None:
     backend = ContextParallelAttention(cp_mesh)
-    for module in model.modules():
-        if hasattr(module, "backend") and hasattr(module, "head_dim"):
-            module.backend = backend
+    for layer in layers:
+        plan.attention_of(layer).backend = backend

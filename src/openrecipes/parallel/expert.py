@@ -17,8 +17,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from openrecipes.models.common.moe import (
     GroupedExperts,
     Routing,
-    _GatherTokenCopies,
-    _PermuteRows,
+    GatherTokenCopies,
+    PermuteRows,
     sort_by_expert,
     swiglu_experts,
 )
@@ -121,7 +121,7 @@ class ExpertParallelDispatcher:
     def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
         tokens, top_k = routing.experts_TK.shape
         order_R, inverse_R, counts_E = sort_by_expert(routing.experts_TK, self.num_experts)
-        x_RD = _GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k)  # grouped by destination rank
+        x_RD = GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k)  # grouped by destination rank
         recv_counts = torch.empty_like(counts_E)
         dist.all_to_all_single(recv_counts, counts_E, group=self.group)   # L counts from each source
         counts_SL = recv_counts.view(self.ep_size, self.local_experts)
@@ -130,7 +130,7 @@ class ExpertParallelDispatcher:
         received = _AllToAll.apply(x_RD, recv_splits, send_splits, self.group)
         out = self._experts(received, counts_SL, experts)
         returned = _AllToAll.apply(out, send_splits, recv_splits, self.group)
-        out_TKD = _PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
+        out_TKD = PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
         return (out_TKD * routing.weights_TK.unsqueeze(-1).to(out_TKD.dtype)).sum(dim=1)
 
     def _experts(self, received: torch.Tensor, counts_SL: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
@@ -147,8 +147,9 @@ class ExpertParallelDispatcher:
         weights = [_local(w) for w in (experts.gate_proj, experts.up_proj, experts.down_proj)]
         if self.compute_dtype is not None:
             weights = [w.to(self.compute_dtype) for w in weights]
-        out = swiglu_experts(_PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights)
-        out = _PermuteRows.apply(out, inverse, index)
+        out = swiglu_experts(PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights,
+                             backend=experts.backend)
+        out = PermuteRows.apply(out, inverse, index)
         if sizes is not None:
             out = _SumToOwners.apply(out, sizes, self.etp_rank, self.etp_group)
         return out
@@ -158,11 +159,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, compute_dtype: torch.dtype | None) -> None:
+def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, expert_weights: dict[str, int],
+                          compute_dtype: torch.dtype | None) -> None:
     """Keep this rank's E/ep experts of every block, and its 1/etp of their FFN, as DTensors (Replicate over edp,
     Shard(0) over ep, the FFN dimension sharded over etp), and route through all-to-all. On the meta device (the
     engine's path) the slices are materialised and initialised later; with real tensors the full expert tensors must
-    hold the same values on every rank beforehand."""
+    hold the same values on every rank beforehand. ``expert_weights``: each grouped weight and the dimension of its FFN
+    width (the family's ``ShardingPlan.experts``)."""
     ep_size, ep_rank = expert_mesh["ep"].size(), expert_mesh["ep"].get_local_rank()
     etp_size, etp_rank = expert_mesh["etp"].size(), expert_mesh["etp"].get_local_rank()
     for block in moe_blocks:
@@ -170,12 +173,13 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, compute_d
         total = experts.num_experts
         if total % ep_size:
             raise ValueError(f"layout.ep={ep_size} does not divide the {total} experts")
-        ffn = experts.gate_proj.shape[1]
+        first, first_dim = next(iter(expert_weights.items()))
+        ffn = getattr(experts, first).shape[first_dim]
         if ffn % etp_size:
             raise ValueError(f"layout.etp={etp_size} does not divide the expert FFN width {ffn}")
         local, ffn_local = total // ep_size, ffn // etp_size
         ffn_part = slice(etp_rank * ffn_local, (etp_rank + 1) * ffn_local)
-        for name, ffn_dim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
+        for name, ffn_dim in expert_weights.items():
             full = getattr(experts, name)
             index = [slice(ep_rank * local, (ep_rank + 1) * local), slice(None), slice(None)]
             index[ffn_dim] = ffn_part

@@ -8,24 +8,27 @@ the whole model's and a save under one pipeline layout loads under another.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from openrecipes.models.common.attention import Documents
+from openrecipes.models.families import ShardingPlan
 
 
-def prune_to_stage(model: nn.Module, layers: nn.ModuleDict, keep: range, *, first: bool, last: bool) -> None:
+def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: range, *, first: bool, last: bool) -> None:
     """Drop what stage ``keep`` does not run: other layers, the embedding unless first, norm and head unless last."""
+    layers = plan.layer_dict(model)
     for index in list(layers.keys()):
         if int(index) not in keep:
             del layers[index]
-    backbone = next(m for m in model.modules() if hasattr(m, "embed_tokens") and hasattr(m, "norm"))
     if not first:
-        backbone.embed_tokens = None
+        plan.drop(model, plan.embedding)
     if not last:
-        backbone.norm = None
-        model.lm_head = None
+        plan.drop(model, plan.final_norm)
+        plan.drop(model, plan.lm_head)
 
 
 class StageModule(nn.Module):
@@ -40,25 +43,17 @@ class StageModule(nn.Module):
         return self.model(x, position_ids, Documents.from_document_ids(document_ids))
 
 
-class StageLoss:
-    """Per-token loss of one microbatch on the last stage. ``target`` packs (next-token id, weight) in its last
-    dimension; ``supervised_tokens`` (the global batch's count) is set before each step. Under sequence parallelism
-    the logits cover this rank's slice of the sequence, and ``sequence_slice`` cuts the targets to match."""
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """Our handles to this rank's stage, its schedule and the loss the last stage computes."""
 
-    def __init__(self, sequence_slice=None) -> None:
-        self.supervised_tokens = 1.0
-        self.sequence_slice = sequence_slice
-
-    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if self.sequence_slice is not None:
-            target = self.sequence_slice(target)
-        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target[..., 0].reshape(-1),
-                                    reduction="none")
-        return (per_token * target[..., 1].reshape(-1).to(per_token.dtype)).sum() / self.supervised_tokens
+    stage: Any
+    schedule: Any
+    loss: Any
 
 
-def build_schedule(stage_module: StageModule, *, stage_index: int, num_stages: int, device: torch.device,
-                   group, microbatches: int, loss_fn):
+def build_pipeline(stage_module: StageModule, *, stage_index: int, num_stages: int, device: torch.device,
+                   group, microbatches: int, loss_fn) -> Pipeline:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     if microbatches < num_stages:
@@ -66,4 +61,5 @@ def build_schedule(stage_module: StageModule, *, stage_index: int, num_stages: i
                          f"data-parallel rank, got {microbatches} (raise global_batch or lower "
                          "layout.max_tokens_per_gpu)")
     stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
-    return Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+    return Pipeline(stage=stage, schedule=schedule, loss=loss_fn)

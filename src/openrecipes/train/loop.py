@@ -15,6 +15,7 @@ import torch.distributed as dist
 from openrecipes import __version__
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
+from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
@@ -101,9 +102,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
                        rows_per_microbatch=rows_per_microbatch)
 
-    model = engine.build_model(recipe, device, parallel)
-    if engine.parameter_dtype(recipe, parallel.distributed) == torch.bfloat16:
-        engine.attach_fp32_grad_accumulators(model)
+    model, grads = engine.build_model(recipe, device, parallel)
     opt = recipe.optimizer
     optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
@@ -111,15 +110,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
 
-    schedule = None
+    pipeline = None
     if parallel.pp_size > 1:
-        from openrecipes.parallel.pipeline import StageLoss, StageModule, build_schedule
+        from openrecipes.parallel.pipeline import StageModule, build_pipeline
 
         per_rank_rows = recipe.global_batch // parallel.dp_size
-        schedule = build_schedule(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
+        pipeline = build_pipeline(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
                                   device=device, group=parallel.pp_group,
                                   microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=StageLoss(_sequence_slices(parallel)[1]))
+                                  loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
 
     start = 0
     if resume:
@@ -146,9 +145,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
             if step == debug.profile_step:
                 record = _profiled(run_dir, debug.profile_sort, lambda: train_step(model, optimizer, loader, recipe, step, device,
-                                                               parallel, schedule))
+                                                               grads, parallel, pipeline))
             else:
-                record = train_step(model, optimizer, loader, recipe, step, device, parallel, schedule)
+                record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
             if build_peak is not None and step == start:
                 record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
@@ -197,8 +196,8 @@ def _profiled(run_dir: Path, sort: str | None, fn):
     return record
 
 
-def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, parallel=None,
-               schedule=None) -> dict:
+def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, grads: GradientSync,
+               parallel=None, pipeline=None) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
@@ -212,38 +211,26 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if supervised == 0:
         raise ValueError(f"step {step}: the global batch has no supervised tokens")
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    if hasattr(model, "fold_grads"):
-        model.fold_grads = len(microbatches) > 1
+    grads.begin_step(len(microbatches))
     # context parallelism feeds each rank its chunk of the tokens and positions (documents stay whole); the loss
     # reads the rank's own slice of the targets
     cp_slice, target_slice = _sequence_slices(parallel)
-    if schedule is not None:
-        loss_sum += _pipeline_step(schedule, microbatches, supervised, device, cp_slice)
-    for batch in microbatches if schedule is None else []:
+    if pipeline is not None:
+        loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice)
+    for batch in microbatches if pipeline is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
         (micro_loss / supervised).backward()
-        if len(microbatches) > 1 and getattr(model, "fold_grads", False):
-            engine.fold_sharded_grads(model)  # gradients FSDP2 wrote (the hooks fold the others)
+        grads.after_backward()
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
     trace.mark("forward_backward")
-    if parallel is not None and parallel.expert_mesh is not None:
-        from openrecipes.parallel.expert import all_reduce_expert_grads
-
-        all_reduce_expert_grads(model, parallel.expert_mesh)
-    if target_slice is not None:  # weights whole on every rank of a TP or CP group saw only its tokens
-        from openrecipes.parallel.tensor import all_reduce_replicated_grads
-
-        if parallel.tp_size > 1:
-            all_reduce_replicated_grads(model, parallel.tp_mesh)
-        if parallel.cp_size > 1:  # TP's shards too: the cp ranks hold the same shard
-            all_reduce_replicated_grads(model, parallel.cp_mesh, include_tp_shards=True)
+    grads.synchronize()
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
-    grad_norm, clip_scale = engine.grad_norm_and_clip_scale(
-        engine.gradients(model), recipe.optimizer.grad_clip,
+    grad_norm, clip_scale = grad_norm_and_clip_scale(
+        grads.gradients(), recipe.optimizer.grad_clip,
         stage_group=parallel.pp_group if parallel is not None and parallel.pp_size > 1 else None)
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
@@ -251,7 +238,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         trace.mark("gradient_sync_and_norm")
         optimizer.step(grad_scale=clip_scale)
         trace.mark("optimizer")
-    engine.zero_gradients(model)
+    grads.zero()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
@@ -302,7 +289,7 @@ class _MemoryTrace:
             torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device: torch.device,
+def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device: torch.device,
                    cp_slice=None) -> torch.Tensor:
     """Run the step's microbatches through the 1F1B schedule; returns this rank's loss sum (the last stage's)."""
     import torch.nn.functional as F
@@ -313,11 +300,11 @@ def _pipeline_step(schedule, microbatches: list[dict], supervised: float, device
     target = torch.stack([torch.roll(stacked["input_ids"], -1, dims=1), weights], dim=-1)
     if cp_slice is not None:  # the loss slices the targets itself (StageLoss.sequence_slice)
         stacked["input_ids"], stacked["position_ids"] = cp_slice(stacked["input_ids"]), cp_slice(stacked["position_ids"])
-    schedule._loss_fn.supervised_tokens = supervised
-    stage = schedule._stage
+    pipeline.loss.supervised_tokens = supervised
+    stage = pipeline.stage
     losses: list[torch.Tensor] = []
     args = (stacked["input_ids"],) if stage.is_first else ()
-    schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
+    pipeline.schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
                   target=target if stage.is_last else None, losses=losses if stage.is_last else None)
     if not stage.is_last:
         return torch.zeros((), dtype=torch.float64, device=device)

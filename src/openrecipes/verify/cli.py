@@ -9,8 +9,9 @@ Adding a check is one line in ``CHECK_MODULES``.
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
+
+EXIT_STATUS = "Exit status: 0 pass, 1 a check failed, 2 bad input."
 
 # subcommand -> module that registers it; order is the order shown in --help
 CHECK_MODULES: dict[str, str] = {
@@ -25,11 +26,12 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "verify",
         help="check a run, recipe or component against its reference",
-        description="Verification checks. Exit status: 0 pass, 1 a check failed, 2 bad input.",
+        description=f"Verification checks. {EXIT_STATUS}",
     )
+    from openrecipes.utils import register_modules
+
     checks = parser.add_subparsers(dest="check", metavar="CHECK")
-    for module_name in CHECK_MODULES.values():
-        importlib.import_module(module_name).register(checks)
+    register_modules(checks, CHECK_MODULES.values())
 
     def no_check(args: argparse.Namespace) -> int:
         parser.print_help()

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from openrecipes.verify.cli import EXIT_STATUS
+
 _DEFAULTS = {
     "correlation": 0.95,
     "high_loss_tolerance": 0.10,
@@ -35,8 +37,7 @@ def register(checks: Any) -> None:
         help="compare a candidate loss curve with a reference one",
         description="Compare two loss curves (Megatron-Bridge validate_convergence checks; NaN, "
         "infinite and missing steps fail). Each side is a run directory or a loss file: JSON Lines "
-        'of {"step": int, "loss": float} or CSV with a step,loss header. '
-        "Exit status: 0 pass, 1 a check failed, 2 bad input.",
+        'of {"step": int, "loss": float} or CSV with a step,loss header. ' + EXIT_STATUS,
     )
     parser.add_argument("candidate", metavar="CANDIDATE", help="run directory or loss file")
     parser.add_argument("reference", metavar="REFERENCE", help="run directory or loss file")

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from openrecipes.verify.cli import EXIT_STATUS
+
 
 def register(checks: Any) -> None:
     parser = checks.add_parser(
@@ -13,8 +15,7 @@ def register(checks: Any) -> None:
         help="precision-aware Adam (on the device and offloaded) against an FP64 reference on one MoE layer",
         description="Component test: one MoE layer, every optimizer arm against an FP64 AdamW reference; worst "
         "tensor relative L2 error after the checked steps against bound = 2 x the default optimizer's error + "
-        "1e-3; three negative controls must fail; remainder masters must equal explicit FP32 masters bitwise. "
-        "Exit status: 0 pass, 1 a check failed, 2 bad input.",
+        "1e-3; three negative controls must fail; remainder masters must equal explicit FP32 masters bitwise. " + EXIT_STATUS,
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     for name, help_text in (("hidden", "hidden size"), ("experts", "expert count"), ("top-k", "experts per token"),

@@ -7,14 +7,15 @@ import json
 import math
 from typing import Any
 
+from openrecipes.verify.cli import EXIT_STATUS
+
 
 def register(checks: Any) -> None:
     parser = checks.add_parser(
         "parity",
         help="compare the native model with transformers on an HF checkpoint directory",
         description="Load HF_DIR with transformers' AutoModelForCausalLM and with openrecipes.from_hf, run the "
-        "same random input ids, and compare logits, loss and every parameter gradient (max relative error). "
-        "Exit status: 0 pass, 1 a check failed, 2 bad input.",
+        "same random input ids, and compare logits, loss and every parameter gradient (max relative error). " + EXIT_STATUS,
     )
     parser.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (config.json + safetensors)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per sequence, 2 sequences (default: 32)")

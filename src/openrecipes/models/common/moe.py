@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openrecipes.models.common.kernels import KernelOptions
+
 
 @dataclass(frozen=True)
 class Routing:
@@ -24,13 +26,22 @@ class Routing:
     weights_TK: torch.Tensor  # activation dtype
 
 
+def balanced(routing: Routing, num_experts: int) -> Routing:
+    """The same gating weights with the experts chosen round-robin: every expert gets the same load."""
+    tokens, top_k = routing.experts_TK.shape
+    experts = torch.arange(tokens * top_k, device=routing.experts_TK.device) % num_experts
+    return Routing(experts_TK=experts.view(tokens, top_k), weights_TK=routing.weights_TK)
+
+
 class SoftmaxTopKRouter(nn.Module):
     """Softmax over all experts in fp32, keep the top K, optionally renormalise them to sum to one."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, normalize_top_k: bool) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, normalize_top_k: bool,
+                 balanced_routing: bool = False) -> None:
         super().__init__()
         self.top_k = top_k
         self.normalize_top_k = normalize_top_k
+        self.balanced_routing = balanced_routing
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
 
     def forward(self, x_TD: torch.Tensor) -> Routing:
@@ -39,34 +50,24 @@ class SoftmaxTopKRouter(nn.Module):
         weights_TK, experts_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if self.normalize_top_k:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+        routing = Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+        return balanced(routing, self.weight.shape[0]) if self.balanced_routing else routing
 
 
-EXPERT_BACKENDS = ("auto", "grouped_mm", "loop")
-_expert_backend = "auto"
-
-
-def set_expert_backend(name: str) -> None:
+def use_grouped_mm(x: torch.Tensor, backend: str = "auto") -> bool:
     """``auto``: grouped_mm for bf16 on CUDA, else the loop; ``loop`` forces the per-expert fallback."""
-    global _expert_backend
-    if name not in EXPERT_BACKENDS:
-        raise ValueError(f"unknown expert backend {name!r}; expected one of {EXPERT_BACKENDS}")
-    _expert_backend = name
-
-
-def use_grouped_mm(x: torch.Tensor) -> bool:
-    if _expert_backend == "loop":
+    if backend == "loop":
         return False
     supported = x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-    if _expert_backend == "grouped_mm" and not supported:
+    if backend == "grouped_mm" and not supported:
         raise ValueError(f"expert backend 'grouped_mm' needs bf16 tensors on CUDA, got {x.dtype} on {x.device}")
     return supported
 
 
 def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch.Tensor,
-                   offsets_E: torch.Tensor | None = None) -> torch.Tensor:
+                   offsets_E: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
     """y[r] = weight[e(r)] @ x[r] for rows sorted by expert; ``counts_E`` rows belong to expert e in order."""
-    if use_grouped_mm(x_RI):
+    if use_grouped_mm(x_RI, backend):
         if offsets_E is None:
             offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
         return torch._grouped_mm(x_RI, weight_EOI.transpose(-2, -1), offs=offsets_E)
@@ -77,9 +78,10 @@ def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch
 class GroupedExperts(nn.Module):
     """E SwiGLU experts; weights stored (E, out, in) like nn.Linear, one tensor per projection."""
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, backend: str = "auto") -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.backend = backend  # KernelOptions.experts
         self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
@@ -87,22 +89,24 @@ class GroupedExperts(nn.Module):
     def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
         """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
         row's hidden activation. Returns (R, D)."""
-        return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R)
+        return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R,
+                              backend=self.backend)
 
 
 def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
-                   down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
-    offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD) else None
-    gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets)
-    up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets)
+                   down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None, *,
+                   backend: str = "auto") -> torch.Tensor:
+    offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD, backend) else None
+    gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets, backend)
+    up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets, backend)
     hidden_RF = F.silu(gate_RF) * up_RF
     if weights_R is not None:
         # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
         hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
-    return grouped_linear(hidden_RF, down_EDF, counts_E, offsets)
+    return grouped_linear(hidden_RF, down_EDF, counts_E, offsets, backend)
 
 
-class _GatherTokenCopies(torch.autograd.Function):
+class GatherTokenCopies(torch.autograd.Function):
     """x_TD -> x_RD: the K copies of every token, sorted by expert. The backward gathers each copy's gradient
     back by the inverse permutation and sums the K copies: no scatter, no atomics."""
 
@@ -119,7 +123,7 @@ class _GatherTokenCopies(torch.autograd.Function):
         return grad_TKD.sum(dim=1), None, None, None
 
 
-class _PermuteRows(torch.autograd.Function):
+class PermuteRows(torch.autograd.Function):
     """y[i] = x[index[i]] for a permutation ``index``; the backward is the gather by its inverse."""
 
     @staticmethod
@@ -151,18 +155,19 @@ class LocalTokenDispatcher:
         tokens, top_k = routing.experts_TK.shape
         order_R, inverse_R, counts_E = sort_by_expert(routing.experts_TK, experts.num_experts)
         weights_R = routing.weights_TK.flatten()[order_R]
-        out_RD = experts(_GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k), counts_E, weights_R)
-        return _PermuteRows.apply(out_RD, inverse_R, order_R).view(tokens, top_k, -1).sum(dim=1)
+        out_RD = experts(GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k), counts_E, weights_R)
+        return PermuteRows.apply(out_RD, inverse_R, order_R).view(tokens, top_k, -1).sum(dim=1)
 
 
 class SparseMoeBlock(nn.Module):
     """Router + experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute)."""
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, ffn_size: int,
-                 normalize_top_k: bool) -> None:
+                 normalize_top_k: bool, kernels: KernelOptions = KernelOptions()) -> None:
         super().__init__()
-        self.gate = SoftmaxTopKRouter(hidden_size, num_experts, top_k, normalize_top_k=normalize_top_k)
-        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size)
+        self.gate = SoftmaxTopKRouter(hidden_size, num_experts, top_k, normalize_top_k=normalize_top_k,
+                                      balanced_routing=kernels.balanced_routing)
+        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size, backend=kernels.experts)
         self.token_dispatcher = LocalTokenDispatcher()
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openrecipes.models.common.moe import Routing
+from openrecipes.models.common.moe import Routing, balanced
 
 
 class KeepFP32(nn.Module):
@@ -47,12 +47,14 @@ class KeepFP32(nn.Module):
 class SigmoidTopKRouter(KeepFP32):
     """``forward(x_TD) -> Routing``; ``weight`` (E, D) fp32, ``expert_bias`` (E,) fp32 and frozen."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, normalize_top_k: bool = True) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, normalize_top_k: bool = True,
+                 balanced_routing: bool = False) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
         self.top_k = top_k
         self.normalize_top_k = normalize_top_k
+        self.balanced_routing = balanced_routing  # KernelOptions.balanced_routing (benchmarks)
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32))
         self.expert_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
 
@@ -69,4 +71,5 @@ class SigmoidTopKRouter(KeepFP32):
         weights_TK = scores_TE.gather(-1, experts_TK)
         if self.normalize_top_k:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+        routing = Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+        return balanced(routing, self.weight.shape[0]) if self.balanced_routing else routing

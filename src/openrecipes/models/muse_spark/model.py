@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
-from openrecipes.models.common.init import fill_seeded_normal_
+from openrecipes.models.common.init import SeededFill, fill_seeded_normal_
+from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
@@ -53,12 +54,12 @@ class ResidualGate(KeepFP32):
 
 
 class MuseSparkAttention(nn.Module):
-    def __init__(self, config: MuseSparkConfig, layer_type: str) -> None:
+    def __init__(self, config: MuseSparkConfig, layer_type: str, kernels: KernelOptions) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.window = config.sliding_window if layer_type == SLIDING else None
         self.pairing = "adjacent" if config.rope_interleaved else "half"
-        self.backend = "auto"
+        self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)
         d, heads, kv_heads, dh = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                   config.head_dim)
         self.q_proj = nn.Linear(d, heads * dh, bias=False)
@@ -93,14 +94,16 @@ class MuseSparkLatentMoe(nn.Module):
     ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute), as in ``SparseMoeBlock``.
     """
 
-    def __init__(self, config: MuseSparkConfig) -> None:
+    def __init__(self, config: MuseSparkConfig, kernels: KernelOptions) -> None:
         super().__init__()
         d, latent = config.hidden_size, config.moe_latent_size
         self.gate = SigmoidTopKRouter(d, config.num_experts, config.num_experts_per_tok,
-                                      normalize_top_k=config.norm_topk_prob)
+                                      normalize_top_k=config.norm_topk_prob,
+                                      balanced_routing=kernels.balanced_routing)
         self.latent_down_proj = nn.Linear(d, latent, bias=False)
         self.pre_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
-        self.experts = GroupedExperts(config.num_experts, latent, config.moe_intermediate_size)
+        self.experts = GroupedExperts(config.num_experts, latent, config.moe_intermediate_size,
+                                      backend=kernels.experts)
         self.post_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
         self.latent_up_proj = nn.Linear(latent, d, bias=False)
         self.token_dispatcher = LocalTokenDispatcher()
@@ -114,14 +117,14 @@ class MuseSparkLatentMoe(nn.Module):
 
 
 class MuseSparkDecoderLayer(nn.Module):
-    def __init__(self, config: MuseSparkConfig, layer_type: str) -> None:
+    def __init__(self, config: MuseSparkConfig, layer_type: str, kernels: KernelOptions) -> None:
         super().__init__()
         self.layer_type = layer_type
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = MuseSparkAttention(config, layer_type)
+        self.self_attn = MuseSparkAttention(config, layer_type, kernels)
         self.attn_residual_gate = ResidualGate(config.hidden_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = MuseSparkLatentMoe(config)
+        self.mlp = MuseSparkLatentMoe(config, kernels)
         self.mlp_residual_gate = ResidualGate(config.hidden_size)
 
     def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
@@ -130,11 +133,11 @@ class MuseSparkDecoderLayer(nn.Module):
 
 
 class MuseSparkTextModel(nn.Module):
-    def __init__(self, config: MuseSparkConfig) -> None:
+    def __init__(self, config: MuseSparkConfig, kernels: KernelOptions) -> None:
         super().__init__()
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
         # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
-        self.layers = nn.ModuleDict({str(i): MuseSparkDecoderLayer(config, kind)
+        self.layers = nn.ModuleDict({str(i): MuseSparkDecoderLayer(config, kind, kernels)
                                      for i, kind in enumerate(config.layer_types)})
         self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
                                             zero_centered=config.final_norm_zero_centered)
@@ -143,9 +146,9 @@ class MuseSparkTextModel(nn.Module):
 class MuseSparkModel(nn.Module):
     """The multimodal container; text-only mode holds the language model alone."""
 
-    def __init__(self, config: MuseSparkConfig) -> None:
+    def __init__(self, config: MuseSparkConfig, kernels: KernelOptions) -> None:
         super().__init__()
-        self.language_model = MuseSparkTextModel(config)
+        self.language_model = MuseSparkTextModel(config, kernels)
 
 
 class MuseSparkForCausalLM(nn.Module):
@@ -155,10 +158,10 @@ class MuseSparkForCausalLM(nn.Module):
     ``model.language_model.norm`` and ``lm_head`` (then the output is hidden states).
     """
 
-    def __init__(self, config: MuseSparkConfig) -> None:
+    def __init__(self, config: MuseSparkConfig, kernels: KernelOptions = KernelOptions()) -> None:
         super().__init__()
         self.config = config
-        self.model = MuseSparkModel(config)
+        self.model = MuseSparkModel(config, kernels)
         self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -184,7 +187,7 @@ class MuseSparkForCausalLM(nn.Module):
                 module.backend = backend
 
     @torch.no_grad()
-    def init_weights(self, *, seed: int = 0) -> None:
+    def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:
         """Initialise every parameter (after ``to_empty`` from the meta device).
 
         Matrices (projections, router, experts, embedding, LM head) ~ N(0, 0.02), each from its own generator
@@ -201,7 +204,7 @@ class MuseSparkForCausalLM(nn.Module):
                 elif isinstance(module, SigmoidTopKRouter) and param_name == "expert_bias":
                     param.zero_()
                 else:
-                    fill_seeded_normal_(param, name, seed=seed, std=INIT_STD)
+                    fill(param, name, seed=seed, std=INIT_STD)
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -211,13 +214,14 @@ def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 def build_muse_spark(config: MuseSparkConfig, *, device: str | torch.device = "cpu",
-                     dtype: torch.dtype = torch.float32, seed: int | None = 0) -> MuseSparkForCausalLM:
+                     dtype: torch.dtype = torch.float32, seed: int | None = 0,
+                     kernels: KernelOptions = KernelOptions()) -> MuseSparkForCausalLM:
     """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised.
 
     The router weight, expert bias and residual gates stay fp32 whatever ``dtype`` is (see ``KeepFP32``).
     """
     with torch.device("meta"):
-        model = MuseSparkForCausalLM(config)
+        model = MuseSparkForCausalLM(config, kernels)
     if str(device) == "meta":
         return model.to(dtype)
     model = model.to_empty(device=device).to(dtype)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
-from openrecipes.models.common.init import fill_seeded_normal_
+from openrecipes.models.common.init import SeededFill, fill_seeded_normal_
+from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.moe import SparseMoeBlock
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
@@ -22,13 +23,13 @@ INIT_STD = 0.02
 
 
 class Qwen3MoeAttention(nn.Module):
-    def __init__(self, config: Qwen3MoeConfig) -> None:
+    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.rope_theta = config.rope_theta
-        self.backend = "auto"
+        self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)
         bias = config.attention_bias
         d, dh = config.hidden_size, config.head_dim
         self.q_proj = nn.Linear(d, self.num_heads * dh, bias=bias)
@@ -50,14 +51,14 @@ class Qwen3MoeAttention(nn.Module):
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
-    def __init__(self, config: Qwen3MoeConfig) -> None:
+    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = Qwen3MoeAttention(config)
+        self.self_attn = Qwen3MoeAttention(config, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SparseMoeBlock(hidden_size=config.hidden_size, num_experts=config.num_experts,
                                   top_k=config.num_experts_per_tok, ffn_size=config.moe_intermediate_size,
-                                  normalize_top_k=config.norm_topk_prob)
+                                  normalize_top_k=config.norm_topk_prob, kernels=kernels)
 
     def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
         h = x_BTD + self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents)
@@ -65,11 +66,11 @@ class Qwen3MoeDecoderLayer(nn.Module):
 
 
 class Qwen3MoeBackbone(nn.Module):
-    def __init__(self, config: Qwen3MoeConfig) -> None:
+    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
         super().__init__()
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
         # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
-        self.layers = nn.ModuleDict({str(i): Qwen3MoeDecoderLayer(config) for i in range(config.num_hidden_layers)})
+        self.layers = nn.ModuleDict({str(i): Qwen3MoeDecoderLayer(config, kernels) for i in range(config.num_hidden_layers)})
         self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
@@ -80,10 +81,10 @@ class Qwen3MoeForCausalLM(nn.Module):
     ``lm_head`` (then the output is hidden states).
     """
 
-    def __init__(self, config: Qwen3MoeConfig) -> None:
+    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions = KernelOptions()) -> None:
         super().__init__()
         self.config = config
-        self.model = Qwen3MoeBackbone(config)
+        self.model = Qwen3MoeBackbone(config, kernels)
         self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -100,11 +101,11 @@ class Qwen3MoeForCausalLM(nn.Module):
         return self.lm_head(h) if self.lm_head is not None else h
 
     @torch.no_grad()
-    def init_weights(self, *, seed: int = 0) -> None:
+    def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:
         """Initialise every parameter (after ``to_empty`` from the meta device). Matrices ~ N(0, 0.02).
 
         Each tensor draws from its own generator seeded by (seed, name), so a pipeline stage that holds only
-        some layers gets exactly the values the whole model would have.
+        some layers gets exactly the values the whole model would have (``fill`` slices sharded tensors).
         """
         for name, param in self.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
@@ -112,14 +113,15 @@ class Qwen3MoeForCausalLM(nn.Module):
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                fill_seeded_normal_(param, name, seed=seed, std=INIT_STD)
+                fill(param, name, seed=seed, std=INIT_STD)
 
 
 def build_qwen3_moe(config: Qwen3MoeConfig, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32, seed: int | None = 0) -> Qwen3MoeForCausalLM:
+                    dtype: torch.dtype = torch.float32, seed: int | None = 0,
+                    kernels: KernelOptions = KernelOptions()) -> Qwen3MoeForCausalLM:
     """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised."""
     with torch.device("meta"):
-        model = Qwen3MoeForCausalLM(config)
+        model = Qwen3MoeForCausalLM(config, kernels)
     model = model.to_empty(device=device).to(dtype)
     if seed is not None:
         model.init_weights(seed=seed)

@@ -1,0 +1,60 @@
+"""Muse Spark's declaration: named configs, HF mapping, planner shape, chat format and sharding plan."""
+
+from __future__ import annotations
+
+from openrecipes.models.families import ModelFamily, ShardingPlan
+from openrecipes.models.muse_spark import hf
+from openrecipes.models.muse_spark.config import FULL, MODEL_TYPE, MuseSparkConfig
+from openrecipes.models.muse_spark.model import MuseSparkForCausalLM, build_muse_spark
+from openrecipes.models.shape import ModelShape
+
+
+def planner_shape(config: MuseSparkConfig, name: str) -> ModelShape:
+    windows = tuple(None if t == FULL else config.sliding_window for t in config.layer_types)
+    small = (config.norm_params() - config.hidden_size) // config.num_hidden_layers
+    small += config.residual_gates_per_layer * config.hidden_size
+    return ModelShape(
+        name=name or "muse-spark", num_layers=config.num_hidden_layers, hidden=config.hidden_size,
+        vocab=config.vocab_size, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, attention_output_gate=config.attention_output_gate,
+        attention_output_norm=True, residual_gates=config.residual_gates_per_layer > 0,
+        attention_windows=windows, num_experts=config.num_experts, top_k=config.num_experts_per_tok,
+        expert_in=config.moe_latent_size, expert_ffn=config.moe_intermediate_size,
+        latent=config.moe_latent_size, router_fp32=config.router_dtype == "float32",
+        attention_params=config.attention_params(), latent_params=config.latent_projection_params(),
+        router_params=config.router_params(), expert_params=config.expert_params(),
+        small_params_per_layer=small, embedding_params=config.embedding_params(),
+        lm_head_params=config.lm_head_params(), active_params=config.active_params(),
+    )
+
+
+NAMED_CONFIGS = {
+    # Muse Spark Open: the DESIGN.md architecture (published facts plus documented derived sizes).
+    "muse-spark-open-816b-a42b": lambda: MuseSparkConfig(),
+    # CPU-sized Muse Spark: mixed layer types (layers 1 and 3 full), latent experts, small window.
+    "muse-spark-tiny": lambda: MuseSparkConfig(
+        vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=16, moe_latent_size=32, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, max_position_embeddings=4096,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
+    ),
+}
+
+FAMILY = ModelFamily(
+    name="muse_spark", named_configs=NAMED_CONFIGS, model_class=MuseSparkForCausalLM, planner_shape=planner_shape,
+    chat_format="muse_spark",
+    sharding=ShardingPlan(
+        layers="model.language_model.layers", embedding="model.language_model.embed_tokens",
+        final_norm="model.language_model.norm", lm_head="lm_head", attention="self_attn", moe="mlp",
+        # per-head work (Q/K norms, the output norm and sigmoid output gate) follows the heads' split
+        attention_tp={"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "output_gate_proj": "colwise",
+                      "o_proj": "rowwise"},
+        experts={"gate_proj": 1, "up_proj": 1, "down_proj": 2},
+        replicated=("embed_tokens", "norm", "layernorm", "residual_gate", "mlp.gate", "latent_down_proj",
+                    "latent_up_proj", "lm_head"),
+    ),
+    model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
+    config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
+    config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
+    native_key=hf.native_key, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
+)

@@ -1,0 +1,86 @@
+"""Apply a layout to a built model, in one fixed order, and hand back what the step needs to synchronise gradients.
+
+The order (each step relies on the ones before it):
+1. pipeline stage pruning: drop the layers, embedding and head this stage does not run;
+2. expert parallelism: each rank keeps its experts and dispatches tokens to the others (all-to-all);
+3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
+4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
+5. context parallelism: attention reads the whole row's keys and values from the cp group;
+6. activation recompute;
+7. FSDP2 over the data-parallel ranks (dense weights; experts are left to expert parallelism).
+
+The model is pure PyTorch and declares its parts through its family's sharding plan
+(``openrecipes.models.families.ShardingPlan``); nothing here looks for attributes by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from openrecipes.parallel.gradients import GradientSync
+from openrecipes.parallel.mesh import ParallelState
+from openrecipes.parallel.recompute import apply_recompute
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelizeOptions:
+    compute_dtype: torch.dtype
+    parameter_dtype: torch.dtype
+    seed: int                               # values of a meta-built model: seeded per tensor name
+    stage_layers: range | None = None       # this pipeline stage's decoder layers (None: all)
+    recompute_granularity: str = "none"
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+
+
+def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
+    """Apply ``parallel``'s layout to ``model`` in place (see the module docstring for the order)."""
+    from openrecipes.models.families import family_for_model
+
+    plan = family_for_model(model).sharding
+    distributed = parallel is not None and parallel.distributed
+    if distributed and parallel.pp_size > 1:
+        from openrecipes.parallel.pipeline import prune_to_stage
+
+        prune_to_stage(model, plan, options.stage_layers, first=parallel.pp_rank == 0,
+                       last=parallel.pp_rank == parallel.pp_size - 1)
+    layers = plan.decoder_layers(model)
+    if distributed and parallel.expert_mesh is not None:
+        from openrecipes.parallel.expert import apply_expert_parallel
+
+        mixed = options.compute_dtype if options.compute_dtype != options.parameter_dtype else None
+        apply_expert_parallel([plan.moe_of(layer) for layer in layers], parallel.expert_mesh,
+                              expert_weights=plan.experts, compute_dtype=mixed)
+    if next(model.parameters()).is_meta:
+        from openrecipes.parallel.init import fill_sharded_seeded_normal_
+
+        model.to_empty(device=parallel.device if parallel is not None else torch.device("cpu"))
+        model.init_weights(seed=options.seed, fill=fill_sharded_seeded_normal_)  # the whole model's values, sliced
+    tp_sharded: frozenset[str] = frozenset()
+    if distributed and parallel.tp_size > 1:
+        from openrecipes.parallel.tensor import apply_tensor_parallel
+
+        apply_tensor_parallel(model, plan, layers, parallel.tp_mesh)
+        # by name: FSDP later replaces the parameter objects (and Python may hand their old ids to new objects)
+        tp_sharded = frozenset(n for n, p in model.named_parameters() if isinstance(p, DTensor))
+    if distributed and parallel.cp_size > 1:
+        from openrecipes.parallel.context import apply_context_parallel
+
+        apply_context_parallel(model, plan, layers, parallel.cp_mesh)
+    apply_recompute([plan.attention_of(layer) for layer in layers] if options.recompute_granularity == "selective"
+                    else layers, granularity=options.recompute_granularity, method=options.recompute_method,
+                    num_layers=options.recompute_num_layers)
+    if distributed and parallel.dense_mesh is not None:
+        from openrecipes.parallel.expert import expert_parameters
+        from openrecipes.parallel.fsdp import apply_fsdp
+
+        # with ep > 1 the experts are sharded by expert parallelism (and summed over edp by hand); else FSDP
+        # shards them with everything else
+        ignored = set(expert_parameters(model)) if parallel.expert_mesh is not None else set()
+        apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=options.compute_dtype, ignored=ignored)
+    return GradientSync(model, parallel, tp_sharded_names=tp_sharded,
+                        fp32_accumulation=options.parameter_dtype == torch.bfloat16)

@@ -73,16 +73,24 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
 
 
 def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
-    """Load an HF checkpoint directory into the native model (built on meta, then filled)."""
+    """Load an HF checkpoint directory into the native model.
+
+    ``dtype=None`` keeps each tensor's dtype from the file. With a ``dtype`` the model decides each parameter's
+    dtype: it is built on the meta device and cast with ``.to(dtype)``, where ``KeepFP32`` modules keep the router
+    weight, the expert bias and the residual gates in fp32 (never rounded); every tensor is then read straight into
+    that dtype, so no full-precision copy of the whole model is ever held.
+    """
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint)
-    model = family.build(config, device=device, seed=None)
-    params = dict(model.named_parameters())
+    model = family.build(config, device="meta", dtype=dtype or torch.float32, seed=None)
     for name, tensor in iter_native_tensors(checkpoint, family, config):
-        target_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        param = params[name]
-        param.data = torch.empty(param.shape, dtype=target_dtype, device=device)
-        param.data.copy_(tensor)
+        module_name, _, param_name = name.rpartition(".")
+        owner = model.get_submodule(module_name)
+        old = owner._parameters[param_name]
+        target = old.dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        # a new Parameter (a meta tensor's .data cannot be replaced by a real one); requires_grad is the module's
+        owner._parameters[param_name] = nn.Parameter(tensor.to(device=device, dtype=target),
+                                                     requires_grad=old.requires_grad)
     return model
 
 

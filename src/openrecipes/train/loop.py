@@ -117,6 +117,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                        rows_per_microbatch=rows_per_microbatch)
 
     model = engine.build_model(recipe, device, parallel)
+    from openrecipes.models.common.precision import check_fp32_parameters
+
+    check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     if engine.parameter_dtype(recipe, parallel.distributed) == torch.bfloat16:
         engine.attach_fp32_grad_accumulators(model)
     opt = recipe.optimizer

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
+from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.families import ModelFamily, family_for_config, family_for_model_type
 
 
@@ -20,21 +21,26 @@ def read_config(checkpoint: HFCheckpoint) -> tuple[ModelFamily, Any]:
     return family, family.config_from_hf(checkpoint.config, source)
 
 
-def _expected_shapes(family: ModelFamily, config: Any) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    with torch.device("meta"):
-        model = family.build(config, device="meta", seed=None)
-    return {name: (param.shape, param.dtype) for name, param in model.named_parameters()}
+def _expected_parameters(family: ModelFamily, config: Any) -> tuple[dict[str, torch.Size], set[str]]:
+    """Each native parameter's shape, and the names the model pins to fp32 (built on the meta device)."""
+    model = family.build(config, device="meta", seed=None)
+    return ({name: param.shape for name, param in model.named_parameters()}, set(fp32_parameter_names(model)))
 
 
 def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any,
-                        skipped: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                        skipped: list[str] | None = None,
+                        promoted: dict[str, torch.dtype] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (native name, tensor) for every native parameter, stacking per-expert HF tensors.
 
     Unknown, missing, duplicated or misshapen tensors raise ValueError naming the tensor and its file.
     Tensors the family ignores (``family.ignored_key``, e.g. a vision tower in text-only mode) are skipped: their
     names are appended to ``skipped`` when given, and a warning states how many there were.
+    Parameters the model pins to fp32 (``KeepFP32``: router, expert bias, residual gates) that the file stores in a
+    narrower float (the published checkpoint keeps its residual gates in bf16) are promoted to fp32, which leaves
+    every value unchanged; ``promoted`` (when given) receives their names and source dtypes. Every other tensor keeps
+    its dtype.
     """
-    expected = _expected_shapes(family, config)
+    expected, pinned = _expected_parameters(family, config)
     pieces: dict[str, dict[int | None, str]] = defaultdict(dict)
     ignored: list[str] = []
     for hf_key in checkpoint.keys():
@@ -54,7 +60,7 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     if missing:
         raise ValueError(f"{checkpoint.path}: missing tensor(s) for {missing[:5]}"
                          f"{' and more' if len(missing) > 5 else ''}")
-    for name, (shape, _) in expected.items():
+    for name, shape in expected.items():
         by_expert = pieces[name]
         if None in by_expert:
             tensor = checkpoint.get(by_expert[None])
@@ -69,13 +75,18 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
             first_key = by_expert.get(None) or by_expert[0]
             raise ValueError(f"tensor {first_key!r} in {checkpoint.path / checkpoint.file_of[first_key]}: "
                              f"shape {tuple(tensor.shape)} does not match the config's {tuple(shape)} (for {name})")
+        if name in pinned and tensor.is_floating_point() and torch.finfo(tensor.dtype).bits < 32:
+            if promoted is not None:
+                promoted[name] = tensor.dtype
+            tensor = tensor.float()  # exact: every bf16 and fp16 value is an fp32 value
         yield name, tensor
 
 
 def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
     """Load an HF checkpoint directory into the native model.
 
-    ``dtype=None`` keeps each tensor's dtype from the file. With a ``dtype`` the model decides each parameter's
+    ``dtype=None`` keeps each tensor's dtype from the file (fp32-pinned tensors stored narrower are promoted to fp32,
+    see ``iter_native_tensors``). With a ``dtype`` the model decides each parameter's
     dtype: it is built on the meta device and cast with ``.to(dtype)``, where ``KeepFP32`` modules keep the router
     weight, the expert bias and the residual gates in fp32 (never rounded); every tensor is then read straight into
     that dtype, so no full-precision copy of the whole model is ever held.

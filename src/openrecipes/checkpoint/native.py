@@ -27,14 +27,19 @@ MANIFEST = "openrecipes.json"
 
 
 def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
-    """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor."""
+    """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor, except that tensors the
+    model pins to fp32 and the file stores narrower are promoted to fp32 (values unchanged). The manifest records
+    each tensor's ``source_dtype`` so that export can write the dtypes the source had."""
     checkpoint = HFCheckpoint(hf_dir)
     family, config = read_config(checkpoint)
-    state = dict(iter_native_tensors(checkpoint, family, config))
+    promoted: dict[str, torch.dtype] = {}
+    state = dict(iter_native_tensors(checkpoint, family, config, promoted=promoted))
     manifest = {
         "format": "openrecipes-native-v1", "writer": f"openrecipes {__version__}", "source": str(hf_dir),
-        "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        "tensors": {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype),
+                           "source_dtype": _dtype_name(promoted.get(name, t.dtype))}
                     for name, t in state.items()},
+        "promoted": sorted(promoted),
     }
     with atomic_output_dir(ckpt_dir, overwrite=overwrite) as staging:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
@@ -65,14 +70,47 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     return state, config
 
 
+EXPORT_DTYPES = ("source", "native")
+
+
 def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
-              overwrite: bool = False) -> None:
-    """Native DCP directory -> HF safetensors directory (per-expert tensors, index when sharded)."""
+              overwrite: bool = False, dtypes: str = "source") -> None:
+    """Native DCP directory -> HF safetensors directory (per-expert tensors, index when sharded).
+
+    ``dtypes="source"`` writes each tensor in the dtype its source checkpoint had (the manifest's ``source_dtype``:
+    residual gates promoted on import go back to bf16, bitwise equal to the source); ``"native"`` writes the native
+    dtypes (the promoted tensors stay fp32). A tensor whose values do not survive the cast back is rounded, with a
+    warning naming it.
+    """
     from openrecipes.models.families import family_for_model_type
 
+    if dtypes not in EXPORT_DTYPES:
+        raise ValueError(f"dtypes must be one of {EXPORT_DTYPES}, got {dtypes!r}")
     state, raw_config = load_native_state(ckpt_dir)
+    if dtypes == "source":
+        _cast_to_source_dtypes(state, Path(ckpt_dir))
     source = str(Path(ckpt_dir) / "config.json")
     family = family_for_model_type(raw_config.get("model_type"), source=source)
     config = family.config_from_hf(raw_config, source)
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config), raw_config,
                  max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+
+
+def _cast_to_source_dtypes(state: dict[str, torch.Tensor], ckpt_dir: Path) -> None:
+    tensors = json.loads((ckpt_dir / MANIFEST).read_text())["tensors"]
+    rounded = []
+    for name, info in tensors.items():
+        source_dtype = getattr(torch, info.get("source_dtype", info["dtype"]))  # older manifests: no source dtype
+        tensor = state[name]
+        if tensor.dtype == source_dtype:
+            continue
+        state[name] = tensor.to(source_dtype)
+        if not torch.equal(state[name].to(tensor.dtype), tensor):
+            rounded.append(name)
+    if rounded:
+        warnings.warn(f"{ckpt_dir}: {len(rounded)} tensor(s) rounded to their source dtype (e.g. {rounded[0]!r}); "
+                      "export with dtypes='native' (--dtypes native) to keep them fp32", stacklevel=3)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

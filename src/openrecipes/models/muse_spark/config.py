@@ -166,10 +166,16 @@ class MuseSparkConfig:
         return self.attention_params() + self.latent_projection_params() + self.router_params()
 
     def total_params(self) -> int:
-        """Every parameter of the language model: layers, norms, residual gates, embedding and LM head."""
+        """Every trainable parameter of the language model: layers, norms, residual gates, embedding and LM head.
+
+        The frozen expert bias is not in it (``frozen_params``)."""
         per_layer = self.dense_layer_params() + self.num_experts * self.expert_params()
         return (self.num_hidden_layers * per_layer + self.norm_params() + self.residual_gate_params()
                 + self.embedding_params() + self.lm_head_params())
+
+    def frozen_params(self) -> int:
+        """The frozen expert bias: one value per expert and layer (62 x 256), never trained, outside ``total_params``."""
+        return self.num_hidden_layers * self.num_experts
 
     def non_embedding_params(self) -> int:
         """``total_params`` without the input embedding and the LM head (the "816B" of the model name)."""

@@ -44,16 +44,30 @@ def hf_dir(model, tmp_path):
     return path
 
 
-def test_layout_and_dtypes(hf_dir):
-    tensors = all_tensors(hf_dir)
+@pytest.mark.parametrize("layout", ["fused", "per_expert"])
+def test_layout_and_dtypes(model, tmp_path, layout):
+    save_hf(model, tmp_path / layout, expert_layout=layout)
+    tensors = all_tensors(tmp_path / layout)
     config = get_config("muse-spark-tiny")
-    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_hf_shapes(config)
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_hf_shapes(config, layout)
     assert all(name.startswith("model.language_model.") or name == "lm_head.weight" for name in tensors)
-    assert tensors["model.language_model.layers.1.mlp.experts.7.down_proj.weight"].shape == (32, 32)
+    if layout == "per_expert":
+        assert tensors["model.language_model.layers.1.mlp.experts.7.down_proj.weight"].shape == (32, 32)
+        assert len(tensors) == 4 * (18 + 3 * 8) + 3
+    else:  # transformers 5's Qwen3-MoE layout: (E, 2F, L) with the gate rows first, and (E, L, F)
+        assert tensors["model.language_model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 64, 32)
+        assert tensors["model.language_model.layers.1.mlp.experts.down_proj"].shape == (8, 32, 32)
+        assert len(tensors) == 4 * (18 + 2) + 3
     assert "model.language_model.embed_tokens.weight" in tensors and "model.language_model.norm.weight" in tensors
     for name, tensor in tensors.items():
         assert tensor.dtype == (torch.float32 if name.endswith(FP32_SUFFIXES) else torch.bfloat16), name
-    assert json.loads((hf_dir / "config.json").read_text())["model_type"] == "muse_spark"
+    assert json.loads((tmp_path / layout / "config.json").read_text())["model_type"] == "muse_spark"
+
+
+def test_fused_is_the_default_layout(hf_dir):
+    assert all_tensors(hf_dir).keys() == expected_hf_shapes(get_config("muse-spark-tiny"), "fused").keys()
+    assert expected_hf_shapes(get_config("muse-spark-tiny")) == expected_hf_shapes(get_config("muse-spark-tiny"),
+                                                                                   "fused")
 
 
 def test_cli_round_trip_is_bitwise_and_keeps_fp32(model, hf_dir, tmp_path):

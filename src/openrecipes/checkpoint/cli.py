@@ -27,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="source (default): each tensor in the dtype the imported checkpoint had, so tensors "
                           "promoted to fp32 on import go back bitwise; native: the native checkpoint's dtypes "
                           "(promoted tensors stay fp32)")
+    exp.add_argument("--expert-layout", choices=("fused", "per_expert"), default=None,
+                     help="fused: two 3-D tensors per layer (gate_up_proj, down_proj); per_expert: one tensor per "
+                          "expert and projection (default: the layout the imported checkpoint had, else the "
+                          "model family's: fused for Muse Spark, per_expert for Qwen3-MoE)")
     exp.set_defaults(func=_export)
 
     aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
@@ -52,7 +56,7 @@ def _export(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import export_hf
 
     export_hf(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30), overwrite=args.overwrite,
-              dtypes=args.dtypes)
+              dtypes=args.dtypes, expert_layout=args.expert_layout)
     print(f"wrote Hugging Face checkpoint to {args.hf_dir}")
     return 0
 

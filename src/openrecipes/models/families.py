@@ -6,7 +6,7 @@ The checkpoint code is written once against this interface; each family (Qwen3-M
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -19,8 +19,10 @@ class ModelFamily:
     config_from_hf: Callable[[dict[str, Any], str], Any]      # (raw config.json, source name) -> config
     config_to_hf: Callable[[Any], dict[str, Any]]
     build: Callable[..., nn.Module]                           # build(config, *, device, dtype, seed)
-    native_key: Callable[[str], tuple[str, int | None]]       # HF name -> (native name, expert index or None)
-    to_hf: Callable[[str, torch.Tensor, Any], list[tuple[str, torch.Tensor]]]  # native -> HF tensors
+    # HF name -> [(native name, part)]: which native parameter(s) it fills and where (common/hf_experts.Part)
+    native_parts: Callable[[str], list[tuple[str, Any]]]
+    # (native (name, tensor) stream, config, expert layout or None for the family's default) -> HF tensors
+    to_hf: Callable[[Iterable[tuple[str, torch.Tensor]], Any, str | None], Iterator[tuple[str, torch.Tensor]]]
     # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
     ignored_key: Callable[[str], bool] | None = None
 
@@ -60,7 +62,7 @@ def _ensure_registered() -> None:
         model_types=("qwen3_moe",), config_class=Qwen3MoeConfig,
         config_from_hf=lambda raw, source: Qwen3MoeConfig.from_hf_dict(raw, source=source),
         config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
-        native_key=qwen3_hf.native_key,
+        native_parts=qwen3_hf.native_parts,
         to_hf=qwen3_hf.to_hf,
     ))
 
@@ -72,5 +74,5 @@ def _ensure_registered() -> None:
         model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
         config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
         config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
-        native_key=muse_hf.native_key, to_hf=muse_hf.to_hf, ignored_key=muse_hf.ignored_key,
+        native_parts=muse_hf.native_parts, to_hf=muse_hf.to_hf, ignored_key=muse_hf.ignored_key,
     ))

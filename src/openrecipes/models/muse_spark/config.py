@@ -16,8 +16,8 @@ config.json when it has one); the default (``default_layer_types``, used when ``
 every 4th layer from layer 0 (0, 4, ..., 60: exactly 16 of 62), chosen by the published pipeline layouts:
 it puts exactly one full-attention layer in each of the seed recipe's 16 stages (3, 4 x 14, 3 layers), two
 in each of the 8 stages of 7, 8 x 6, 7 and four in each of the 4 stages of 15, 16, 16, 15, so the
-full-attention work, which grows with the context, is spread evenly over the stages. The placement we used first (3, 7, ..., 59 and 61) gives the 16-stage
-layout none on its first stage and two on its last.
+full-attention work, which grows with the context, is spread evenly over the stages. The placement we used
+first (3, 7, ..., 59 and 61) gives the 16-stage layout none on its first stage and two on its last.
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ class MuseSparkConfig:
                 + self.embedding_params() + self.lm_head_params())
 
     def frozen_params(self) -> int:
-        """The frozen expert bias: one value per expert and layer (62 x 256), never trained, outside ``total_params``."""
+        """The frozen expert bias: one value per expert and layer (62 x 256), never trained; not in
+        ``total_params``."""
         return self.num_hidden_layers * self.num_experts
 
     def non_embedding_params(self) -> int:

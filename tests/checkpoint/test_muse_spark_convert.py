@@ -12,6 +12,7 @@ from openrecipes.checkpoint.native import import_hf, load_native_state
 from openrecipes.checkpoint.safetensors_io import INDEX_NAME, HFCheckpoint
 from openrecipes.cli import main
 from openrecipes.models.common.attention import Documents
+from openrecipes.models.common.precision import check_fp32_parameters, fp32_parameter_names
 from openrecipes.models.muse_spark.hf import expected_hf_shapes
 from openrecipes.models.muse_spark.model import build_muse_spark
 from openrecipes.models.registry import get_config
@@ -43,22 +44,37 @@ def hf_dir(model, tmp_path):
     return path
 
 
-def test_layout_and_dtypes(hf_dir):
-    tensors = all_tensors(hf_dir)
+@pytest.mark.parametrize("layout", ["fused", "per_expert"])
+def test_layout_and_dtypes(model, tmp_path, layout):
+    save_hf(model, tmp_path / layout, expert_layout=layout)
+    tensors = all_tensors(tmp_path / layout)
     config = get_config("muse-spark-tiny")
-    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_hf_shapes(config)
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected_hf_shapes(config, layout)
     assert all(name.startswith("model.language_model.") or name == "lm_head.weight" for name in tensors)
-    assert tensors["model.language_model.layers.1.mlp.experts.7.down_proj.weight"].shape == (32, 32)
+    if layout == "per_expert":
+        assert tensors["model.language_model.layers.1.mlp.experts.7.down_proj.weight"].shape == (32, 32)
+        assert len(tensors) == 4 * (18 + 3 * 8) + 3
+    else:  # transformers 5's Qwen3-MoE layout: (E, 2F, L) with the gate rows first, and (E, L, F)
+        assert tensors["model.language_model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 64, 32)
+        assert tensors["model.language_model.layers.1.mlp.experts.down_proj"].shape == (8, 32, 32)
+        assert len(tensors) == 4 * (18 + 2) + 3
     assert "model.language_model.embed_tokens.weight" in tensors and "model.language_model.norm.weight" in tensors
     for name, tensor in tensors.items():
         assert tensor.dtype == (torch.float32 if name.endswith(FP32_SUFFIXES) else torch.bfloat16), name
-    assert json.loads((hf_dir / "config.json").read_text())["model_type"] == "muse_spark"
+    assert json.loads((tmp_path / layout / "config.json").read_text())["model_type"] == "muse_spark"
 
 
-def test_cli_round_trip_is_bitwise_and_keeps_fp32(hf_dir, tmp_path):
+def test_fused_is_the_default_layout(hf_dir):
+    assert all_tensors(hf_dir).keys() == expected_hf_shapes(get_config("muse-spark-tiny"), "fused").keys()
+    assert expected_hf_shapes(get_config("muse-spark-tiny")) == expected_hf_shapes(get_config("muse-spark-tiny"),
+                                                                                   "fused")
+
+
+def test_cli_round_trip_is_bitwise_and_keeps_fp32(model, hf_dir, tmp_path):
     assert (hf_dir / INDEX_NAME).is_file()
     assert main(["convert", "import", str(hf_dir), str(tmp_path / "native")]) == 0
     state, _ = load_native_state(tmp_path / "native")
+    assert {state[name].dtype for name in fp32_parameter_names(model)} == {torch.float32}
     assert state["model.language_model.layers.0.mlp.experts.gate_proj"].shape == (8, 32, 32)
     assert state["model.language_model.layers.0.mlp.gate.weight"].dtype == torch.float32
     assert state["model.language_model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
@@ -85,6 +101,23 @@ def test_from_hf_gives_identical_logits(model, hf_dir):
     positions = torch.tensor([list(range(10)) + list(range(14)), list(range(24))])
     with torch.no_grad():
         assert torch.equal(model(ids, positions, documents), loaded(ids, positions, documents))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_from_hf_with_a_low_dtype_keeps_fp32_tensors_unrounded(model, hf_dir, dtype):
+    loaded = openrecipes.from_hf(hf_dir, dtype=dtype)
+    check_fp32_parameters(loaded)
+    source = dict(model.named_parameters())
+    pinned = fp32_parameter_names(loaded)
+    assert len(pinned) == 16
+    for name, param in loaded.named_parameters():
+        if name in pinned:  # full fp32 values in the file: a trip through bf16 would change them
+            assert param.dtype == torch.float32 and torch.equal(param, source[name]), name
+        else:
+            assert param.dtype == dtype, name
+    assert not loaded.model.language_model.layers["0"].mlp.gate.expert_bias.requires_grad
+    wide = openrecipes.from_hf(hf_dir, dtype=torch.float64)  # up-casting reaches the pinned tensors too
+    assert {p.dtype for p in wide.parameters()} == {torch.float64}
 
 
 def _add_other_modalities(hf_dir):

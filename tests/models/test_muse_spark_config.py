@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from openrecipes.config.layout import LayoutConfig, stage_layer_counts
 from openrecipes.models.muse_spark.config import FULL, SLIDING, MuseSparkConfig, default_layer_types
 from openrecipes.models.registry import get_config
 
@@ -12,8 +13,7 @@ def test_full_config_matches_published_counts():
     assert config.active_params() == 44_432_883_712
     assert round(config.non_embedding_params() / 1e9, 1) == 816.7
     assert config.layer_types.count(FULL) == 16 and config.layer_types.count(SLIDING) == 46
-    assert config.full_attention_layers()[-1] == 61
-    assert config.full_attention_layers()[:3] == [3, 7, 11]
+    assert config.full_attention_layers() == list(range(0, 62, 4))
 
 
 def test_active_params_by_component():
@@ -34,8 +34,38 @@ def test_tiny_config_is_small_and_mixed():
 
 
 def test_default_layer_types_rule():
-    assert default_layer_types(8) == (SLIDING, SLIDING, SLIDING, FULL, SLIDING, SLIDING, SLIDING, FULL)
+    assert default_layer_types(8) == (FULL, SLIDING, SLIDING, SLIDING, FULL, SLIDING, SLIDING, SLIDING)
     assert default_layer_types(62).count(FULL) == 16
+
+
+def _full_layers_per_stage(full_layers, layout):
+    counts = stage_layer_counts(layout, 62)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [sum(start <= i < start + n for i in full_layers) for start, n in zip(starts, counts)]
+
+
+@pytest.mark.parametrize("pp, end_stage_layers, per_stage", [
+    (16, 3, 1),  # the seed recipe: stages of 3, 4 x 14, 3 layers
+    (8, 7, 2),   # 7, 8 x 6, 7
+    (4, 15, 4),  # 15, 16, 16, 15
+])
+def test_default_placement_puts_the_same_number_of_full_layers_in_every_stage(pp, end_stage_layers, per_stage):
+    layout = LayoutConfig(pp=pp, pp_first_stage_layers=end_stage_layers, pp_last_stage_layers=end_stage_layers,
+                          max_tokens_per_gpu=8192)
+    full = MuseSparkConfig().full_attention_layers()
+    assert _full_layers_per_stage(full, layout) == [per_stage] * pp
+    if pp == 16:  # the earlier placement (3, 7, ..., 59, 61) left the first stage none and the last two
+        old = [*range(3, 60, 4), 61]
+        assert len(old) == 16 and _full_layers_per_stage(old, layout)[::15] == [0, 2]
+
+
+def test_placement_from_config_json_wins_over_the_default():
+    listed = [FULL if i in (3, 61) else SLIDING for i in range(62)]
+    config = MuseSparkConfig.from_hf_dict({"model_type": "muse_spark", "layer_types": listed})
+    assert config.full_attention_layers() == [3, 61]
+    nested = MuseSparkConfig.from_hf_dict({"model_type": "muse_spark", "text_config": {"layer_types": listed}})
+    assert nested.layer_types == tuple(listed)
+    assert MuseSparkConfig.from_hf_dict(config.to_hf_dict()).layer_types == tuple(listed)
 
 
 @pytest.mark.parametrize("change, field", [

@@ -1,4 +1,9 @@
-"""Tensor-by-tensor comparison of two Hugging Face checkpoint directories."""
+"""Tensor-by-tensor comparison of two Hugging Face checkpoint directories.
+
+A tensor that B holds in fp32 where A holds a narrower float (bf16, fp16) with every value unchanged is a
+*promotion*, as import does for the residual gates: reported as such and not a failure. Every other dtype change
+(narrowing, fp32 -> fp64, ...) fails.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ class AuditReport:
     extra: list[str] = field(default_factory=list)        # in B, not in A
     reshaped: list[tuple[str, tuple, tuple]] = field(default_factory=list)
     dtype_changed: list[tuple[str, str, str]] = field(default_factory=list)
+    promoted: list[tuple[str, str, str]] = field(default_factory=list)  # (name, A dtype, "float32"), values equal
     exact: int = 0
     differing: list[tuple[str, float]] = field(default_factory=list)  # (name, max abs difference)
     max_abs_diff: float = 0.0
@@ -29,6 +35,7 @@ class AuditReport:
         rows = [("tensors compared", str(self.compared)), ("exact matches", str(self.exact)),
                 ("missing in B", str(len(self.missing))), ("extra in B", str(len(self.extra))),
                 ("reshaped", str(len(self.reshaped))), ("dtype changed", str(len(self.dtype_changed))),
+                ("promoted to fp32", f"{len(self.promoted)} (values unchanged)"),
                 ("values differ", str(len(self.differing))), ("max abs difference", f"{self.max_abs_diff:.3e}"),
                 ("result", "PASS" if self.passed(atol) else f"FAIL (atol {atol:g})")]
         width = max(len(k) for k, _ in rows)
@@ -36,6 +43,7 @@ class AuditReport:
         details = ([f"missing  {n}" for n in self.missing] + [f"extra    {n}" for n in self.extra]
                    + [f"reshaped {n}: {a} -> {b}" for n, a, b in self.reshaped]
                    + [f"dtype    {n}: {a} -> {b}" for n, a, b in self.dtype_changed]
+                   + [f"promoted {n}: {a} -> {b}, values unchanged" for n, a, b in self.promoted]
                    + [f"differs  {n}: max abs {d:.3e}" for n, d in self.differing if not d <= atol])
         return "\n".join(lines + ([""] + details[:50] if details else []))
 
@@ -44,6 +52,7 @@ class AuditReport:
                 "missing": self.missing, "extra": self.extra,
                 "reshaped": [{"name": n, "a": list(a), "b": list(b)} for n, a, b in self.reshaped],
                 "dtype_changed": [{"name": n, "a": a, "b": b} for n, a, b in self.dtype_changed],
+                "promoted": [{"name": n, "a": a, "b": b} for n, a, b in self.promoted],
                 "differing": [{"name": n, "max_abs_diff": d} for n, d in self.differing],
                 "max_abs_diff": self.max_abs_diff}
 
@@ -60,6 +69,10 @@ def audit(a_dir: str | Path, b_dir: str | Path) -> AuditReport:
         if ta.shape != tb.shape:
             report.reshaped.append((name, tuple(ta.shape), tuple(tb.shape)))
             continue
+        if _is_promotion(ta, tb):
+            report.promoted.append((name, _name(ta.dtype), _name(tb.dtype)))
+            report.exact += 1
+            continue
         if ta.dtype != tb.dtype:
             report.dtype_changed.append((name, str(ta.dtype), str(tb.dtype)))
         if torch.equal(ta, tb.to(ta.dtype)) and ta.dtype == tb.dtype:
@@ -69,3 +82,13 @@ def audit(a_dir: str | Path, b_dir: str | Path) -> AuditReport:
         report.differing.append((name, diff))
         report.max_abs_diff = max(report.max_abs_diff, diff)
     return report
+
+
+def _is_promotion(ta: torch.Tensor, tb: torch.Tensor) -> bool:
+    """B is fp32, A a narrower float, and widening A gives B exactly (so no value changed)."""
+    return (tb.dtype == torch.float32 and ta.is_floating_point() and torch.finfo(ta.dtype).bits < 32
+            and torch.equal(ta.to(torch.float32), tb))
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -23,6 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     exp.add_argument("hf_dir")
     exp.add_argument("--max-shard-gib", type=float, default=5.0, help="largest safetensors shard (default 5)")
     exp.add_argument("--overwrite", action="store_true", help="replace HF_DIR if it exists")
+    exp.add_argument("--dtypes", choices=("source", "native"), default="source",
+                     help="source (default): each tensor in the dtype the imported checkpoint had, so tensors "
+                          "promoted to fp32 on import go back bitwise; native: the native checkpoint's dtypes "
+                          "(promoted tensors stay fp32)")
+    exp.add_argument("--expert-layout", choices=("fused", "per_expert"), default=None,
+                     help="fused: two 3-D tensors per layer (gate_up_proj, down_proj); per_expert: one tensor per "
+                          "expert and projection (default: the layout the imported checkpoint had, else the "
+                          "model family's: fused for Muse Spark, per_expert for Qwen3-MoE)")
     exp.set_defaults(func=_export)
 
     aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
@@ -39,14 +47,16 @@ def _import(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import import_hf
 
     manifest = import_hf(args.hf_dir, args.ckpt_dir, overwrite=args.overwrite)
-    print(f"wrote {len(manifest['tensors'])} native tensors to {args.ckpt_dir}")
+    promoted = f" ({len(manifest['promoted'])} promoted to fp32, values unchanged)" if manifest["promoted"] else ""
+    print(f"wrote {len(manifest['tensors'])} native tensors to {args.ckpt_dir}{promoted}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import export_hf
 
-    export_hf(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30), overwrite=args.overwrite)
+    export_hf(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30), overwrite=args.overwrite,
+              dtypes=args.dtypes, expert_layout=args.expert_layout)
     print(f"wrote Hugging Face checkpoint to {args.hf_dir}")
     return 0
 

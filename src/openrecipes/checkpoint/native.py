@@ -2,7 +2,8 @@
 
 Layout of CKPT_DIR:
   config.json        the model's Hugging Face config (to rebuild the model)
-  openrecipes.json   what wrote it, and the tensors it holds (names, shapes, dtypes)
+  openrecipes.json   what wrote it, the tensors it holds (names, shapes, dtypes, source dtypes), the tensors
+                     promoted to fp32 on import and the source's expert layout
   __0_0.distcp, .metadata   the DCP files
 
 DCP reshards on load, so a directory written under one parallel layout loads under another.
@@ -27,14 +28,22 @@ MANIFEST = "openrecipes.json"
 
 
 def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
-    """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor."""
+    """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor, except that tensors the
+    model pins to fp32 and the file stores narrower are promoted to fp32 (values unchanged). The manifest records
+    each tensor's ``source_dtype`` and the source's ``expert_layout`` so that export can write them again."""
     checkpoint = HFCheckpoint(hf_dir)
     family, config = read_config(checkpoint)
-    state = dict(iter_native_tensors(checkpoint, family, config))
+    promoted: dict[str, torch.dtype] = {}
+    layouts: set[str] = set()
+    state = dict(iter_native_tensors(checkpoint, family, config, promoted=promoted, expert_layouts=layouts))
     manifest = {
         "format": "openrecipes-native-v1", "writer": f"openrecipes {__version__}", "source": str(hf_dir),
-        "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        "tensors": {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype),
+                           "source_dtype": _dtype_name(promoted.get(name, t.dtype))}
                     for name, t in state.items()},
+        "promoted": sorted(promoted),
+        # the source's expert layout, which export writes again by default (None: none, or both, were met)
+        "expert_layout": layouts.pop() if len(layouts) == 1 else None,
     }
     with atomic_output_dir(ckpt_dir, overwrite=overwrite) as staging:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
@@ -65,14 +74,49 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     return state, config
 
 
+EXPORT_DTYPES = ("source", "native")
+
+
 def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
-              overwrite: bool = False) -> None:
-    """Native DCP directory -> HF safetensors directory (per-expert tensors, index when sharded)."""
+              overwrite: bool = False, dtypes: str = "source", expert_layout: str | None = None) -> None:
+    """Native DCP directory -> HF safetensors directory (an index when sharded).
+
+    ``dtypes="source"`` writes each tensor in the dtype its source checkpoint had (the manifest's ``source_dtype``:
+    residual gates promoted on import go back to bf16, bitwise equal to the source); ``"native"`` writes the native
+    dtypes (the promoted tensors stay fp32). A tensor whose values do not survive the cast back is rounded, with a
+    warning naming it. ``expert_layout`` ("fused" or "per_expert", see ``models/common/hf_experts.py``): None writes
+    the layout the source had, else the family's default (fused for Muse Spark, per expert for Qwen3-MoE).
+    """
     from openrecipes.models.families import family_for_model_type
 
+    if dtypes not in EXPORT_DTYPES:
+        raise ValueError(f"dtypes must be one of {EXPORT_DTYPES}, got {dtypes!r}")
     state, raw_config = load_native_state(ckpt_dir)
+    manifest = json.loads((Path(ckpt_dir) / MANIFEST).read_text())
+    if dtypes == "source":
+        _cast_to_source_dtypes(state, manifest["tensors"], Path(ckpt_dir))
     source = str(Path(ckpt_dir) / "config.json")
     family = family_for_model_type(raw_config.get("model_type"), source=source)
     config = family.config_from_hf(raw_config, source)
-    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config), raw_config,
+    layout = expert_layout or manifest.get("expert_layout")
+    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, layout), raw_config,
                  max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+
+
+def _cast_to_source_dtypes(state: dict[str, torch.Tensor], tensors: dict[str, dict], ckpt_dir: Path) -> None:
+    rounded = []
+    for name, info in tensors.items():
+        source_dtype = getattr(torch, info.get("source_dtype", info["dtype"]))  # older manifests: no source dtype
+        tensor = state[name]
+        if tensor.dtype == source_dtype:
+            continue
+        state[name] = tensor.to(source_dtype)
+        if not torch.equal(state[name].to(tensor.dtype), tensor):
+            rounded.append(name)
+    if rounded:
+        warnings.warn(f"{ckpt_dir}: {len(rounded)} tensor(s) rounded to their source dtype (e.g. {rounded[0]!r}); "
+                      "export with dtypes='native' (--dtypes native) to keep them fp32", stacklevel=3)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

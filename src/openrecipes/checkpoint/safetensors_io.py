@@ -76,6 +76,14 @@ class HFCheckpoint:
         except (SafetensorError, OSError, RuntimeError) as error:
             raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
 
+    def get_slice(self, key: str, *index: slice) -> torch.Tensor:
+        """``tensor[index]``, reading only that part of the file (e.g. one half of a fused gate_up_proj)."""
+        file_name = self.file_of[key]
+        try:
+            return self._open(file_name).get_slice(key)[index]
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
+
     def metadata(self, key: str) -> tuple[tuple[int, ...], str]:
         """Shape and dtype without reading the data."""
         piece = self._open(self.file_of[key]).get_slice(key)

@@ -9,7 +9,7 @@ once against this contract; ``openrecipes.models.registry`` lists the families (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -73,8 +73,10 @@ class ModelFamily:
     config_from_hf: Callable[[dict[str, Any], str], Any]      # (raw config.json, source name) -> config
     config_to_hf: Callable[[Any], dict[str, Any]]
     build: Callable[..., nn.Module]                           # build(config, *, device, dtype, seed, kernels)
-    native_key: Callable[[str], tuple[str, int | None]]       # HF name -> (native name, expert index or None)
-    to_hf: Callable[[str, torch.Tensor, Any], list[tuple[str, torch.Tensor]]]  # native -> HF tensors
+    # HF name -> [(native name, part)]: which native parameter(s) it fills and where (common/hf_experts.Part)
+    native_parts: Callable[[str], list[tuple[str, Any]]]
+    # (native (name, tensor) stream, config, expert layout or None for the family's default) -> HF tensors
+    to_hf: Callable[[Iterable[tuple[str, torch.Tensor]], Any, str | None], Iterator[tuple[str, torch.Tensor]]]
     # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
     ignored_key: Callable[[str], bool] | None = None
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from openrecipes import __version__
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
+from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -103,6 +104,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                        rows_per_microbatch=rows_per_microbatch)
 
     model, grads = engine.build_model(recipe, device, parallel)
+    check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer
     optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,

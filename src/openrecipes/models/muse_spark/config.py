@@ -11,9 +11,13 @@ Derived (our assumption): hidden 8192; 64 query heads, 8 KV heads of dim 128; ou
 8192->8192; latent projections 8192->4096 and 4096->8192; router 8192->256 over 256 experts;
 vocabulary 202,048. With these, ``active_params()`` is exactly the published 44,432,883,712.
 
-The placement of the full-attention layers is not published. Default (``default_layer_types``, used
-when ``layer_types`` is None): every 4th layer starting at layer 3 (3, 7, ..., 59: 15 layers) plus the
-last layer (61), so the final block always sees the whole context and there are exactly 16.
+The placement of the full-attention layers is not published. ``layer_types`` is the list (read from
+config.json when it has one); the default (``default_layer_types``, used when ``layer_types`` is None) is
+every 4th layer from layer 0 (0, 4, ..., 60: exactly 16 of 62), chosen by the published pipeline layouts:
+it puts exactly one full-attention layer in each of the seed recipe's 16 stages (3, 4 x 14, 3 layers), two
+in each of the 8 stages of 7, 8 x 6, 7 and four in each of the 4 stages of 15, 16, 16, 15, so the
+full-attention work, which grows with the context, is spread evenly over the stages. The placement we used
+first (3, 7, ..., 59 and 61) gives the 16-stage layout none on its first stage and two on its last.
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ _IGNORED_HF_KEYS = {
 
 
 def default_layer_types(num_layers: int) -> tuple[str, ...]:
-    """Full attention at every 4th layer from layer 3 (3, 7, 11, ...) and at the last layer; sliding elsewhere.
+    """Full attention at every 4th layer from layer 0 (0, 4, 8, ...); sliding elsewhere.
 
-    For 62 layers: 15 full layers up to 59, plus 61, so exactly the published 16.
+    For 62 layers: 0, 4, ..., 60, exactly the published 16, one in each 4-layer pipeline stage (see the module
+    docstring for why this placement).
     """
-    full = set(range(3, num_layers, 4)) | {num_layers - 1}
-    return tuple(FULL if i in full else SLIDING for i in range(num_layers))
+    return tuple(FULL if i % 4 == 0 else SLIDING for i in range(num_layers))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -162,10 +166,17 @@ class MuseSparkConfig:
         return self.attention_params() + self.latent_projection_params() + self.router_params()
 
     def total_params(self) -> int:
-        """Every parameter of the language model: layers, norms, residual gates, embedding and LM head."""
+        """Every trainable parameter of the language model: layers, norms, residual gates, embedding and LM head.
+
+        The frozen expert bias is not in it (``frozen_params``)."""
         per_layer = self.dense_layer_params() + self.num_experts * self.expert_params()
         return (self.num_hidden_layers * per_layer + self.norm_params() + self.residual_gate_params()
                 + self.embedding_params() + self.lm_head_params())
+
+    def frozen_params(self) -> int:
+        """The frozen expert bias: one value per expert and layer (62 x 256), never trained; not in
+        ``total_params``."""
+        return self.num_hidden_layers * self.num_experts
 
     def non_embedding_params(self) -> int:
         """``total_params`` without the input embedding and the LM head (the "816B" of the model name)."""

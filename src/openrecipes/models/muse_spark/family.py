@@ -56,5 +56,5 @@ FAMILY = ModelFamily(
     model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
     config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
-    native_key=hf.native_key, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
+    native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
 )

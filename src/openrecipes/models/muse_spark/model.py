@@ -2,7 +2,7 @@
 
 Parameter names follow the Hugging Face layout of a multimodal checkpoint: the decoder lives under
 ``model.language_model.*``, the LM head is ``lm_head.weight``; grouped experts are the one exception
-(``...mlp.experts.{gate,up,down}_proj`` of shape (E, out, in), split per expert by ``hf.py``).
+(``...mlp.experts.{gate,up,down}_proj`` of shape (E, out, in); ``hf.py`` writes them fused or per expert).
 
 One layer (pre-norm, gated residuals, both gates fp32 and initialised to ones):
     h   = x + g_attn ⊙ Attn(RMSNorm(x))

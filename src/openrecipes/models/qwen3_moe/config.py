@@ -101,6 +101,10 @@ class Qwen3MoeConfig:
         return (self.num_hidden_layers * per_layer + self.norm_params()
                 + self.embedding_params() + self.lm_head_params())
 
+    def frozen_params(self) -> int:
+        """Parameters outside ``total_params`` because they are never trained: none in Qwen3-MoE."""
+        return 0
+
     def active_params(self) -> int:
         """N: parameters touched per token, excluding the input embedding and all norms."""
         per_layer = self.attention_params() + self.router_params() + self.num_experts_per_tok * self.expert_params()

@@ -56,5 +56,5 @@ FAMILY = ModelFamily(
     model_types=("qwen3_moe",), config_class=Qwen3MoeConfig,
     config_from_hf=lambda raw, source: Qwen3MoeConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
-    native_key=hf.native_key, to_hf=hf.to_hf,
+    native_parts=hf.native_parts, to_hf=hf.to_hf,
 )

@@ -19,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from openrecipes import __version__
+from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
 from openrecipes.utils import atomic_output_dir, atomic_write_text
@@ -55,12 +56,7 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     manifest = json.loads(manifest_path.read_text())
     state = {name: torch.empty(info["shape"], dtype=getattr(torch, info["dtype"]))
              for name, info in manifest["tensors"].items()}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt_dir)), no_dist=True)
-    except Exception as error:  # DCP wraps per-file failures in its own exception types
-        raise ValueError(f"{ckpt_dir}: cannot load native checkpoint ({error})") from error
+    load_dcp(state, ckpt_dir, no_dist=True)  # restricted: a checkpoint's pickles cannot run code
     config = json.loads((ckpt_dir / "config.json").read_text())
     return state, config
 

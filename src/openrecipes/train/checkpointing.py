@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.utils import atomic_write_text
 
 LATEST = "latest"
@@ -84,9 +85,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load a save into ``model`` and ``optimizer`` (resharding to the current layout); returns its step."""
     state = _state(model, optimizer, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(path))
+    load_dcp(state, path)  # restricted: a checkpoint's pickles cannot run code
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return int(state["trainer"]["step"])

@@ -1,0 +1,80 @@
+"""Checkpoint files are data: a planted pickle in a DCP checkpoint is refused and never runs."""
+
+import os
+import pickle
+import shlex
+import shutil
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from openrecipes.checkpoint.hf import save_hf
+from openrecipes.checkpoint.native import import_hf, load_native_state
+from openrecipes.checkpoint.safe_load import load_dcp, read_dcp_metadata
+from openrecipes.cli import main
+from openrecipes.models.qwen3_moe import build_qwen3_moe
+from openrecipes.models.registry import get_config
+
+
+class RunsCode:
+    """Pickles to a call of os.system: unpickling it would create the marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def plant_metadata(ckpt_dir, marker):
+    (ckpt_dir / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+
+
+@pytest.fixture(scope="module")
+def native_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native")
+    save_hf(build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=3), root / "hf")
+    import_hf(root / "hf", root / "native")
+    return root / "native"
+
+
+def test_a_real_checkpoint_loads(native_dir):
+    state, config = load_native_state(native_dir)
+    assert config["model_type"] == "qwen3_moe" and all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_planted_metadata_is_refused_by_the_loader(native_dir, tmp_path):
+    planted, marker = tmp_path / "planted", tmp_path / "ran"
+    shutil.copytree(native_dir, planted)
+    plant_metadata(planted, marker)
+    with pytest.raises(ValueError, match=r"\.metadata: refused to load: its pickle names posix\.system"):
+        load_native_state(planted)
+    assert not marker.exists()
+
+
+def test_planted_metadata_is_refused_by_convert_export(native_dir, tmp_path, capsys):
+    planted, marker = tmp_path / "planted", tmp_path / "ran"
+    shutil.copytree(native_dir, planted)
+    plant_metadata(planted, marker)
+    assert main(["convert", "export", str(planted), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "refused to load" in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "hf").exists()
+
+
+def test_planted_byte_item_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    dcp.save({"lr": RunsCode(marker)}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    with pytest.raises(ValueError, match="'lr': refused or unreadable"):
+        load_dcp({"lr": 0.0}, tmp_path / "ckpt", no_dist=True)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04garbage", pickle.dumps({"not": "metadata"})])
+def test_garbled_metadata_is_one_clear_error(native_dir, tmp_path, content):
+    garbled = tmp_path / "garbled"
+    shutil.copytree(native_dir, garbled)
+    (garbled / ".metadata").write_bytes(content)
+    with pytest.raises(ValueError, match=r"\.metadata: not (readable )?checkpoint metadata"):
+        read_dcp_metadata(garbled / ".metadata")

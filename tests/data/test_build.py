@@ -174,5 +174,5 @@ def test_cli_build_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert manifest["template_kwargs"] == {"current_date": "2026-10-01", "reasoning_effort": "high"}
     assert json.loads(capsys.readouterr().out)["rows_sha256"] == manifest["rows_sha256"]
     args = parser.parse_args(["data", "build", "--loss-mask", "qwen3", "--row-tokens", "128", "--out", str(out)])
-    with pytest.raises(ValueError, match="exists and is not empty"):
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
         args.func(args)

@@ -22,13 +22,18 @@ from openrecipes import __version__
 from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
-from openrecipes.utils import atomic_output_dir, atomic_write_text
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
 
 MANIFEST = "openrecipes.json"
+# marks a directory as written by `convert import`, so --overwrite may replace it (and nothing else)
+NATIVE_MARKER = ".openrecipes-native"
 
 
 def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor."""
+    guard = dict(marker=NATIVE_MARKER, writer="openrecipes convert import", overwrite=overwrite, inputs=[hf_dir],
+                 option="CKPT_DIR")
+    check_output_dir(ckpt_dir, **guard)  # before reading every tensor: a refusal costs nothing
     checkpoint = HFCheckpoint(hf_dir)
     family, config = read_config(checkpoint)
     state = dict(iter_native_tensors(checkpoint, family, config))
@@ -37,7 +42,7 @@ def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = Fal
         "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
                     for name, t in state.items()},
     }
-    with atomic_output_dir(ckpt_dir, overwrite=overwrite) as staging:
+    with guarded_output_dir(ckpt_dir, **guard) as staging:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging)), no_dist=True)
@@ -64,11 +69,14 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
 def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
               overwrite: bool = False) -> None:
     """Native DCP directory -> HF safetensors directory (per-expert tensors, index when sharded)."""
+    from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER
     from openrecipes.models.families import family_for_model_type
 
+    check_output_dir(hf_dir, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=[ckpt_dir],
+                     option="HF_DIR")  # before loading every tensor: a refusal costs nothing
     state, raw_config = load_native_state(ckpt_dir)
     source = str(Path(ckpt_dir) / "config.json")
     family = family_for_model_type(raw_config.get("model_type"), source=source)
     config = family.config_from_hf(raw_config, source)
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config), raw_config,
-                 max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, inputs=[ckpt_dir])

@@ -10,10 +10,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import atomic_output_dir, atomic_write_text
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# marks a directory as written here, so --overwrite may replace it (and nothing else)
+HF_MARKER = ".openrecipes-hf"
+HF_WRITER = "openrecipes (Hugging Face export)"
 
 
 class HFCheckpoint:
@@ -84,8 +87,13 @@ class HFCheckpoint:
 
 def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], config: dict, *,
                  max_shard_bytes: int = 5 * 2**30, overwrite: bool = False,
-                 extra_files: dict[str, str] | None = None) -> None:
-    """Write an HF checkpoint directory atomically; more than one shard gets a ``model.safetensors.index.json``."""
+                 extra_files: dict[str, str] | None = None, inputs: Iterable[str | Path] = (),
+                 option: str = "HF_DIR") -> None:
+    """Write an HF checkpoint directory atomically; more than one shard gets a ``model.safetensors.index.json``.
+
+    ``path`` may replace only an earlier export (``overwrite``), never a directory holding one of ``inputs``."""
+    guard = dict(marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs, option=option)
+    check_output_dir(path, **guard)  # before ``tensors`` is consumed: a refusal costs no conversion
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     for name, tensor in tensors:
@@ -95,7 +103,7 @@ def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], 
             shard_bytes = 0
         shards[-1][name] = tensor.contiguous()
         shard_bytes += size
-    with atomic_output_dir(path, overwrite=overwrite) as staging:
+    with guarded_output_dir(path, **guard) as staging:
         if len(shards) == 1:
             save_file(shards[0], str(staging / SINGLE_NAME), metadata={"format": "pt"})
         else:

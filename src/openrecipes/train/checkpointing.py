@@ -48,8 +48,40 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dic
     }
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
+
+
+def first_nonfinite(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """The name of this rank's first parameter (or optimizer state of one) holding inf or nan, or None."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(_local(param.detach())).all()):
+            return name
+        for key, value in optimizer.state.get(param, {}).items():
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(_local(value)).all()):
+                return f"{name} (optimizer state {key!r})"
+    return None
+
+
+def check_finite(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Refuse to save a poisoned state: a checkpoint holding inf/nan would be resumed from as the last good one.
+
+    Every rank takes part (the decision must be the same everywhere, or the others would wait at the save)."""
+    bad = first_nonfinite(model, optimizer)
+    if dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([0.0 if bad else 1.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() == 0.0 and bad is None:
+            bad = "a parameter held by another rank"
+    if bad:
+        raise ValueError(f"step {step}: {bad} holds non-finite values; checkpoint step-{step:06d} was not written "
+                         "(the last good checkpoint is kept)")
+
+
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *,
                     keep: int) -> Path:
+    check_finite(model, optimizer, step)
     root = Path(run_dir) / "checkpoints"
     final = root / f"step-{step:06d}"
     staging = root / f".step-{step:06d}.partial"

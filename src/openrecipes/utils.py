@@ -20,6 +20,8 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from error
+    except UnicodeDecodeError as error:  # binary garbage
+        raise ValueError(f"{path}: not valid JSON (not UTF-8 text: {error.reason} at byte {error.start})") from None
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:

@@ -80,3 +80,13 @@ def test_skipping_nonfinite_steps_stops_when_they_keep_coming(make_recipe, monke
     recipe = make_recipe(steps=6, debug__skip_nonfinite_steps=True, debug__max_consecutive_skips=2)
     with pytest.raises(TrainingStopped, match=r"step 2: non-finite .* after 2 skipped steps in a row"):
         train(recipe, command="t")
+
+
+def test_a_damaged_training_checkpoint_is_named_on_resume(short_run, capsys):
+    shard = next(latest_checkpoint(short_run).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert main(["train", "--resume", str(short_run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{shard}: damaged" in err and len(err.strip().splitlines()) == 1

@@ -22,7 +22,8 @@ from openrecipes import __version__
 from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
-from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
+from openrecipes.checkpoint.checksums import write_checksums
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, read_json
 
 MANIFEST = "openrecipes.json"
 # marks a directory as written by `convert import`, so --overwrite may replace it (and nothing else)
@@ -47,6 +48,7 @@ def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = Fal
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging)), no_dist=True)
         atomic_write_text(staging / "config.json", json.dumps(checkpoint.config, indent=2) + "\n")
+        write_checksums(staging, no_dist=True)
         # Written last: its presence marks the directory complete.
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -58,12 +60,29 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     manifest_path = ckpt_dir / MANIFEST
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint")
-    manifest = json.loads(manifest_path.read_text())
-    state = {name: torch.empty(info["shape"], dtype=getattr(torch, info["dtype"]))
-             for name, info in manifest["tensors"].items()}
-    load_dcp(state, ckpt_dir, no_dist=True)  # restricted: a checkpoint's pickles cannot run code
-    config = json.loads((ckpt_dir / "config.json").read_text())
+    state = _empty_state(read_json(manifest_path), manifest_path)
+    load_dcp(state, ckpt_dir, no_dist=True)  # checksums checked; restricted: a checkpoint's pickles cannot run code
+    config = read_json(ckpt_dir / "config.json")
+    if not isinstance(config, dict):
+        raise ValueError(f"{ckpt_dir / 'config.json'}: expected a JSON object")
     return state, config
+
+
+def _empty_state(manifest: Any, source: Path) -> dict[str, torch.Tensor]:
+    """Empty tensors of the shapes and dtypes the manifest lists (what DCP loads into)."""
+    try:
+        state = {}
+        for name, info in manifest["tensors"].items():
+            dtype = getattr(torch, info["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"tensor {name!r}: unknown dtype {info['dtype']!r}")
+            shape = [int(n) for n in info["shape"]]
+            if any(n < 0 for n in shape):
+                raise ValueError(f"tensor {name!r}: negative size in shape {shape}")
+            state[name] = torch.empty(shape, dtype=dtype)
+        return state
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"{source}: not a native checkpoint manifest ({error})") from None
 
 
 def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,

@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from openrecipes.checkpoint.checksums import verify_checksums
+
 METADATA_FILE = ".metadata"
 
 _DCP_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
@@ -102,11 +104,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def load_dcp(state: dict, ckpt_dir: str | Path, *, no_dist: bool = False) -> None:
-    """Fill ``state`` in place from the DCP directory ``ckpt_dir`` without running code from its files.
+    """Fill ``state`` in place from the DCP directory ``ckpt_dir`` without running code from its files, after
+    checking the files against their checksums (when the directory has them).
 
     Every failure is a ValueError (or FileNotFoundError) naming the directory or file, never DCP's multi-rank
     traceback."""
     ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
+    verify_checksums(ckpt_dir, no_dist=no_dist)  # a damaged file is named before any byte of it is used
     # read once up front: a refusal is then this function's one-line error rather than DCP's rank-local fallback
     read_dcp_metadata(ckpt_dir / METADATA_FILE)
     try:

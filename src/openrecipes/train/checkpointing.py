@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from openrecipes.checkpoint.checksums import write_checksums
 from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.utils import atomic_write_text
 
@@ -92,6 +93,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
         dcp.save(_state(model, optimizer, step), checkpoint_id=str(staging))
+    write_checksums(staging)  # last file of the save, before the rename makes it complete
     _barrier()
     if _is_main():
         shutil.rmtree(final, ignore_errors=True)

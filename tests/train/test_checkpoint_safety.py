@@ -90,3 +90,60 @@ def test_a_damaged_training_checkpoint_is_named_on_resume(short_run, capsys):
     assert main(["train", "--resume", str(short_run)]) == 2
     err = capsys.readouterr().err
     assert f"{shard}: damaged" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pruning_keeps_the_new_save_beside_a_leftover_higher_numbered_one(make_recipe):
+    import shutil
+
+    recipe = make_recipe(steps=6, checkpoint__every=2, checkpoint__keep=1)
+    run_dir = train(recipe, command="t", stop_after=1)
+    root = run_dir / "checkpoints"
+    shutil.copytree(root / "step-000001", root / "step-000009")  # left over from an earlier attempt
+    train(recipe, command="t", resume=True)
+    assert latest_checkpoint(run_dir).name == "step-000005"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-000005"]
+    assert main(["train", "--resume", str(run_dir)]) == 0  # what `latest` names is there to resume from
+
+
+def test_a_save_completed_before_latest_was_written_is_used(make_recipe, monkeypatch, tmp_path):
+    import openrecipes.train.checkpointing as checkpointing
+
+    whole = train(make_recipe(steps=6, checkpoint__every=2, run_dir=str(tmp_path / "whole")), command="t")
+    recipe = make_recipe(steps=6, checkpoint__every=2)
+    real_write, calls = checkpointing.atomic_write_text, {"latest": 0}
+
+    def killed_before_latest(path, text):
+        if path.name == checkpointing.LATEST:
+            calls["latest"] += 1
+            if calls["latest"] == 2:  # the save of step 3: renamed into place, then the process died
+                raise KeyboardInterrupt
+        return real_write(path, text)
+
+    monkeypatch.setattr(checkpointing, "atomic_write_text", killed_before_latest)
+    with pytest.raises(KeyboardInterrupt):
+        train(recipe, command="t")
+    monkeypatch.undo()
+    root = checkpointing.Path(recipe.run_dir) / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step-000001" and (root / "step-000003").is_dir()
+    assert latest_checkpoint(recipe.run_dir).name == "step-000003"
+    train(recipe, command="t", resume=True)
+    from tests.train.test_loop import losses
+
+    assert [r["loss"] for r in losses(root.parent)] == [r["loss"] for r in losses(whole)]
+
+
+def test_leftover_staging_directories_are_removed_and_nothing_else(short_run, make_recipe):
+    root = short_run / "checkpoints"
+    (root / ".step-000007.partial").mkdir()
+    (root / "notes.partial").mkdir()  # not a name the trainer writes
+    train(make_recipe(steps=2), command="t", resume=True)
+    assert not (root / ".step-000007.partial").exists() and (root / "notes.partial").is_dir()
+
+
+@pytest.mark.parametrize("content", ["../../outside", "/etc", "step-000000/../../x", "rows"])
+def test_latest_naming_anything_outside_the_run_is_refused(short_run, content, capsys):
+    (short_run / "checkpoints" / "latest").write_text(content + "\n")
+    with pytest.raises(ValueError, match="not a checkpoint directory of this run"):
+        latest_checkpoint(short_run)
+    assert main(["train", "--resume", str(short_run)]) == 2
+    assert "not a checkpoint directory of this run" in capsys.readouterr().err

@@ -78,3 +78,42 @@ def test_garbled_metadata_is_one_clear_error(native_dir, tmp_path, content):
     (garbled / ".metadata").write_bytes(content)
     with pytest.raises(ValueError, match=r"\.metadata: not (readable )?checkpoint metadata"):
         read_dcp_metadata(garbled / ".metadata")
+
+
+@pytest.fixture()
+def sharded_hf(tmp_path):
+    path = tmp_path / "hf"
+    save_hf(build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=3), path, max_shard_bytes=200_000)
+    return path
+
+
+@pytest.mark.parametrize("shard", ["../outside/x.safetensors", "/etc/passwd", "sub/x.safetensors"])
+def test_an_index_pointing_outside_the_directory_is_refused(sharded_hf, tmp_path, shard):
+    import json
+
+    from openrecipes.checkpoint.safetensors_io import INDEX_NAME
+
+    (tmp_path / "outside").mkdir()
+    first = sorted(sharded_hf.glob("*.safetensors"))[0]
+    shutil.copy(first, tmp_path / "outside" / "x.safetensors")
+    index = json.loads((sharded_hf / INDEX_NAME).read_text())
+    key = next(iter(index["weight_map"]))
+    index["weight_map"][key] = shard
+    (sharded_hf / INDEX_NAME).write_text(json.dumps(index))
+    assert main(["convert", "import", str(sharded_hf), str(tmp_path / "native")]) == 2
+    with pytest.raises(ValueError, match="is not a file name inside"):
+        import_hf(sharded_hf, tmp_path / "native")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float8_e4m3fn])
+def test_weights_in_unexpected_dtypes_are_refused_by_name(tmp_path, dtype):
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "hf"
+    save_hf(build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=3), source)
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(dtype)
+    save_file(tensors, str(source / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'model\.norm\.weight' in .*model\.safetensors: dtype \w+ is not a weight"):
+        import_hf(source, tmp_path / "native")
+    assert not (tmp_path / "native").exists()

@@ -88,8 +88,8 @@ def test_a_damaged_training_checkpoint_is_named_on_resume(short_run, capsys):
     data[-100] ^= 0x01
     shard.write_bytes(bytes(data))
     assert main(["train", "--resume", str(short_run)]) == 2
-    err = capsys.readouterr().err
-    assert f"{shard}: damaged" in err and len(err.strip().splitlines()) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"{shard}: damaged" in errors[0]
 
 
 def test_pruning_keeps_the_new_save_beside_a_leftover_higher_numbered_one(make_recipe):
@@ -147,3 +147,22 @@ def test_latest_naming_anything_outside_the_run_is_refused(short_run, content, c
         latest_checkpoint(short_run)
     assert main(["train", "--resume", str(short_run)]) == 2
     assert "not a checkpoint directory of this run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run_dir", ["", "  ", "."])
+def test_an_empty_run_dir_is_refused(make_recipe, run_dir):
+    with pytest.raises(ValueError, match="run_dir: .*must name a directory"):
+        make_recipe(run_dir=run_dir)
+
+
+def test_train_says_the_absolute_path_it_writes(make_recipe, monkeypatch, tmp_path, capsys):
+    import yaml
+
+    from openrecipes.config.recipe import dump_recipe
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "recipe.yaml"
+    tree = yaml.safe_load(dump_recipe(make_recipe(steps=1)))
+    path.write_text(yaml.safe_dump({**tree, "run_dir": "relative/run"}))
+    assert main(["train", str(path)]) == 0
+    assert f"writing to {tmp_path / 'relative' / 'run'}" in capsys.readouterr().err

@@ -20,6 +20,10 @@ def read_config(checkpoint: HFCheckpoint) -> tuple[ModelFamily, Any]:
     return family, family.config_from_hf(checkpoint.config, source)
 
 
+# safetensors dtype codes a weight may have; integers, bools and fp8 would be cast or misread silently
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+
 def _expected_shapes(family: ModelFamily, config: Any) -> dict[str, tuple[torch.Size, torch.dtype]]:
     with torch.device("meta"):
         model = family.build(config, device="meta", seed=None)
@@ -30,7 +34,8 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
                         skipped: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (native name, tensor) for every native parameter, stacking per-expert HF tensors.
 
-    Unknown, missing, duplicated or misshapen tensors raise ValueError naming the tensor and its file.
+    Unknown, missing, duplicated, misshapen or non-float (int, bool, fp8) tensors raise ValueError naming the tensor
+    and its file.
     Tensors the family ignores (``family.ignored_key``, e.g. a vision tower in text-only mode) are skipped: their
     names are appended to ``skipped`` when given, and a warning states how many there were.
     """
@@ -44,6 +49,10 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
         name, expert = family.native_key(hf_key)
         if name not in expected:
             raise ValueError(f"unknown tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}")
+        _, stored = checkpoint.metadata(hf_key)
+        if stored not in WEIGHT_DTYPES:
+            raise ValueError(f"tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}: dtype {stored} "
+                             f"is not a weight dtype ({', '.join(WEIGHT_DTYPES)}); convert it first")
         pieces[name][expert] = hf_key
     if ignored:
         if skipped is not None:

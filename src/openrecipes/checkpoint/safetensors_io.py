@@ -41,9 +41,12 @@ class HFCheckpoint:
         if index_path.is_file():
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as error:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{index_path}: not a safetensors index ({error})") from error
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index_path}: weight_map is not a mapping of tensor names to file names")
             for file_name in sorted(set(weight_map.values())):
+                self._check_inside(file_name, index_path)
                 if not (self.path / file_name).is_file():
                     first = next(k for k, v in weight_map.items() if v == file_name)
                     raise FileNotFoundError(f"{self.path / file_name}: shard listed in {INDEX_NAME} is missing "
@@ -59,6 +62,13 @@ class HFCheckpoint:
                     raise ValueError(f"tensor {key!r} appears in both {file_of[key]} and {file_name}")
                 file_of[key] = file_name
         return file_of
+
+    def _check_inside(self, file_name: str, index_path: Path) -> None:
+        """A shard is a plain file name in this directory: ``../outside/x.safetensors`` or ``/etc/x`` would read
+        (and an export would then copy) a file from elsewhere."""
+        target = (self.path / file_name).resolve()
+        if Path(file_name).name != file_name or target.parent != self.path.resolve():
+            raise ValueError(f"{index_path}: shard {file_name!r} is not a file name inside {self.path}")
 
     def _open(self, file_name: str):
         if file_name not in self._handles:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openrecipes.config.layout import LayoutConfig
 
@@ -130,6 +130,14 @@ class Recipe(BaseModel):
     logging: Logging = Field(default_factory=Logging)
     kernels: Kernels = Field(default_factory=Kernels)
     debug: Debug = Field(default_factory=Debug)
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_names_a_directory(cls, value: str) -> str:
+        # '' and '.' would write rows, checkpoints and metrics straight into the working directory
+        if not value.strip() or Path(value) == Path("."):
+            raise ValueError("must name a directory for the run (it is created), not '' or the working directory")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a RECIPE file or --resume RUN_DIR")
     command = os.environ.get("OPENRECIPES_LAUNCH_COMMAND") or (
         "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
+    if os.environ.get("RANK", "0") == "0":  # say where files go before anything is written there
+        print(f"openrecipes train: writing to {Path(recipe.run_dir).resolve()}", file=sys.stderr)
     try:
         run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
     except TrainingStopped as stopped:

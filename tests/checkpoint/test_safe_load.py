@@ -28,7 +28,10 @@ class RunsCode:
 
 
 def plant_metadata(ckpt_dir, marker):
+    """A hostile .metadata; the checksum file goes too (whoever plants one can rewrite it), so the unpickler is
+    what has to refuse it."""
     (ckpt_dir / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    (ckpt_dir / "checksums.json").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +120,20 @@ def test_weights_in_unexpected_dtypes_are_refused_by_name(tmp_path, dtype):
     with pytest.raises(ValueError, match=r"'model\.norm\.weight' in .*model\.safetensors: dtype \w+ is not a weight"):
         import_hf(source, tmp_path / "native")
     assert not (tmp_path / "native").exists()
+
+
+def test_an_unknown_pickle_protocol_names_the_file(tmp_path):
+    (tmp_path / ".metadata").write_bytes(b"\x80\x09garbage")
+    with pytest.raises(ValueError, match=r"\.metadata: not readable checkpoint metadata"):
+        read_dcp_metadata(tmp_path / ".metadata")
+
+
+def test_shards_linked_from_elsewhere_still_load(sharded_hf, tmp_path):
+    """The Hugging Face cache links snapshot files to blobs outside the snapshot directory."""
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    for path in sharded_hf.iterdir():
+        shutil.copy(path, blobs / path.name)
+        (snapshot / path.name).symlink_to(blobs / path.name)
+    assert import_hf(snapshot, tmp_path / "native")["tensors"]

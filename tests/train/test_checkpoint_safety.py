@@ -1,13 +1,11 @@
 """Training checkpoints: nothing in one runs code, a damaged one is named, a poisoned one is never written."""
 
-import pickle
-
 import pytest
 
 from openrecipes.cli import main
 from openrecipes.train.checkpointing import latest_checkpoint
 from openrecipes.train.loop import train
-from tests.checkpoint.test_safe_load import RunsCode
+from tests.checkpoint.test_safe_load import plant_metadata
 
 
 @pytest.fixture()
@@ -18,7 +16,7 @@ def short_run(make_recipe):
 
 def test_train_resume_refuses_planted_metadata(short_run, tmp_path, capsys):
     marker = tmp_path / "ran"
-    (latest_checkpoint(short_run) / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    plant_metadata(latest_checkpoint(short_run), marker)
     assert main(["train", "--resume", str(short_run)]) == 2
     assert "refused to load" in capsys.readouterr().err
     assert not marker.exists()

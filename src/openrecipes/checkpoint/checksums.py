@@ -31,17 +31,18 @@ def _distributed(no_dist: bool) -> bool:
     return not no_dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _writer_rank(path: Path) -> int:
+    """The rank that wrote a file: DCP names shards __RANK_INDEX.distcp; everything else is rank 0's."""
+    parts = path.name.split("_")
+    if path.suffix == ".distcp" and len(parts) >= 4 and parts[2].isdigit():
+        return int(parts[2])
+    return 0
+
+
 def _own_files(directory: Path, rank: int, distributed: bool) -> list[Path]:
-    """The files this rank hashes: its DCP shards; rank 0 also everything else (``.metadata``, config files)."""
+    """The files this rank hashes: the ones it wrote."""
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != CHECKSUMS_FILE)
-    if not distributed:
-        return files
-    def owner(path: Path) -> int:
-        parts = path.name.split("_")  # DCP names shards __RANK_INDEX.distcp
-        if path.suffix == ".distcp" and len(parts) >= 4 and parts[2].isdigit():
-            return int(parts[2])
-        return 0
-    return [p for p in files if owner(p) == rank]
+    return [p for p in files if _writer_rank(p) == rank] if distributed else files
 
 
 def write_checksums(directory: str | Path, *, no_dist: bool = False) -> None:

@@ -38,6 +38,10 @@ _ALLOWED_GLOBALS = {("torch.distributed.checkpoint.metadata", name) for name in 
 }
 
 
+class _Refused(ValueError):
+    """A metadata pickle naming something outside the allow-list."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """An unpickler that resolves only the allow-listed globals (and torch dtypes), so loading builds data only."""
 
@@ -50,12 +54,12 @@ class _MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise ValueError(f"{self.source}: refused to load: its pickle names {module}.{name}, which is not part of "
+        raise _Refused(f"{self.source}: refused to load: its pickle names {module}.{name}, which is not part of "
                          "DCP checkpoint metadata (unpickling it could run code); see 'Trusted inputs' in "
                          "docs/run-dir.md")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise ValueError(f"{self.source}: refused to load: unexpected persistent id in checkpoint metadata")
+        raise _Refused(f"{self.source}: refused to load: unexpected persistent id in checkpoint metadata")
 
 
 def read_dcp_metadata(path: Path) -> Metadata:
@@ -64,8 +68,8 @@ def read_dcp_metadata(path: Path) -> Metadata:
     try:
         with open(path, "rb") as handle:
             metadata = _MetadataUnpickler(handle, path).load()
-    except ValueError:
-        raise
+    except _Refused as refused:
+        raise ValueError(str(refused)) from None
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} is missing: not a complete checkpoint") from None
     except Exception as error:  # truncated or garbled bytes surface as many exception types

@@ -25,5 +25,5 @@ def test_demo_end_to_end(tmp_path):
     (other / "keep.txt").write_text("x")
     refused = subprocess.run([sys.executable, "-m", "openrecipes", "demo", "--out", str(other), "--steps", "6"],
                              capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "not a previous demo output" in refused.stderr
+    assert refused.returncode == 2 and "was not written by openrecipes demo" in refused.stderr
     assert (other / "keep.txt").read_text() == "x"

@@ -46,9 +46,11 @@ def _call(argv: list[str], *, capture: bool = False) -> tuple[int, str]:
 
 
 def _prepare_out(path: Path) -> Path:
-    if path.exists() and any(path.iterdir()):
-        if not (path / MARKER).exists():
-            raise ValueError(f"--out: {path} exists, is not empty and is not a previous demo output; choose another")
+    from openrecipes.utils import check_output_dir
+
+    # only a previous demo output (it carries MARKER) is replaced; never the current directory
+    check_output_dir(path, marker=MARKER, writer="openrecipes demo", overwrite=True)
+    if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text("written by openrecipes demo\n")

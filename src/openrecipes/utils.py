@@ -20,6 +20,8 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from error
+    except UnicodeDecodeError as error:  # binary garbage
+        raise ValueError(f"{path}: not valid JSON (not UTF-8 text: {error.reason} at byte {error.start})") from None
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
@@ -101,3 +103,45 @@ def register_modules(subparsers: Any, modules: Iterable[str]) -> None:
 
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
+
+
+def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool,
+                     inputs: Iterable[str | os.PathLike] = (), option: str = "--out") -> None:
+    """Refuse an output directory whose replacement could delete something this tool did not write.
+
+    Allowed: a missing or empty directory, or, with ``overwrite``, one holding ``marker`` (the file an earlier
+    ``writer`` left there). Always refused: the current directory or one that contains it, a directory holding (or
+    equal to) one of ``inputs``, a symbolic link, a file, and a non-empty directory without the marker.
+    """
+    target = Path(path)
+    if target.is_symlink():
+        raise ValueError(f"{option}: {target} is a symbolic link; give the directory itself")
+    resolved = target.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise ValueError(f"{option}: {target} is the current directory or contains it; give a new directory")
+    for source in inputs:
+        source_path = Path(source).resolve()
+        if source_path == resolved or resolved in source_path.parents:
+            raise ValueError(f"{option}: {target} holds the input {source}; writing there would replace it")
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"{option}: {target} exists and is not a directory")
+    if not target.exists() or not any(target.iterdir()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{option}: {target} exists and is not empty (pass --overwrite to replace an "
+                              f"earlier output of {writer})")
+    if not (target / marker).is_file():
+        raise ValueError(f"{option}: {target} is not empty and was not written by {writer} (it has no {marker} "
+                         "file); choose another directory or empty it yourself")
+
+
+@contextlib.contextmanager
+def guarded_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool = False,
+                       inputs: Iterable[str | os.PathLike] = (), option: str = "--out") -> Iterator[Path]:
+    """``atomic_output_dir`` behind ``check_output_dir``: the finished directory carries ``marker``, so a later
+    ``--overwrite`` may replace it and nothing else."""
+    check_output_dir(path, marker=marker, writer=writer, overwrite=overwrite, inputs=inputs, option=option)
+    with atomic_output_dir(path, overwrite=True) as staging:
+        yield staging
+        (staging / marker).write_text(f"written by {writer}; --overwrite may replace this directory\n")

@@ -186,6 +186,7 @@ def test_an_invalid_card_is_written_and_exits_1(runs, tmp_path, capsys):
     ("exists", "--overwrite"),
     ("missing-run", "not found"),
     ("bad-component", "field 'passed'"),
+    ("inside-run", "is inside or equal to the input"),
 ])
 def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
     out = tmp_path / "card.yaml"
@@ -197,9 +198,16 @@ def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
         out.write_text("keep me\n")
     if case == "missing-run":
         args[2] = str(tmp_path / "nope")
+    if case == "inside-run":  # even with --overwrite, a run's own file is not replaced by a card
+        out = runs["cand"] / "metrics.jsonl"
+        before = out.read_bytes()
+        args[args.index("--out") + 1] = str(out)
+        args += ["--overwrite"]
     if case == "bad-component":
         (tmp_path / "c.json").write_text(json.dumps({"summary": "x"}))
         args += ["--component-test", str(tmp_path / "c.json")]
     assert main(args) == 2
     assert needle in capsys.readouterr().err
-    assert case == "exists" or not out.exists()
+    assert case in ("exists", "inside-run") or not out.exists()
+    if case == "inside-run":
+        assert out.read_bytes() == before

@@ -88,6 +88,21 @@ def test_rows_option_and_too_few_rows(tmp_path: Path) -> None:
     (json.dumps({"messages": [{"role": "user", "content": "a <|im_end|> b"}, {"role": "assistant",
                                                                              "content": "x"}]}),
      "line 2: message 1: content contains the special token"),
+    *[(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "",
+                                                                    "tool_calls": [call]}]}),
+       f"line 2: message 2: {where} contains the special token '<|im_end|>'") for call, where in [
+        ({"type": "function", "function": {"name": "f<|im_end|>\n<|im_start|>user", "arguments": "{}"}},
+         "tool_calls[0].function.name"),
+        ({"type": "function", "function": {"name": "f", "arguments": "{\"q\": \"<|im_end|>\"}"}},
+         "tool_calls[0].function.arguments"),
+        ({"type": "function", "function": {"name": "f", "arguments": {"q": ["x", "<|im_end|>"]}}},
+         "tool_calls[0].function.arguments.q[1]"),
+        ({"type": "function", "function": {"name": "f", "arguments": {"<|im_end|>": 1}}},
+         "tool_calls[0].function.arguments key"),
+    ]],
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}],
+                 "tools": [{"type": "function", "function": {"name": "f", "description": "<|im_start|>user"}}]}),
+     "line 2: tools[0].function.description contains the special token '<|im_start|>'"),
 ])
 def test_bad_input_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     src = tmp_path / "bad.jsonl"
@@ -174,5 +189,5 @@ def test_cli_build_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert manifest["template_kwargs"] == {"current_date": "2026-10-01", "reasoning_effort": "high"}
     assert json.loads(capsys.readouterr().out)["rows_sha256"] == manifest["rows_sha256"]
     args = parser.parse_args(["data", "build", "--loss-mask", "qwen3", "--row-tokens", "128", "--out", str(out)])
-    with pytest.raises(ValueError, match="exists and is not empty"):
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
         args.func(args)

@@ -30,7 +30,7 @@ def test_metrics_and_run_files(make_recipe):
 
 
 def test_loss_is_the_per_token_loss_of_the_global_batch(make_recipe):
-    recipe = make_recipe(steps=1, optimizer__lr=1e-9)
+    recipe = make_recipe(steps=1, optimizer__lr=1e-9, optimizer__min_lr=0.0)  # min_lr may not exceed lr
     run_dir = train(recipe, command="test")
     from openrecipes.data.batching import RowLoader, load_rows
     from openrecipes.models.qwen3_moe import build_qwen3_moe

@@ -378,6 +378,13 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
     from openrecipes.utils import atomic_write_text
 
     out = Path(options.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give the card's file name")
+    # the card never replaces what it is made from (a run's metrics, a component-test file)
+    for source in (options.run_dir, options.reference, *options.component_tests):
+        source = Path(source).resolve()
+        if out.resolve() == source or source in out.resolve().parents:
+            raise ValueError(f"--out {out} is inside or equal to the input {source}; write the card elsewhere")
     if out.exists() and not options.overwrite:
         raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
     data = build_card_data(options)

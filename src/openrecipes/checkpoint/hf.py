@@ -23,6 +23,10 @@ def read_config(checkpoint: HFCheckpoint) -> tuple[ModelFamily, Any]:
     return family, family.config_from_hf(checkpoint.config, source)
 
 
+# safetensors dtype codes a weight may have; integers, bools and fp8 would be cast or misread silently
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+
 def _expected_parameters(family: ModelFamily, config: Any) -> tuple[dict[str, torch.Size], set[str]]:
     """Each native parameter's shape, and the names the model pins to fp32 (built on the meta device)."""
     model = family.build(config, device="meta", seed=None)
@@ -35,7 +39,8 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     """Yield (native name, tensor) for every native parameter, assembling experts from either HF layout
     (``common/hf_experts.py``: one tensor per expert, stacked; or fused, a ``gate_up_proj`` split in two halves).
 
-    Unknown, missing, duplicated or misshapen tensors raise ValueError naming the tensor and its file.
+    Unknown, missing, duplicated, misshapen or non-float (int, bool, fp8) tensors raise ValueError naming the tensor
+    and its file.
     Tensors the family ignores (``family.ignored_key``, e.g. a vision tower in text-only mode) are skipped: their
     names are appended to ``skipped`` when given, and a warning states how many there were.
     Parameters the model pins to fp32 (``KeepFP32``: router, expert bias, residual gates) that the file stores in a
@@ -50,6 +55,10 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
         if family.ignored_key is not None and family.ignored_key(hf_key):
             ignored.append(hf_key)
             continue
+        _, stored = checkpoint.metadata(hf_key)
+        if stored not in WEIGHT_DTYPES:
+            raise ValueError(f"tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}: dtype {stored} "
+                             f"is not a weight dtype ({', '.join(WEIGHT_DTYPES)}); convert it first")
         for name, part in family.native_parts(hf_key):
             if name not in expected:
                 raise ValueError(f"unknown tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}")

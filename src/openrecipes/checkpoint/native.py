@@ -20,17 +20,24 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from openrecipes import __version__
+from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
-from openrecipes.utils import atomic_output_dir, atomic_write_text
+from openrecipes.checkpoint.checksums import write_checksums
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, read_json
 
 MANIFEST = "openrecipes.json"
+# marks a directory as written by `convert import`, so --overwrite may replace it (and nothing else)
+NATIVE_MARKER = ".openrecipes-native"
 
 
 def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor, except that tensors the
     model pins to fp32 and the file stores narrower are promoted to fp32 (values unchanged). The manifest records
     each tensor's ``source_dtype`` and the source's ``expert_layout`` so that export can write them again."""
+    guard = dict(marker=NATIVE_MARKER, writer="openrecipes convert import", overwrite=overwrite, inputs=[hf_dir],
+                 option="CKPT_DIR")
+    check_output_dir(ckpt_dir, **guard)  # before reading every tensor: a refusal costs nothing
     checkpoint = HFCheckpoint(hf_dir)
     family, config = read_config(checkpoint)
     promoted: dict[str, torch.dtype] = {}
@@ -45,11 +52,12 @@ def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = Fal
         # the source's expert layout, which export writes again by default (None: none, or both, were met)
         "expert_layout": layouts.pop() if len(layouts) == 1 else None,
     }
-    with atomic_output_dir(ckpt_dir, overwrite=overwrite) as staging:
+    with guarded_output_dir(ckpt_dir, **guard) as staging:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging)), no_dist=True)
         atomic_write_text(staging / "config.json", json.dumps(checkpoint.config, indent=2) + "\n")
+        write_checksums(staging, no_dist=True)
         # Written last: its presence marks the directory complete.
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -61,17 +69,29 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     manifest_path = ckpt_dir / MANIFEST
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint")
-    manifest = json.loads(manifest_path.read_text())
-    state = {name: torch.empty(info["shape"], dtype=getattr(torch, info["dtype"]))
-             for name, info in manifest["tensors"].items()}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=dcp.FileSystemReader(str(ckpt_dir)), no_dist=True)
-    except Exception as error:  # DCP wraps per-file failures in its own exception types
-        raise ValueError(f"{ckpt_dir}: cannot load native checkpoint ({error})") from error
-    config = json.loads((ckpt_dir / "config.json").read_text())
+    state = _empty_state(read_json(manifest_path), manifest_path)
+    load_dcp(state, ckpt_dir, no_dist=True)  # checksums checked; restricted: a checkpoint's pickles cannot run code
+    config = read_json(ckpt_dir / "config.json")
+    if not isinstance(config, dict):
+        raise ValueError(f"{ckpt_dir / 'config.json'}: expected a JSON object")
     return state, config
+
+
+def _empty_state(manifest: Any, source: Path) -> dict[str, torch.Tensor]:
+    """Empty tensors of the shapes and dtypes the manifest lists (what DCP loads into)."""
+    try:
+        state = {}
+        for name, info in manifest["tensors"].items():
+            dtype = getattr(torch, info["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"tensor {name!r}: unknown dtype {info['dtype']!r}")
+            shape = [int(n) for n in info["shape"]]
+            if any(n < 0 for n in shape):
+                raise ValueError(f"tensor {name!r}: negative size in shape {shape}")
+            state[name] = torch.empty(shape, dtype=dtype)
+        return state
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"{source}: not a native checkpoint manifest ({error})") from None
 
 
 EXPORT_DTYPES = ("source", "native")
@@ -87,10 +107,13 @@ def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int 
     warning naming it. ``expert_layout`` ("fused" or "per_expert", see ``models/common/hf_experts.py``): None writes
     the layout the source had, else the family's default (fused for Muse Spark, per expert for Qwen3-MoE).
     """
+    from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER
     from openrecipes.models.families import family_for_model_type
 
     if dtypes not in EXPORT_DTYPES:
         raise ValueError(f"dtypes must be one of {EXPORT_DTYPES}, got {dtypes!r}")
+    check_output_dir(hf_dir, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=[ckpt_dir],
+                     option="HF_DIR")  # before loading every tensor: a refusal costs nothing
     state, raw_config = load_native_state(ckpt_dir)
     manifest = json.loads((Path(ckpt_dir) / MANIFEST).read_text())
     if dtypes == "source":
@@ -100,7 +123,7 @@ def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int 
     config = family.config_from_hf(raw_config, source)
     layout = expert_layout or manifest.get("expert_layout")
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, layout), raw_config,
-                 max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, inputs=[ckpt_dir])
 
 
 def _cast_to_source_dtypes(state: dict[str, torch.Tensor], tensors: dict[str, dict], ckpt_dir: Path) -> None:

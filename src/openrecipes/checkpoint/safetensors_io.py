@@ -10,10 +10,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import atomic_output_dir, atomic_write_text
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# marks a directory as written here, so --overwrite may replace it (and nothing else)
+HF_MARKER = ".openrecipes-hf"
+HF_WRITER = "openrecipes (Hugging Face export)"
 
 
 class HFCheckpoint:
@@ -38,9 +41,12 @@ class HFCheckpoint:
         if index_path.is_file():
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as error:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{index_path}: not a safetensors index ({error})") from error
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index_path}: weight_map is not a mapping of tensor names to file names")
             for file_name in sorted(set(weight_map.values())):
+                self._check_inside(file_name, index_path)
                 if not (self.path / file_name).is_file():
                     first = next(k for k, v in weight_map.items() if v == file_name)
                     raise FileNotFoundError(f"{self.path / file_name}: shard listed in {INDEX_NAME} is missing "
@@ -56,6 +62,13 @@ class HFCheckpoint:
                     raise ValueError(f"tensor {key!r} appears in both {file_of[key]} and {file_name}")
                 file_of[key] = file_name
         return file_of
+
+    def _check_inside(self, file_name: str, index_path: Path) -> None:
+        """A shard is a plain file name in this directory: ``../outside/x.safetensors`` or ``/etc/x`` would read
+        (and an export would then copy) a file from elsewhere. Checked on the name, not the resolved path: the
+        Hugging Face cache links each snapshot's files to blobs outside it."""
+        if Path(file_name).name != file_name or file_name in (".", "..") or "\\" in file_name:
+            raise ValueError(f"{index_path}: shard {file_name!r} is not a file name inside {self.path}")
 
     def _open(self, file_name: str):
         if file_name not in self._handles:
@@ -92,8 +105,13 @@ class HFCheckpoint:
 
 def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], config: dict, *,
                  max_shard_bytes: int = 5 * 2**30, overwrite: bool = False,
-                 extra_files: dict[str, str] | None = None) -> None:
-    """Write an HF checkpoint directory atomically; more than one shard gets a ``model.safetensors.index.json``."""
+                 extra_files: dict[str, str] | None = None, inputs: Iterable[str | Path] = (),
+                 option: str = "HF_DIR") -> None:
+    """Write an HF checkpoint directory atomically; more than one shard gets a ``model.safetensors.index.json``.
+
+    ``path`` may replace only an earlier export (``overwrite``), never a directory holding one of ``inputs``."""
+    guard = dict(marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs, option=option)
+    check_output_dir(path, **guard)  # before ``tensors`` is consumed: a refusal costs no conversion
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     for name, tensor in tensors:
@@ -103,7 +121,7 @@ def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], 
             shard_bytes = 0
         shards[-1][name] = tensor.contiguous()
         shard_bytes += size
-    with atomic_output_dir(path, overwrite=overwrite) as staging:
+    with guarded_output_dir(path, **guard) as staging:
         if len(shards) == 1:
             save_file(shards[0], str(staging / SINGLE_NAME), metadata={"format": "pt"})
         else:

@@ -7,14 +7,16 @@ to the run directory as ``recipe.yaml`` and embedded in the recipe card.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openrecipes.config.layout import LayoutConfig
 
-_STRICT = ConfigDict(extra="forbid")
+# inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+_Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class DataBuild(BaseModel):
@@ -53,17 +55,24 @@ class Recompute(BaseModel):
 class Optimizer(BaseModel):
     model_config = _STRICT
     name: Literal["adam"] = "adam"
-    lr: float = Field(1e-5, gt=0)
+    # bounds far outside any sensible value, so a typo (1e3 for 1e-3) is refused rather than trained on
+    lr: float = Field(1e-5, gt=0, le=1)
     min_lr: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.98)
+    eps: float = Field(1e-8, gt=0, le=1)
+    weight_decay: float = Field(0.0, ge=0, le=1)
     warmup_fraction: float = Field(0.0, ge=0, le=1)
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     grad_clip: float | None = Field(1.0, gt=0)
     precision_aware: bool = False     # bf16 params + (remainders | fp32 masters), moments in moment_dtype
     param_remainders: bool = True     # with precision_aware: int16 remainders instead of fp32 masters
     moment_dtype: Literal["fp32", "bf16"] = "fp32"
+
+    @model_validator(mode="after")
+    def _min_lr_below_lr(self) -> "Optimizer":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) is larger than lr ({self.lr})")
+        return self
 
 
 class Offload(BaseModel):
@@ -101,6 +110,7 @@ class Debug(BaseModel):
     profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
     memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
     fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
+    max_consecutive_skips: int = Field(3, ge=1)  # with skip_nonfinite_steps: stop after this many skips in a row
 
 
 class Recipe(BaseModel):
@@ -124,6 +134,14 @@ class Recipe(BaseModel):
     logging: Logging = Field(default_factory=Logging)
     kernels: Kernels = Field(default_factory=Kernels)
     debug: Debug = Field(default_factory=Debug)
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_names_a_directory(cls, value: str) -> str:
+        # '' and '.' would write rows, checkpoints and metrics straight into the working directory
+        if not value.strip() or Path(value) == Path("."):
+            raise ValueError("must name a directory for the run (it is created), not '' or the working directory")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":

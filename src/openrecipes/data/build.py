@@ -26,9 +26,12 @@ from openrecipes.data.packing import RowPacker
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
 from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text
 from openrecipes.data.tokenizer import load_tokenizer
-from openrecipes.utils import atomic_output_dir, atomic_write_text, sha256_file
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
 MAX_INVALID_EXAMPLES = 20
+# marks an output directory as a build's, so --overwrite may replace it (and nothing else)
+DATA_MARKER = ".openrecipes-data"
+WRITER = "openrecipes data build"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,9 +162,17 @@ def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, render
     return ids, mask, doc, len(piece_counts)
 
 
+def _output_guard(config: BuildConfig) -> dict[str, Any]:
+    inputs = [config.input, config.tokenizer]
+    if config.chat_template and Path(config.chat_template).exists():
+        inputs.append(Path(config.chat_template))
+    return dict(marker=DATA_MARKER, writer=WRITER, overwrite=config.overwrite, inputs=inputs)
+
+
 def build(config: BuildConfig) -> dict[str, Any]:
     """Run a build; return the manifest written to ``config.out``."""
     _check_config(config)
+    check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     forbidden = bundle.special_token_pattern()
     source, scan_iter = open_source(config.input)
@@ -180,7 +191,7 @@ def build(config: BuildConfig) -> dict[str, Any]:
     packer = RowPacker(row_tokens=T, max_rows=config.rows)
     doc_lengths: list[np.ndarray] = []  # per reached conversation, tokens incl. EOS, in stream order
     used_docs: list[np.ndarray] = []
-    with atomic_output_dir(config.out, overwrite=config.overwrite) as staging:
+    with guarded_output_dir(config.out, **_output_guard(config)) as staging:
         writer = RowsWriter(staging / ROWS_FILE, T)
         bar = tqdm(total=config.rows * T if config.rows else None, unit="tok", unit_scale=True,
                    disable=not config.progress, file=sys.stderr, mininterval=1.0, desc="data build")

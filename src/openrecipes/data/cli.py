@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")
     build.add_argument("--skip-invalid", action="store_true",
                        help="count and skip invalid conversations instead of failing on the first")
-    build.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    build.add_argument("--overwrite", action="store_true", help="replace an earlier output of data build at --out "
+                       "(never another directory)")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument("--out", required=True, help="output directory")
     build.set_defaults(func=_build)
@@ -55,9 +56,7 @@ def _build(args: argparse.Namespace) -> int:
     from openrecipes.data.build import BuildConfig, build
     from openrecipes.data.templates import parse_template_kwargs
 
-    out = Path(args.out)
-    if out.exists() and not args.overwrite and out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"--out: {out} exists and is not empty (pass --overwrite to replace it)")
+    out = Path(args.out)  # build() refuses an --out it may not replace
     config = BuildConfig(
         input=Path(args.input), tokenizer=Path(args.tokenizer), loss_mask=args.loss_mask,
         row_tokens=args.row_tokens, rows=args.rows, seed=args.seed,

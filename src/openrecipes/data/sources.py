@@ -186,6 +186,26 @@ def _text_field(message: dict[str, Any], key: str, where: str, position: int) ->
     return value
 
 
+def _forged_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[str, str] | None:
+    """(where, token) of the first special token in any string of ``value`` (nested keys and values alike), or None.
+
+    Every string can reach the rendered text: a tool name or an argument holding ``<|im_end|>`` would close the turn
+    and open a forged one. Iterative, so deep nesting cannot exhaust the stack."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            if hit := forbidden.search(item):
+                return at, hit.group(0)
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                stack.append((child, f"{at}.{key}" if at else str(key)))
+                stack.append((key, f"{at} key" if at else "key"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{at}[{i}]") for i, child in reversed(list(enumerate(item))))
+    return None
+
+
 def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tuple[list[dict[str, Any]], Any]:
     """Check one record; return (messages, tools) or raise InvalidConversation naming ``where``.
 
@@ -215,13 +235,17 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
             message["content"] = ""
         for key in ("content", "reasoning_content"):
             if key == "content" or key in message:
-                text = _text_field(message, key, where, position)
-                if forbidden is not None and (hit := forbidden.search(text)):
-                    raise InvalidConversation(f"{where}: message {position}: {key} contains the special "
-                                              f"token {hit.group(0)!r}")
+                _text_field(message, key, where, position)
+        # every field, not only the text: tool_calls names and arguments, name, tool_call_id
+        if forbidden is not None and (forged := _forged_token(
+                {k: v for k, v in message.items() if k != "role"}, "", forbidden)):
+            raise InvalidConversation(f"{where}: message {position}: {forged[0]} contains the special "
+                                      f"token {forged[1]!r}")
         if role == "system" and position != 1:
             raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first")
         messages.append(message)
+    if forbidden is not None and tools is not None and (forged := _forged_token(tools, "tools", forbidden)):
+        raise InvalidConversation(f"{where}: {forged[0]} contains the special token {forged[1]!r}")
     if not messages:
         raise InvalidConversation(f"{where}: empty conversation (no messages)")
     if not any(m["role"] == "assistant" for m in messages):

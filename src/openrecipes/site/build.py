@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from openrecipes.cards.validate import LoadedCard, validate_paths
 from openrecipes.site.plot import loss_plot_svg
-from openrecipes.utils import atomic_output_dir
+from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
 SITE_MARKER = ".openrecipes-site"
@@ -167,16 +167,14 @@ def build_site(recipes: str | os.PathLike, out: str | os.PathLike) -> BuiltSite:
         listed = "; ".join(str(p) for p in errors[:5])
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise ValueError(f"invalid cards, site not built: {listed}{more}")
-    if out.exists() and any(out.iterdir()) and not (out / SITE_MARKER).exists():
-        raise ValueError(f"{out} exists, is not empty and was not written by `site build`; "
-                         "choose another --out")
+    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=[recipes_root])
+    check_output_dir(out, **guard)
     pages = render_site(cards, recipes_root if recipes_root.is_dir() else recipes_root.parent)
-    with atomic_output_dir(out, overwrite=True) as staging:
+    with guarded_output_dir(out, **guard) as staging:
         staging.chmod(0o755)  # mkdtemp makes it private; a static site is meant to be read
         for relative, text in pages.items():
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-        (staging / SITE_MARKER).write_text("written by openrecipes site build\n")
     return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html")),
                      filters=filter_options(cards))

@@ -2,12 +2,18 @@
 
 RUN_DIR/checkpoints/step-000012/   one DCP directory per save (model, optimizer, trainer state)
 RUN_DIR/checkpoints/latest         the name of the newest complete save, replaced atomically after it is written
+RUN_DIR/checkpoints/history        the names of the saves in the order they were made (one per line, appended)
 
-A save goes to a hidden staging directory first and is renamed into place once every rank has finished writing.
+A save goes to a hidden staging directory (.step-000012.partial) first and is renamed into place once every rank has
+finished writing. Its name is appended to ``history`` just before the rename, so the save order is known even when a
+run is killed between the rename and ``latest``; pruning keeps the newest saves in that order (never by name: a
+leftover higher-numbered directory from an earlier attempt is not newer), and a resume uses the newest complete save.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -24,10 +30,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from openrecipes.checkpoint.checksums import write_checksums
 from openrecipes.config.rundir import CHECKPOINTS_DIR
+from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.utils import atomic_write_text
 
 LATEST = "latest"
+HISTORY = "history"
+_STEP_DIR = re.compile(r"step-\d{6,}")          # what save_checkpoint names a complete save
+_STAGING_DIR = re.compile(r"\.step-\d{6,}\.partial")  # and its staging directory
 
 
 def _is_main() -> bool:
@@ -48,46 +59,132 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dic
     }
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
+
+
+def first_nonfinite(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """The name of this rank's first parameter (or optimizer state of one) holding inf or nan, or None."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(_local(param.detach())).all()):
+            return name
+        for key, value in optimizer.state.get(param, {}).items():
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(_local(value)).all()):
+                return f"{name} (optimizer state {key!r})"
+    return None
+
+
+def check_finite(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Refuse to save a poisoned state: a checkpoint holding inf/nan would be resumed from as the last good one.
+
+    Every rank takes part (the decision must be the same everywhere, or the others would wait at the save)."""
+    bad = first_nonfinite(model, optimizer)
+    if dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([0.0 if bad else 1.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() == 0.0 and bad is None:
+            bad = "a parameter held by another rank"
+    if bad:
+        raise ValueError(f"step {step}: {bad} holds non-finite values; checkpoint step-{step:06d} was not written "
+                         "(the last good checkpoint is kept)")
+
+
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *,
                     keep: int) -> Path:
+    check_finite(model, optimizer, step)
     root = Path(run_dir) / CHECKPOINTS_DIR
     final = root / f"step-{step:06d}"
     staging = root / f".step-{step:06d}.partial"
     if _is_main():
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_stale_staging(root)
         staging.mkdir(parents=True)
     _barrier()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
         dcp.save(_state(model, optimizer, step), checkpoint_id=str(staging))
+    write_checksums(staging)  # last file of the save, before the rename makes it complete
     _barrier()
     if _is_main():
-        shutil.rmtree(final, ignore_errors=True)
+        _append_history(root, final.name)
+        shutil.rmtree(final, ignore_errors=True)  # a save of this step from an earlier attempt
         staging.rename(final)
         atomic_write_text(root / LATEST, final.name + "\n")
-        complete = sorted(p for p in root.glob("step-*") if p.is_dir())
-        for old in complete[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(root, keep)
     _barrier()
     return final
 
 
+def _remove_stale_staging(root: Path) -> None:
+    """Staging directories of saves that never finished (a killed run); only names this module writes."""
+    if root.is_dir():
+        for path in root.iterdir():
+            if _STAGING_DIR.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+
+
+def _append_history(root: Path, name: str) -> None:
+    with open(root / HISTORY, "a") as handle:
+        handle.write(name + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())  # on disk before the rename it describes
+
+
+def _save_order(root: Path) -> dict[str, int]:
+    """Position of each save in ``history`` (the last time a name was saved counts)."""
+    if not (root / HISTORY).is_file():
+        return {}
+    lines = (root / HISTORY).read_text(errors="replace").splitlines()
+    return {line.strip(): position for position, line in enumerate(lines)}
+
+
+def _complete_saves(root: Path, order: dict[str, int]) -> list[Path]:
+    """Complete save directories, oldest first in save order; ones ``history`` does not list (written before it
+    existed) count as older than every listed one, in step order among themselves."""
+    saves = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+             and (p / ".metadata").is_file()] if root.is_dir() else []
+    return sorted(saves, key=lambda p: (order.get(p.name, -1), p.name))
+
+
+def _prune(root: Path, keep: int) -> None:
+    saves = _complete_saves(root, _save_order(root))
+    for old in saves[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    kept = {p.name for p in saves[-keep:]}
+    # the history keeps only what exists, so it stays a few lines long
+    lines = [n.strip() for n in (root / HISTORY).read_text(errors="replace").splitlines() if n.strip() in kept]
+    atomic_write_text(root / HISTORY, "".join(line + "\n" for line in lines))
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / CHECKPOINTS_DIR / LATEST
-    if not pointer.is_file():
-        return None
-    path = pointer.parent / pointer.read_text().strip()
-    if not (path / ".metadata").is_file():
-        raise ValueError(f"{pointer} names {path.name}, which is not a complete checkpoint")
-    return path
+    """The newest complete save: what ``latest`` names, or a save made after it (the run was killed between
+    the rename and writing ``latest``); None when there is none. ``latest`` naming anything but a save directory
+    of this run (another path, ``..``) is refused."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    pointer = root / LATEST
+    named: Path | None = None
+    if pointer.is_file():
+        name = pointer.read_text(errors="replace").strip()
+        if not _STEP_DIR.fullmatch(name):
+            raise ValueError(f"{pointer} names {name!r}, which is not a checkpoint directory of this run "
+                             "(expected step-NNNNNN inside checkpoints/)")
+        named = root / name
+        if named.is_symlink() or not (named / ".metadata").is_file():
+            raise ValueError(f"{pointer} names {name}, which is not a complete checkpoint")
+    order = _save_order(root)
+    saves = _complete_saves(root, order)
+    if not saves:
+        return named
+    newest = saves[-1]
+    if named is None or (newest != named and newest.name in order):
+        return newest  # saved after what `latest` names: the run stopped before it could update `latest`
+    return named
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load a save into ``model`` and ``optimizer`` (resharding to the current layout); returns its step."""
     state = _state(model, optimizer, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(path))
+    load_dcp(state, path)  # restricted: a checkpoint's pickles cannot run code
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return int(state["trainer"]["step"])

@@ -60,6 +60,7 @@ def _build_rows(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import os
+    from pathlib import Path
 
     if "WORLD_SIZE" not in os.environ and args.node_rank == 0:
         _build_rows(args)  # once, before any training process starts
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     recipe = _load(args)
     command = args.launch_command or (
         "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
+    if os.environ.get("RANK", "0") == "0":  # say where files go before anything is written there
+        print(f"openrecipes train: writing to {Path(recipe.run_dir).resolve()}", file=sys.stderr)
     try:
         run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
     except TrainingStopped as stopped:

@@ -141,6 +141,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     debug = recipe.debug
     build_peak = _build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
+    skipped_in_a_row = 0  # with debug.skip_nonfinite_steps: a run that stays non-finite stops instead of idling on
     try:
         for step in range(start, last + 1):
             if debug.fail_at == (rank, step):
@@ -156,11 +157,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
             metrics.log(record)
-            if not finite and not recipe.debug.skip_nonfinite_steps:
+            skipped_in_a_row = 0 if finite else skipped_in_a_row + 1
+            if not finite and (not recipe.debug.skip_nonfinite_steps
+                               or skipped_in_a_row > recipe.debug.max_consecutive_skips):
                 previous = latest_checkpoint(run_dir)
+                skips = (f" after {skipped_in_a_row - 1} skipped steps in a row (debug.max_consecutive_skips)"
+                         if recipe.debug.skip_nonfinite_steps else "")
                 raise TrainingStopped(f"step {step}: non-finite loss {record['loss']} or gradient norm "
-                                      f"{record['grad_norm']}; the update was not applied; last good checkpoint: "
-                                      f"{previous or 'none'}")
+                                      f"{record['grad_norm']}{skips}; the update was not applied; last good "
+                                      f"checkpoint: {previous or 'none'}")
             every = recipe.checkpoint.every
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):

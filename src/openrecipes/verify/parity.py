@@ -84,10 +84,12 @@ def _load_transformers(path: Path, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
     except ImportError as exc:
         raise ValueError("verify parity needs the 'transformers' package: pip install transformers") from exc
+    # safetensors only and no repository code: a pickled pytorch_model.bin or a modeling_*.py could run code
+    safe = dict(attn_implementation="eager", use_safetensors=True, trust_remote_code=False)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **safe)
     except TypeError:  # transformers 4.x spells it torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **safe)
     return model.eval()
 
 

@@ -87,6 +87,8 @@ FIELD_RULES: dict[str, FieldRule] = {
              "logging.wandb", "logging.wandb_project"),
     **_rules(PERFORMANCE, "labels and paths of the run", "name", "run_dir"),
     **_rules(PERFORMANCE, "how long a collective may wait before the job ends", "distributed_timeout_minutes"),
+    **_rules(PERFORMANCE, "when a run of skipped non-finite steps ends the job; a finished run applied the same "
+             "updates", "debug.max_consecutive_skips"),
 }
 
 

@@ -1,0 +1,130 @@
+"""--overwrite replaces only an earlier output of the same verb: never the input, the working directory or a
+directory the tool did not write."""
+
+import os
+import shutil
+
+import pytest
+
+from openrecipes.checkpoint.hf import save_hf
+from openrecipes.cli import main
+from openrecipes.models.qwen3_moe import build_qwen3_moe
+from openrecipes.models.registry import get_config
+from openrecipes.utils import check_output_dir, guarded_output_dir
+from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, BUNDLED_TOKENIZER
+
+
+def data_build(input_path, out, *extra):
+    return main(["data", "build", str(input_path), "--tokenizer", str(BUNDLED_TOKENIZER), "--loss-mask", "qwen3",
+                 "--row-tokens", "64", "--rows", "2", "--no-progress", "--out", str(out), *extra])
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    shutil.copy(BUNDLED_CONVERSATIONS, folder / "conversations.jsonl")
+    (folder / "notes.txt").write_text("mine")
+    return folder / "conversations.jsonl"
+
+
+def assert_untouched(dataset):
+    assert dataset.read_bytes() == BUNDLED_CONVERSATIONS.read_bytes()
+    assert (dataset.parent / "notes.txt").read_text() == "mine"
+
+
+def test_data_build_refuses_the_working_directory(dataset, monkeypatch, capsys):
+    monkeypatch.chdir(dataset.parent)
+    assert data_build("conversations.jsonl", ".", "--overwrite") == 2
+    assert "current directory" in capsys.readouterr().err
+    assert_untouched(dataset)
+
+
+def test_data_build_refuses_the_input_directory(dataset, capsys):
+    assert data_build(dataset, dataset.parent, "--overwrite") == 2
+    assert "holds the input" in capsys.readouterr().err
+    assert_untouched(dataset)
+
+
+def test_data_build_refuses_an_unmarked_directory(dataset, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("x")
+    assert data_build(dataset, other, "--overwrite") == 2
+    assert "was not written by openrecipes data build" in capsys.readouterr().err
+    assert (other / "keep.txt").read_text() == "x"
+
+
+def test_data_build_replaces_its_own_output(dataset, tmp_path):
+    out = tmp_path / "rows"
+    assert data_build(dataset, out) == 0
+    (out / "stale.txt").write_text("old")
+    assert data_build(dataset, out) == 2  # without --overwrite
+    assert data_build(dataset, out, "--overwrite") == 0
+    assert not (out / "stale.txt").exists() and (out / "manifest.json").is_file()
+
+
+@pytest.fixture()
+def hf_dir(tmp_path):
+    save_hf(build_qwen3_moe(get_config("qwen3-moe-tiny"), seed=1), tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_convert_refuses_source_as_destination(hf_dir, tmp_path, capsys):
+    before = snapshot(hf_dir)
+    assert main(["convert", "import", str(hf_dir), str(hf_dir), "--overwrite"]) == 2
+    assert "holds the input" in capsys.readouterr().err and snapshot(hf_dir) == before
+    native = tmp_path / "native"
+    assert main(["convert", "import", str(hf_dir), str(native)]) == 0
+    native_before = snapshot(native)
+    assert main(["convert", "export", str(native), str(native), "--overwrite"]) == 2
+    assert main(["convert", "export", str(native / "sub"), str(native), "--overwrite"]) == 2  # holds the input
+    assert snapshot(native) == native_before
+
+
+def test_convert_overwrites_only_its_own_output(hf_dir, tmp_path, capsys):
+    native, back = tmp_path / "native", tmp_path / "back"
+    assert main(["convert", "import", str(hf_dir), str(native)]) == 0
+    assert main(["convert", "import", str(hf_dir), str(native), "--overwrite"]) == 0
+    assert main(["convert", "export", str(native), str(back)]) == 0
+    (back / "stale.txt").write_text("old")
+    assert main(["convert", "export", str(native), str(back), "--overwrite"]) == 0
+    assert not (back / "stale.txt").exists()
+    # a directory someone else wrote is not replaced, even with --overwrite
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+    assert main(["convert", "export", str(native), str(foreign), "--overwrite"]) == 2
+    assert main(["convert", "import", str(hf_dir), str(foreign), "--overwrite"]) == 2
+    assert "was not written by" in capsys.readouterr().err
+    assert sorted(p.name for p in foreign.iterdir()) == ["config.json"]
+
+
+def test_guard_refuses_ancestors_of_the_working_directory_links_and_files(tmp_path, monkeypatch):
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    monkeypatch.chdir(inner)
+    with pytest.raises(ValueError, match="current directory"):
+        check_output_dir(tmp_path / "a", marker=".m", writer="w", overwrite=True)
+    (tmp_path / "a" / ".m").write_text("")  # even a marked one: the shell would be left in a deleted directory
+    with pytest.raises(ValueError, match="current directory"):
+        check_output_dir(tmp_path / "a", marker=".m", writer="w", overwrite=True)
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    with pytest.raises(ValueError, match="symbolic link"):
+        check_output_dir(tmp_path / "link", marker=".m", writer="w", overwrite=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        check_output_dir(tmp_path / "file", marker=".m", writer="w", overwrite=True)
+
+
+def test_guarded_output_leaves_the_marker(tmp_path):
+    with guarded_output_dir(tmp_path / "out", marker=".m", writer="w") as staging:
+        (staging / "x").write_text("1")
+    assert (tmp_path / "out" / ".m").is_file()
+    with guarded_output_dir(tmp_path / "out", marker=".m", writer="w", overwrite=True) as staging:
+        (staging / "y").write_text("2")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".m", "y"]

@@ -17,6 +17,10 @@ HF_SMALL_CONFIGS = {
     "mha_bias_top1": dict(vocab_size=80, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
                           num_experts=4, num_experts_per_tok=1, norm_topk_prob=False, attention_bias=True),
+    # GeGLU experts: hidden_act is honoured (it was once read and computed as SiLU)
+    "gelu": dict(vocab_size=99, hidden_size=32, intermediate_size=37, moe_intermediate_size=12,
+                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                 num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, hidden_act="gelu"),
 }
 
 

@@ -147,7 +147,8 @@ class ExpertParallelDispatcher:
         weights = [_local(w) for w in (experts.gate_proj, experts.up_proj, experts.down_proj)]
         if self.compute_dtype is not None:
             weights = [w.to(self.compute_dtype) for w in weights]
-        out = swiglu_experts(_PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights)
+        out = swiglu_experts(_PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights,
+                             activation=experts.activation)
         out = _PermuteRows.apply(out, inverse, index)
         if sizes is not None:
             out = _SumToOwners.apply(out, sizes, self.etp_rank, self.etp_group)

@@ -1,4 +1,4 @@
-"""Mixture of experts: a softmax top-k router and SwiGLU experts held as grouped 3-D weights.
+"""Mixture of experts: a softmax top-k router and gated experts (SwiGLU by default) held as grouped 3-D weights.
 
 Legend: T tokens, D hidden, E experts, F expert FFN width, K experts per token, R = T·K routed token copies.
 
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from openrecipes.models.common.activations import ACTIVATIONS, check_activation
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,13 @@ def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts; weights stored (E, out, in) like nn.Linear, one tensor per projection."""
+    """E gated experts, act(x W_gate) * (x W_up) W_down (SwiGLU with ``silu``); weights stored (E, out, in) like
+    nn.Linear, one tensor per projection. ``activation`` is a name from ``common.activations`` (HF ``hidden_act``)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: str = "silu") -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.activation = check_activation(activation)
         self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
@@ -87,15 +91,19 @@ class GroupedExperts(nn.Module):
     def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
         """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
         row's hidden activation. Returns (R, D)."""
-        return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R)
+        return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R,
+                              activation=self.activation)
 
 
 def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
-                   down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
+                   down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None, *,
+                   activation: str = "silu") -> torch.Tensor:
+    """The gated experts on rows sorted by expert; ``activation`` (a ``common.activations`` name) gates the up
+    projection: SwiGLU for ``silu``, GeGLU for ``gelu``."""
     offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD) else None
     gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets)
     up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets)
-    hidden_RF = F.silu(gate_RF) * up_RF
+    hidden_RF = ACTIVATIONS[activation](gate_RF) * up_RF
     if weights_R is not None:
         # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
         hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
@@ -159,10 +167,10 @@ class SparseMoeBlock(nn.Module):
     """Router + experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute)."""
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, ffn_size: int,
-                 normalize_top_k: bool) -> None:
+                 normalize_top_k: bool, activation: str = "silu") -> None:
         super().__init__()
         self.gate = SoftmaxTopKRouter(hidden_size, num_experts, top_k, normalize_top_k=normalize_top_k)
-        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size)
+        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size, activation=activation)
         self.token_dispatcher = LocalTokenDispatcher()
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:

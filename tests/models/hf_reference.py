@@ -21,6 +21,10 @@ HF_SMALL_CONFIGS = {
     "gelu": dict(vocab_size=99, hidden_size=32, intermediate_size=37, moe_intermediate_size=12,
                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
                  num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, hidden_act="gelu"),
+    # a pad token: transformers' embedding has padding_idx, so that row gets no gradient
+    "pad_token": dict(vocab_size=64, hidden_size=32, intermediate_size=37, moe_intermediate_size=12,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, pad_token_id=5),
 }
 
 

@@ -38,6 +38,8 @@ def test_logits_loss_and_grads_match_transformers(name, tmp_path):
 
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, hf_model.config.vocab_size, (2, 24), generator=generator)
+    if hf_model.config.pad_token_id is not None:  # the pad row must get no gradient on either side
+        input_ids[:, 5] = hf_model.config.pad_token_id
 
     hf_logits = hf_model(input_ids).logits
     native_logits = native(input_ids)
@@ -58,6 +60,22 @@ def test_logits_loss_and_grads_match_transformers(name, tmp_path):
         assert rel_err(param.grad, expected) <= 1e-4, param_name
         checked += 1
     assert checked >= len(list(native.parameters())) - 2  # only unrouted experts may have zero gradients
+
+
+def test_pad_token_row_gets_no_gradient(tmp_path):
+    hf_model = make_hf_model("pad_token")
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path)
+    pad = native.config.pad_token_id
+    assert pad == 5
+    input_ids = torch.full((1, 8), pad)
+    input_ids[0, ::2] = 7
+    lm_loss(native(input_ids), input_ids).backward()
+    lm_loss(hf_model(input_ids).logits, input_ids).backward()
+    hf_grad_rows = hf_model.model.embed_tokens.weight.grad
+    native_grad_rows = native.model.embed_tokens.weight.grad
+    assert hf_grad_rows[pad].abs().max() == 0 and native_grad_rows[pad].abs().max() == 0
+    assert native_grad_rows[7].abs().max() > 0
 
 
 def test_position_ids_match_transformers(tmp_path):
@@ -111,3 +129,19 @@ def test_bf16_load_keeps_values(tmp_path):
     assert all(p.dtype == torch.bfloat16 for p in native.parameters())
     q = dict(hf_model.named_parameters())["model.layers.0.self_attn.q_proj.weight"]
     assert torch.equal(native.model.layers["0"].self_attn.q_proj.weight, q.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("model_name", ["qwen3-moe-tiny", "muse-spark-tiny"])
+def test_pad_row_starts_at_zero_and_gets_no_gradient(model_name):
+    import dataclasses
+
+    from openrecipes.models.families import family_for_config
+    from openrecipes.models.registry import get_config
+
+    config = dataclasses.replace(get_config(model_name), pad_token_id=3)
+    model = family_for_config(config).build(config, seed=0)
+    embedding = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))
+    assert embedding.weight[3].abs().max() == 0 and embedding.weight[4].abs().max() > 0
+    input_ids = torch.tensor([[3, 4, 3, 5, 6, 3]])
+    lm_loss(model(input_ids), input_ids).backward()
+    assert embedding.weight.grad[3].abs().max() == 0 and embedding.weight.grad[4].abs().max() > 0

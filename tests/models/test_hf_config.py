@@ -94,6 +94,13 @@ def test_computation_changing_keys_are_refused_by_name(key, value, message):
         Qwen3MoeConfig.from_hf_dict(raw)
 
 
+def test_missing_norm_topk_prob_means_transformers_default():
+    raw = get_config("qwen3-moe-tiny").to_hf_dict()
+    assert raw.pop("norm_topk_prob") is True
+    assert Qwen3MoeConfig.from_hf_dict(raw).norm_topk_prob is False
+    assert transformers.Qwen3MoeConfig().norm_topk_prob is False
+
+
 def test_no_computation_keys_have_reasons():
     assert all(isinstance(why, str) and why for why in NO_COMPUTATION_KEYS.values())
 

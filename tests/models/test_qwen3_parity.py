@@ -78,6 +78,21 @@ def test_pad_token_row_gets_no_gradient(tmp_path):
     assert native_grad_rows[7].abs().max() > 0
 
 
+def test_config_without_norm_topk_prob_computes_as_transformers(tmp_path):
+    hf_model = make_hf_model("wide_heads")  # saved with norm_topk_prob true: remove the key
+    hf_model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["norm_topk_prob"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    from transformers import Qwen3MoeForCausalLM
+
+    reloaded = Qwen3MoeForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").float().eval()
+    assert reloaded.config.norm_topk_prob is False
+    native = openrecipes.from_hf(tmp_path)
+    input_ids = torch.randint(0, 160, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert rel_err(native(input_ids), reloaded(input_ids).logits) <= 1e-5
+
+
 def test_position_ids_match_transformers(tmp_path):
     hf_model = make_hf_model("wide_heads")
     hf_model.save_pretrained(tmp_path)

@@ -33,7 +33,7 @@ class Qwen3MoeConfig:
     head_dim: int
     num_experts: int
     num_experts_per_tok: int
-    norm_topk_prob: bool = True
+    norm_topk_prob: bool = False  # transformers' default: the top-k softmax weights are not renormalised
     hidden_act: str = "silu"      # the expert activation (common.activations)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0

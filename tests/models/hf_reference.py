@@ -28,10 +28,13 @@ HF_SMALL_CONFIGS = {
 }
 
 
-def make_hf_model(name: str, seed: int = 0, std: float = 0.08):
+def make_hf_model(name: str, seed: int = 0, std: float = 0.08, **overrides):
+    """transformers' Qwen3MoeForCausalLM for ``HF_SMALL_CONFIGS[name]`` (``overrides`` replace config keys)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3MoeConfig(**HF_SMALL_CONFIGS[name], rope_theta=10000.0, rms_norm_eps=1e-6)
+    keys = dict(rope_theta=10000.0, rms_norm_eps=1e-6)
+    keys.update(HF_SMALL_CONFIGS[name], **overrides)
+    config = Qwen3MoeConfig(**keys)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config).float().eval()
     with torch.no_grad():

@@ -160,3 +160,70 @@ def test_pad_row_starts_at_zero_and_gets_no_gradient(model_name):
     input_ids = torch.tensor([[3, 4, 3, 5, 6, 3]])
     lm_loss(model(input_ids), input_ids).backward()
     assert embedding.weight.grad[3].abs().max() == 0 and embedding.weight.grad[4].abs().max() > 0
+
+
+@pytest.mark.parametrize("right_padding", [0, 5])
+def test_router_aux_loss_matches_transformers(tmp_path, right_padding):
+    """loss = cross entropy + router_aux_loss_coef * load-balancing loss, with every gradient, against transformers'
+    forward with labels and output_router_logits; a right-padded attention mask leaves the other tokens' routing
+    unchanged, so it tests the masked form too."""
+    from openrecipes.models.common.router_loss import RouterStatistics
+
+    hf_model = make_hf_model("wide_heads", output_router_logits=True, router_aux_loss_coef=0.3)
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path)
+    assert native.config.output_router_logits and native.config.router_aux_loss_coef == 0.3
+    input_ids = torch.randint(0, 160, (2, 24), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(input_ids)
+    if right_padding:
+        mask[0, -right_padding:] = 0
+    labels = input_ids.masked_fill(mask == 0, -100)
+    out = hf_model(input_ids, attention_mask=mask if right_padding else None, labels=labels)
+    with RouterStatistics(native, token_mask=mask if right_padding else None) as routing:
+        logits = native(input_ids)
+    aux = routing.load_balancing_loss()
+    assert abs(aux.item() - out.aux_loss.item()) <= 1e-6 * out.aux_loss.item()
+    ce = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    loss = ce + native.config.router_aux_loss_coef * aux
+    assert abs(loss.item() - out.loss.item()) <= 1e-5 * out.loss.item()
+    assert aux.grad_fn is not None  # the router weights get the aux term's gradient, compared below
+    out.loss.backward()
+    loss.backward()
+    for name, param in native.named_parameters():
+        expected = hf_grad(hf_model, name, native.config)
+        if expected.abs().max() > 0:
+            assert rel_err(param.grad, expected) <= 1e-5, name
+
+
+def test_per_row_aux_loss_is_transformers_loss_on_each_row(tmp_path):
+    from openrecipes.models.common.router_loss import RouterStatistics
+
+    hf_model = make_hf_model("unnormalized_topk", output_router_logits=True)
+    native = openrecipes.from_hf(_saved(hf_model, tmp_path))
+    input_ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(4))
+    with RouterStatistics(native, rows=3) as routing:
+        native(input_ids)
+    expected = torch.stack([hf_model(input_ids[r:r + 1]).aux_loss for r in range(3)])
+    assert rel_err(routing.losses(), expected) <= 1e-6
+    assert rel_err(routing.load_balancing_loss(), expected.mean()) <= 1e-6
+
+
+def _saved(hf_model, path):
+    hf_model.save_pretrained(path)
+    return path
+
+
+def test_router_statistics_are_gathered_only_inside_the_with():
+    from openrecipes.models.common.router_loss import RouterStatistics
+    from openrecipes.models.registry import get_config
+    from openrecipes.models.qwen3_moe import build_qwen3_moe
+
+    model = build_qwen3_moe(get_config("qwen3-moe-tiny"))
+    input_ids = torch.randint(0, 1024, (1, 8))
+    routing = RouterStatistics(model)
+    with routing:
+        model(input_ids)
+    model(input_ids)
+    assert routing.layers == 4 and all(m.statistics is None for m in routing.routers)
+    with pytest.raises(ValueError, match="no routing was recorded"):
+        RouterStatistics(model).load_balancing_loss()

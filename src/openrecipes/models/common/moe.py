@@ -34,11 +34,16 @@ class SoftmaxTopKRouter(nn.Module):
         self.top_k = top_k
         self.normalize_top_k = normalize_top_k
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        # set by router_loss.RouterStatistics for the duration of one forward: it sums the routing for the
+        # load-balancing loss (a plain attribute, not a module or state)
+        self.statistics = None
 
     def forward(self, x_TD: torch.Tensor) -> Routing:
         logits_TE = F.linear(x_TD, self.weight)
         probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
         weights_TK, experts_TK = torch.topk(probs_TE, self.top_k, dim=-1)
+        if self.statistics is not None:
+            self.statistics.record(probs_TE, experts_TK)
         if self.normalize_top_k:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         return Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))

@@ -17,20 +17,75 @@ HF_SMALL_CONFIGS = {
     "mha_bias_top1": dict(vocab_size=80, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
                           num_experts=4, num_experts_per_tok=1, norm_topk_prob=False, attention_bias=True),
+    # GeGLU experts: hidden_act is honoured (it was once read and computed as SiLU)
+    "gelu": dict(vocab_size=99, hidden_size=32, intermediate_size=37, moe_intermediate_size=12,
+                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                 num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, hidden_act="gelu"),
+    # a pad token: transformers' embedding has padding_idx, so that row gets no gradient
+    "pad_token": dict(vocab_size=64, hidden_size=32, intermediate_size=37, moe_intermediate_size=12,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, pad_token_id=5),
 }
 
 
-def make_hf_model(name: str, seed: int = 0, std: float = 0.08):
+def make_hf_model(name: str, seed: int = 0, std: float = 0.08, **overrides):
+    """transformers' Qwen3MoeForCausalLM for ``HF_SMALL_CONFIGS[name]`` (``overrides`` replace config keys)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3MoeConfig(**HF_SMALL_CONFIGS[name], rope_theta=10000.0, rms_norm_eps=1e-6)
+    keys = dict(rope_theta=10000.0, rms_norm_eps=1e-6)
+    keys.update(HF_SMALL_CONFIGS[name], **overrides)
+    config = Qwen3MoeConfig(**keys)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config).float().eval()
+    _perturb(model, std)
+    return model
+
+
+# transformers' own tester configuration for Qwen3-MoE: the values Qwen3MoeModelTester (CausalLMModelTester's
+# defaults, tests/causal_lm_tester.py) passes to Qwen3MoeConfig — hidden_act gelu, pad token 0, and no
+# norm_topk_prob, so transformers' default false — and the shape of its input ids (batch 13, 7 tokens).
+TESTER_CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                     intermediate_size=37, hidden_act="gelu", max_position_embeddings=512, initializer_range=0.02,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2, moe_intermediate_size=12, num_experts_per_tok=2,
+                     num_experts=8)
+TESTER_INPUT_SHAPE = (13, 7)
+
+# each variant changes a few keys of TESTER_CONFIG
+TESTER_VARIANTS = {
+    "tester": {},
+    "silu": dict(hidden_act="silu"),
+    "gelu_pytorch_tanh": dict(hidden_act="gelu_pytorch_tanh"),
+    "head_dim_24": dict(head_dim=24),  # 2 heads x 24 != hidden 32
+    "gqa_4to1": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8),
+    "attention_bias": dict(attention_bias=True),
+    "top1": dict(num_experts_per_tok=1),
+    "top1_normalized": dict(num_experts_per_tok=1, norm_topk_prob=True),  # weight 1: the router gets no gradient
+    "top_all": dict(num_experts_per_tok=8),
+    "top_all_normalized": dict(num_experts_per_tok=8, norm_topk_prob=True),
+    "normalized_top2": dict(norm_topk_prob=True),
+    "rope_theta_500": dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+    "rms_norm_eps_1e-2": dict(rms_norm_eps=1e-2),
+    "no_pad_token": dict(pad_token_id=None),
+}
+
+
+def make_tester_model(variant: str, seed: int = 0, std: float = 0.08):
+    """transformers' Qwen3MoeForCausalLM for TESTER_CONFIG with TESTER_VARIANTS[variant], weights perturbed as in
+    ``make_hf_model`` (the tester's 0.02 init routes almost uniformly)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**{**TESTER_CONFIG, **TESTER_VARIANTS[variant]})
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).float().eval()
+    _perturb(model, std)
+    return model
+
+
+def _perturb(model, std: float) -> None:
+    """Larger-than-default weights so routing and attention are far from uniform; norms perturbed too."""
     with torch.no_grad():
-        # Larger-than-default weights so routing and attention are far from uniform; norms perturbed too.
         for param_name, param in model.named_parameters():
             if "norm" in param_name:
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             else:
                 param.copy_(std * torch.randn_like(param))
-    return model

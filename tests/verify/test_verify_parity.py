@@ -67,3 +67,37 @@ def test_missing_transformers_is_a_clear_error(hf_dir, monkeypatch, capsys):
     assert cli.main(["verify", "parity", str(hf_dir)]) == 2
     assert "pip install transformers" in capsys.readouterr().err
     assert torch.__version__  # torch itself still imports
+
+
+@pytest.fixture(scope="module")
+def pad_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf_pad")
+    make_hf_model("pad_token").save_pretrained(path)
+    return path
+
+
+def test_pad_token_is_always_in_the_input(pad_dir):
+    from openrecipes.verify.parity import parity_input_ids
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(pad_dir)
+    for seed in range(5):
+        ids = parity_input_ids(config, batch=2, tokens=16, seed=seed)
+        assert (ids == config.pad_token_id).sum(dim=1).min() >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_pad_row_with_a_gradient_fails_whatever_the_seed(pad_dir, capsys, monkeypatch, seed):
+    import openrecipes
+
+    assert cli.main(["verify", "parity", str(pad_dir), "--tokens", "16", "--seed", str(seed)]) == 0
+    real = openrecipes.from_hf
+
+    def without_padding_idx(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.model.embed_tokens.padding_idx = None  # the pad row then gets a gradient like any other
+        return model
+
+    monkeypatch.setattr(openrecipes, "from_hf", without_padding_idx)
+    assert cli.main(["verify", "parity", str(pad_dir), "--tokens", "16", "--seed", str(seed), "--json"]) == 1
+    assert "model.embed_tokens.weight" in capsys.readouterr().out

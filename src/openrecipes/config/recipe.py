@@ -75,6 +75,15 @@ class Optimizer(BaseModel):
         return self
 
 
+class Moe(BaseModel):
+    """Mixture-of-experts training terms (Megatron's ``moe_*`` arguments)."""
+
+    model_config = _STRICT
+    # weight of the router load-balancing loss (transformers' router_aux_loss_coef, Megatron's moe_aux_loss_coeff),
+    # computed as transformers computes it for Qwen3-MoE (models/common/router_loss.py); 0 turns it off
+    aux_loss_coef: float = Field(0.0, ge=0)
+
+
 class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)
@@ -123,6 +132,7 @@ class Recipe(BaseModel):
     layout: LayoutConfig
     recompute: Recompute = Field(default_factory=Recompute)
     optimizer: Optimizer = Field(default_factory=Optimizer)
+    moe: Moe = Field(default_factory=Moe)
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
     steps: int = Field(..., ge=1)

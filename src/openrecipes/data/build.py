@@ -2,8 +2,9 @@
 
 Algorithm (docs/data.md): scan and check every input record; shuffle record indices with
 ``numpy.random.default_rng(seed).permutation``; in that order render each valid conversation
-with the chat template, tokenize its masked pieces, append the EOS token; cut the stream into
-rows of exactly ``row_tokens`` (packing.py); skip rows without a supervised token; stop after
+with the chat template, tokenize the rendered text at once (the mask from the supervised
+character spans: templates.py), append the EOS token; cut the stream into rows of exactly
+``row_tokens`` (packing.py); skip rows without a supervised token; stop after
 ``rows`` kept rows (or at the end of the input); write rows.parquet and manifest.json into a
 staging directory that becomes the output directory only on success.
 """
@@ -11,7 +12,6 @@ staging directory that becomes the output directory only on success.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SH
                                        RowsWriter)
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
-from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text
+from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text, token_mask
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
@@ -117,14 +117,13 @@ def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, render
 
     Returns per-token ids, masks, chunk-local document numbers, and the number of documents.
     """
-    pieces: list[str] = []
-    piece_masks: list[int] = []
-    piece_counts: list[int] = []
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
     for record, index in zip(records, indices.tolist()):
         where = source.where(index)
         try:
             messages, tools = normalize(record, where, forbidden)
-            texts, masks = renderer.pieces(messages, tools)
+            text, supervised = renderer.supervised_spans(messages, tools)
         except ValueError as error:  # template errors (raise_exception, wrong format) included
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
             if not skip_invalid:
@@ -133,33 +132,22 @@ def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, render
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(message)
             continue
-        pieces += texts
-        piece_masks += masks
-        piece_counts.append(len(texts))
-    encodings = tokenizer.encode_batch(pieces, add_special_tokens=False) if pieces else []
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    # each conversation gets its EOS as one more (unsupervised) piece
-    bounds = np.cumsum(piece_counts)
-    id_lists: list[list[int]] = []
-    start = 0
-    for stop in bounds.tolist():
-        id_lists.extend(e.ids for e in encodings[start:stop])
-        id_lists.append([eos_id])
-        start = stop
-    total = int(lengths.sum()) + len(piece_counts)
-    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=total)
-    doc_of_piece = np.repeat(np.arange(len(piece_counts)), piece_counts)
-    conv_lengths = np.bincount(doc_of_piece, weights=lengths, minlength=len(piece_counts)).astype(np.int64) + 1
-    with_eos_lengths = np.empty(len(pieces) + len(piece_counts), dtype=np.int64)
-    with_eos_masks = np.zeros_like(with_eos_lengths, dtype=np.int8)
-    slots = np.arange(len(pieces)) + doc_of_piece  # position of each piece once EOS pieces are interleaved
-    with_eos_lengths[slots] = lengths
-    with_eos_masks[slots] = piece_masks
-    eos_slots = bounds + np.arange(len(piece_counts))
-    with_eos_lengths[eos_slots] = 1
-    mask = np.repeat(with_eos_masks, with_eos_lengths)
-    doc = np.repeat(np.arange(len(piece_counts)), conv_lengths)
-    return ids, mask, doc, len(piece_counts)
+        texts.append(text)
+        spans.append(supervised)
+    # the whole rendered conversation at once: its ids are the tokenizer's own for that text
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+    id_parts: list[np.ndarray] = []
+    mask_parts: list[np.ndarray] = []
+    for encoding, supervised in zip(encodings, spans):
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        id_parts += [np.asarray(encoding.ids, dtype=np.int32), np.array([eos_id], dtype=np.int32)]
+        mask_parts += [token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]  # the EOS is unsupervised
+    if not texts:
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), 0
+    conv_lengths = np.array([len(e.ids) + 1 for e in encodings], dtype=np.int64)
+    ids, mask = np.concatenate(id_parts), np.concatenate(mask_parts)
+    doc = np.repeat(np.arange(len(texts)), conv_lengths)
+    return ids, mask, doc, len(texts)
 
 
 def _output_guard(config: BuildConfig) -> dict[str, Any]:

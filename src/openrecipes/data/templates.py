@@ -1,11 +1,15 @@
 """Chat templates and loss-mask formats.
 
 A conversation is rendered once with the tokenizer's Jinja chat template (the same sandboxed
-Jinja settings Hugging Face tokenizers use), then cut into pieces at the edges of the
-supervised spans. A loss-mask format names the text that opens an assistant turn (the
-generation header) and the token that closes it; everything between, the closing token
-included, is supervised. The pieces are tokenized separately (see ``build``), so every token
-belongs to exactly one piece and its mask is exact by construction.
+Jinja settings Hugging Face tokenizers use). A loss-mask format names the text that opens an
+assistant turn (the generation header) and the token that closes it; everything between, the
+closing token included, is supervised: ``supervised_spans`` gives those character spans. The
+whole rendered text is tokenized at once (see ``build``), so the token ids are exactly the
+tokenizer's own for the conversation (``apply_chat_template(..., tokenize=True)``); a token is
+supervised when any of its characters is, as transformers' assistant-token mask maps a span's
+first and last characters to the tokens holding them. A token that merges the header's last
+character with the content's first (``"\n"`` + ``"\n\nHi"`` can become one ``"\n\n\n"`` token) is
+therefore supervised.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from openrecipes.data import bundled
 
@@ -100,18 +106,17 @@ class ChatRenderer:
         return compiled.render(messages=messages, tools=tools, add_generation_prompt=False,
                                **self.special_tokens, **self.template_kwargs)
 
-    def pieces(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> tuple[list[str], list[int]]:
-        """Return the rendered text cut into pieces and each piece's mask (0 or 1).
+    def supervised_spans(self, messages: list[dict[str, Any]],
+                         tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """Return the rendered text and its supervised character spans [start, stop), in order.
 
         Raises ValueError when the rendering does not contain one supervised span per
         assistant message: the template and the loss-mask format do not belong together.
         """
         text = self.render(messages, tools)
         header, end = self.loss_mask.header, self.loss_mask.end
-        pieces: list[str] = []
-        masks: list[int] = []
+        spans: list[tuple[int, int]] = []
         cursor = 0
-        found = 0
         while True:
             start = text.find(header, cursor)
             if start < 0:
@@ -123,20 +128,42 @@ class ChatRenderer:
                                  f"(template does not fit the {self.loss_mask.name} loss mask)")
             if text.find(header, content_start, stop) >= 0:
                 raise ValueError(f"rendered assistant turn is not closed by {end!r} before the next one")
-            content_stop = stop + len(end)
-            pieces += [text[cursor:content_start], text[content_start:content_stop]]
-            masks += [0, 1]
-            cursor = content_stop
-            found += 1
-        pieces.append(text[cursor:])
-        masks.append(0)
+            cursor = stop + len(end)
+            spans.append((content_start, cursor))
         expected = sum(1 for m in messages if m.get("role") == "assistant")
-        if found != expected:
-            raise ValueError(f"the chat template rendered {found} assistant turn(s) in the "
+        if len(spans) != expected:
+            raise ValueError(f"the chat template rendered {len(spans)} assistant turn(s) in the "
                              f"{self.loss_mask.name} format ({header!r} ... {end!r}) for {expected} "
                              f"assistant message(s); the template does not fit --loss-mask {self.loss_mask.name}")
+        return text, spans
+
+    def pieces(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> tuple[list[str], list[int]]:
+        """The rendered text cut at the edges of the supervised spans, and each piece's mask (0 or 1)."""
+        text, spans = self.supervised_spans(messages, tools)
+        pieces: list[str] = []
+        masks: list[int] = []
+        cursor = 0
+        for start, stop in spans:
+            pieces += [text[cursor:start], text[start:stop]]
+            masks += [0, 1]
+            cursor = stop
+        pieces.append(text[cursor:])
+        masks.append(0)
         keep = [i for i, piece in enumerate(pieces) if piece]
         return [pieces[i] for i in keep], [masks[i] for i in keep]
+
+
+def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (character offsets [start, stop), shape (N, 2)) that overlaps a supervised span."""
+    if not spans or len(offsets) == 0:
+        return np.zeros(len(offsets), dtype=np.int8)
+    span_starts = np.array([a for a, _ in spans], dtype=np.int64)
+    span_stops = np.array([b for _, b in spans], dtype=np.int64)
+    # the first span ending after the token's start overlaps it when it also begins before the token's end
+    index = np.searchsorted(span_stops, offsets[:, 0], side="right")
+    inside = index < len(spans)
+    starts_before_end = span_starts[np.minimum(index, len(spans) - 1)] < np.maximum(offsets[:, 1], offsets[:, 0] + 1)
+    return (inside & starts_before_end).astype(np.int8)
 
 
 def load_template_text(spec: str) -> tuple[str, str]:

@@ -148,7 +148,7 @@ class ExpertParallelDispatcher:
         if self.compute_dtype is not None:
             weights = [w.to(self.compute_dtype) for w in weights]
         out = swiglu_experts(PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights,
-                             backend=experts.backend)
+                             activation=experts.activation, backend=experts.backend)
         out = PermuteRows.apply(out, inverse, index)
         if sizes is not None:
             out = _SumToOwners.apply(out, sizes, self.etp_rank, self.etp_group)

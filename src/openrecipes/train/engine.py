@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 from openrecipes.config.recipe import Recipe
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.kernels import KernelOptions
+from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.parallel.gradients import GradientSync
 
 
@@ -117,6 +119,37 @@ def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.T
     """Σ weight · cross entropy over the tokens, in fp32: the one loss of the plain and the pipelined step."""
     per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
     return (per_token * weights.reshape(-1).to(per_token.dtype)).sum()
+
+
+def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:
+    """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does,
+    and a checkpoint config asking for one the recipe does not match."""
+    coef = recipe.moe.aux_loss_coef
+    wants = getattr(config, "output_router_logits", False)
+    if wants and coef != config.router_aux_loss_coef:
+        raise ValueError(f"moe.aux_loss_coef is {coef}, but the model config asks for the router load-balancing loss "
+                         f"(output_router_logits=true, router_aux_loss_coef={config.router_aux_loss_coef}): set "
+                         "moe.aux_loss_coef to that value, or output_router_logits: false in model_overrides")
+    if coef == 0:
+        return
+    if not hasattr(config, "router_aux_loss_coef"):
+        raise ValueError(f"moe.aux_loss_coef={coef}: the load-balancing loss is implemented for softmax routers "
+                         f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
+    # The loss pools every layer's routing over a microbatch's whole sequence before one product: stages holding
+    # other layers, or ranks holding other parts of the sequence, would each compute a different function.
+    for name, size in (("pp", "pp_size"), ("tp", "tp_size"), ("cp", "cp_size")):
+        if parallel is not None and getattr(parallel, size, 1) > 1:
+            raise ValueError(f"moe.aux_loss_coef={coef} is not supported with layout.{name}="
+                             f"{getattr(parallel, size)}: the load-balancing loss is implemented for data and "
+                             "expert parallelism only")
+
+
+def router_statistics(model: nn.Module, aux_loss_coef: float, batch: dict[str, torch.Tensor]):
+    """``with`` it around one microbatch's forward: when the aux loss is on, a ``RouterStatistics`` pooling each row
+    on its own (so the loss does not depend on how rows are grouped into microbatches and ranks), else None."""
+    if aux_loss_coef == 0:
+        return contextlib.nullcontext()
+    return RouterStatistics(model, rows=batch["input_ids"].shape[0])
 
 
 class StageLoss:

@@ -90,6 +90,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
                     num_experts=config.num_experts)
     parallel = build_parallel_state(recipe.layout, device)
+    engine.check_aux_loss(recipe, config, parallel)
     if not resume and (run_dir / METRICS_FILE).exists():
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     if rank == 0:
@@ -218,6 +219,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if supervised == 0:
         raise ValueError(f"step {step}: the global batch has no supervised tokens")
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    aux_coef, aux_sum = recipe.moe.aux_loss_coef, torch.zeros((), dtype=torch.float64, device=device)
     grads.begin_step(len(microbatches))
     # context parallelism feeds each rank its chunk of the tokens and positions (documents stay whole); the loss
     # reads the rank's own slice of the targets
@@ -227,8 +229,14 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     for batch in microbatches if pipeline is None else []:
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
-        micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
-        (micro_loss / supervised).backward()
+        with engine.router_statistics(model, aux_coef, batch) as routing:
+            micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
+        objective = micro_loss / supervised
+        if routing is not None:  # the step's load-balancing loss is the mean of its rows' (RouterStatistics)
+            micro_aux = routing.losses().sum() / recipe.global_batch
+            objective = objective + aux_coef * micro_aux
+            aux_sum += micro_aux.detach().double()
+        objective.backward()
         grads.after_backward()
         loss_sum += micro_loss.detach().double()
     loss = float(_all_reduce(loss_sum)) / supervised
@@ -252,6 +260,8 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
               "tokens": recipe.global_batch * loader.dataset.row_tokens, "supervised_tokens": int(supervised),
               "sum_doc_len_sq": int(sum_doc_len_sq), "step_time_s": time.perf_counter() - started,
               "peak_memory_gib": None, "peak_reserved_gib": None}
+    if aux_coef > 0:
+        record["aux_loss"] = float(_all_reduce(aux_sum))
     if device.type == "cuda":
         peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)

@@ -3,12 +3,13 @@
 The statistical checks follow Megatron-Bridge's ``validate_convergence`` with its pipeline
 defaults (docs/verify.md): Pearson correlation, pointwise relative difference with a
 tolerance chosen by the reference value, final-loss relative difference, and the share of
-3-sigma outliers of the difference. As there, the first ``skip_first_fraction`` of the steps
-is left out of the correlation, pointwise and outlier checks (the final step is never in it).
+3-sigma outliers of the difference. As there, they run on the steps both curves have (each may
+be logged every k steps: ``verify.steps``), and the first ``skip_first_fraction`` of those is
+left out of the correlation, pointwise and outlier checks (the final step is never in it).
 
-Unlike there, a curve with a NaN, infinite or absent loss, a step present on one side only,
-or a gap in the step sequence fails, and each such step is named. All steps, warm-up
-included, are held to that.
+Unlike there, a curve with a NaN, infinite or absent loss, a step missing from the middle of
+one curve's own logging interval, or a candidate that stops before the reference's end fails,
+and each such step is named. All steps, warm-up included, are held to that.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from openrecipes.verify.curves import LossCurve, is_finite
+from openrecipes.verify.steps import compare_steps
 
 SHOWN_FAILURES = 5  # pointwise failures listed by step; the count covers all of them
 
@@ -69,10 +71,13 @@ class ConvergenceReport:
     candidate: str
     reference: str
     steps: list[int]  # every step seen on either side
-    skipped_steps: list[int]  # warm-up steps left out of the statistical checks
-    compared_steps: list[int]  # after the skip, finite on both sides
+    skipped_steps: list[int]  # warm-up steps (of the common ones) left out of the statistical checks
+    compared_steps: list[int]  # common steps after the skip, finite on both sides
     checks: list[Check]
     problems: list[str] = field(default_factory=list)  # each NaN / missing / gap, by step
+    common_steps: int = 0  # how many steps both curves have
+    intervals: dict[str, int | None] = field(default_factory=dict)  # each curve's logging interval
+    notes: list[str] = field(default_factory=list)  # e.g. candidate steps past the reference's end
     correlation: float | None = None
     final_loss_difference: float | None = None
     pointwise_failures: int | None = None
@@ -105,15 +110,10 @@ def _fmt_steps(steps: list[int]) -> str:
     return ", ".join(str(step) for step in steps)
 
 
-def _integrity(candidate: LossCurve, reference: LossCurve, steps: list[int]) -> tuple[list[Check], list[str]]:
-    problems: list[str] = []
-    only_c = sorted(set(candidate.losses) - set(reference.losses))
-    only_r = sorted(set(reference.losses) - set(candidate.losses))
-    present = set(steps)
-    gaps = [step for step in range(steps[0], steps[-1] + 1) if step not in present]
-    problems += [f"step {s}: missing on the reference (present on the candidate)" for s in only_c]
-    problems += [f"step {s}: missing on the candidate (present on the reference)" for s in only_r]
-    problems += [f"step {s}: missing on both sides (gap in the step sequence)" for s in gaps]
+def _integrity(candidate: LossCurve, reference: LossCurve):
+    """The steps and finite checks, the problems by step, and the step comparison (``verify.steps``)."""
+    compared = compare_steps(set(candidate.losses), set(reference.losses))
+    problems = list(compared.problems)
     step_problems = len(problems)
     for side, curve in (("candidate", candidate), ("reference", reference)):
         for step in curve.steps():
@@ -121,18 +121,19 @@ def _integrity(candidate: LossCurve, reference: LossCurve, steps: list[int]) -> 
             if not is_finite(value):
                 problems.append(f"step {step}: {side} loss is {'absent (null)' if value is None else value}")
     nonfinite = len(problems) - step_problems
+    cand, ref = compared.candidate, compared.reference
+    shape = (f"candidate {len(cand.steps)} steps {cand.first}-{cand.last} every {cand.interval or '-'}, reference "
+             f"{len(ref.steps)} steps {ref.first}-{ref.last} every {ref.interval or '-'}; "
+             f"{len(compared.common)} common")
     checks = [
         Check(name="steps", passed=step_problems == 0, value=float(step_problems), limit="none missing",
-              detail=f"{len(steps)} steps {steps[0]}-{steps[-1]}" if step_problems == 0
-              else "; ".join(filter(None, [
-                  only_c and f"only on candidate: {_fmt_steps(only_c)}",
-                  only_r and f"only on reference: {_fmt_steps(only_r)}",
-                  gaps and f"gaps: {_fmt_steps(gaps)}",
-              ]))),
+              detail=shape if step_problems == 0 else f"{shape}; "
+              + "; ".join(problems[:min(step_problems, SHOWN_FAILURES)])
+              + (" ..." if step_problems > SHOWN_FAILURES else "")),
         Check(name="finite", passed=nonfinite == 0, value=float(nonfinite), limit="all finite",
               detail="" if nonfinite == 0 else "; ".join(problems[step_problems:])),
     ]
-    return checks, problems
+    return checks, problems, compared
 
 
 def check_convergence(
@@ -143,17 +144,19 @@ def check_convergence(
     steps = sorted(set(candidate.losses) | set(reference.losses))
     if not steps:
         raise ValueError("both loss curves are empty")
-    checks, problems = _integrity(candidate, reference, steps)
+    checks, problems, step_report = _integrity(candidate, reference)
 
-    skip = int(len(steps) * thresholds.skip_first_fraction)
-    skipped, kept = steps[:skip], steps[skip:]
-    compared = [s for s in kept if is_finite(candidate.losses.get(s)) and is_finite(reference.losses.get(s))]
+    common = step_report.common
+    skip = int(len(common) * thresholds.skip_first_fraction)
+    skipped, kept = common[:skip], common[skip:]
+    compared = [s for s in kept if is_finite(candidate.losses[s]) and is_finite(reference.losses[s])]
     cur = np.array([candidate.losses[s] for s in compared], dtype=np.float64)
     ref = np.array([reference.losses[s] for s in compared], dtype=np.float64)
     report = ConvergenceReport(
         passed=False, candidate=candidate.source, reference=reference.source, steps=steps,
         skipped_steps=skipped, compared_steps=compared, checks=checks, problems=problems,
-        thresholds=thresholds,
+        thresholds=thresholds, common_steps=len(common), notes=step_report.notes,
+        intervals={"candidate": step_report.candidate.interval, "reference": step_report.reference.interval},
     )
 
     # correlation: undefined for fewer than two points or a flat curve, which fails rather
@@ -184,17 +187,21 @@ def check_convergence(
                             limit=ratio_limit, detail=f"{len(failing)}/{len(compared)} over tolerance"
                             + (f": {shown}" if failing else "")))
 
-    final = steps[-1]
-    c_last, r_last = candidate.losses.get(final), reference.losses.get(final)
     final_limit = f"<= {thresholds.final_loss_tolerance}"
-    if is_finite(c_last) and is_finite(r_last):
-        diff = relative_difference(c_last, r_last)
-        report.final_loss_difference = diff
-        checks.append(Check(name="final_loss", passed=diff <= thresholds.final_loss_tolerance, value=diff,
-                            limit=final_limit, detail=f"step {final}: {c_last:.6g} vs {r_last:.6g}"))
-    else:
+    if not common:
         checks.append(Check(name="final_loss", passed=False, value=None, limit=final_limit,
-                            detail=f"step {final} has no finite loss on both sides"))
+                            detail="the curves have no step in common"))
+    else:
+        final = common[-1]  # the last step both have: the reference's last, unless the candidate stopped early
+        c_last, r_last = candidate.losses[final], reference.losses[final]
+        if is_finite(c_last) and is_finite(r_last):
+            diff = relative_difference(c_last, r_last)
+            report.final_loss_difference = diff
+            checks.append(Check(name="final_loss", passed=diff <= thresholds.final_loss_tolerance, value=diff,
+                                limit=final_limit, detail=f"step {final}: {c_last:.6g} vs {r_last:.6g}"))
+        else:
+            checks.append(Check(name="final_loss", passed=False, value=None, limit=final_limit,
+                                detail=f"step {final} has no finite loss on both sides"))
 
     if not compared:
         checks.append(Check(name="outliers", passed=False, value=None, limit=ratio_limit,
@@ -221,9 +228,11 @@ def format_report(report: ConvergenceReport) -> str:
         f"convergence: {'PASS' if report.passed else 'FAIL'}",
         f"candidate: {report.candidate}",
         f"reference: {report.reference}",
-        f"steps: {len(report.steps)} ({report.steps[0]}-{report.steps[-1]}); "
-        f"first {len(report.skipped_steps)} skipped for correlation/pointwise/outliers; "
-        f"{len(report.compared_steps)} compared",
+        f"steps: {len(report.steps)} ({report.steps[0]}-{report.steps[-1]}), logged every "
+        f"{report.intervals.get('candidate') or '-'} (candidate) and {report.intervals.get('reference') or '-'} "
+        f"(reference); {report.common_steps} common; first {len(report.skipped_steps)} of those skipped for "
+        f"correlation/pointwise/outliers; {len(report.compared_steps)} compared",
+        *[f"note: {note}" for note in report.notes],
         "",
     ]
     rows = [("check", "result", "value", "limit", "detail")]

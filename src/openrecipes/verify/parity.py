@@ -1,6 +1,9 @@
 """Parity of the native model with transformers on a checkpoint directory: logits, loss and every gradient.
 
-Both models load the same checkpoint in the same dtype on the CPU and see the same seeded random input ids.
+Both models load the same checkpoint in the same dtype on the CPU and see the same seeded random input ids. When the
+config has a ``pad_token_id``, that token is written into the middle of every sequence: whether its embedding row
+gets a gradient (transformers' ``padding_idx`` says none) is then checked on every run, not only on the seeds whose
+random ids happen to contain it.
 Errors are max-relative: max |native - hf| / max |hf| over a tensor. The native model holds each projection of
 the experts as one (E, out, in) tensor; transformers 5.x fuses gate and up into ``mlp.experts.gate_up_proj``
 (E, 2F, H), and older versions keep one ``mlp.experts.{e}.{proj}.weight`` per expert; both are mapped.
@@ -79,6 +82,16 @@ def hf_gradient(hf_params: dict[str, torch.nn.Parameter], native_name: str, ffn:
     return torch.stack(per_expert)
 
 
+def parity_input_ids(hf_config, *, batch: int, tokens: int, seed: int) -> torch.Tensor:
+    """Seeded random ids (batch, tokens); the config's pad token, if any, at position tokens // 2 of each row."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, int(hf_config.vocab_size), (batch, tokens), generator=generator)
+    pad = getattr(hf_config, "pad_token_id", None)
+    if pad is not None:
+        input_ids[:, tokens // 2] = int(pad)
+    return input_ids
+
+
 def _load_transformers(path: Path, dtype: torch.dtype):
     try:
         from transformers import AutoModelForCausalLM
@@ -109,9 +122,7 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
     native = openrecipes.from_hf(path, dtype=torch_dtype)
     report = ParityReport(checkpoint=str(path), dtype=dtype, tokens=tokens, thresholds=thresholds)
 
-    vocab = int(hf_model.config.vocab_size)
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, vocab, (batch, tokens), generator=generator)
+    input_ids = parity_input_ids(hf_model.config, batch=batch, tokens=tokens, seed=seed)
     hf_logits = hf_model(input_ids).logits
     native_logits = native(input_ids)
     report.logits_error = max_rel_error(native_logits, hf_logits)

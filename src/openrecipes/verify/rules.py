@@ -59,6 +59,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "how master weights and moments are stored (bf16 + remainders, fp32 masters, "
              "bf16 moments) changes the precision of the update itself, not just its rounding order",
              "optimizer.precision_aware", "optimizer.param_remainders", "optimizer.moment_dtype"),
+    **_rules(NUMERICS, "the router load-balancing loss is added to the objective: another gradient for every "
+             "router and everything below it", "moe.aux_loss_coef"),
     **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps"),
     **_rules(NUMERICS, "rows per optimizer step: the gradient is averaged over a different batch", "global_batch"),
     **_rules(NUMERICS, "the random initialisation and any sampling", "seed"),

@@ -1,4 +1,4 @@
-"""Mixture of experts: a softmax top-k router and SwiGLU experts held as grouped 3-D weights.
+"""Mixture of experts: a softmax top-k router and gated experts (SwiGLU by default) held as grouped 3-D weights.
 
 Legend: T tokens, D hidden, E experts, F expert FFN width, K experts per token, R = T·K routed token copies.
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openrecipes.models.common.activations import ACTIVATIONS, check_activation
 from openrecipes.models.common.kernels import KernelOptions
 
 
@@ -43,11 +44,16 @@ class SoftmaxTopKRouter(nn.Module):
         self.normalize_top_k = normalize_top_k
         self.balanced_routing = balanced_routing
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        # set by router_loss.RouterStatistics for the duration of one forward: it sums the routing for the
+        # load-balancing loss (a plain attribute, not a module or state)
+        self.statistics = None
 
     def forward(self, x_TD: torch.Tensor) -> Routing:
         logits_TE = F.linear(x_TD, self.weight)
         probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
         weights_TK, experts_TK = torch.topk(probs_TE, self.top_k, dim=-1)
+        if self.statistics is not None:
+            self.statistics.record(probs_TE, experts_TK)
         if self.normalize_top_k:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         routing = Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
@@ -76,11 +82,14 @@ def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts; weights stored (E, out, in) like nn.Linear, one tensor per projection."""
+    """E gated experts, act(x W_gate) * (x W_up) W_down (SwiGLU with ``silu``); weights stored (E, out, in) like
+    nn.Linear, one tensor per projection. ``activation`` is a name from ``common.activations`` (HF ``hidden_act``)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, backend: str = "auto") -> None:
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: str = "silu",
+                 backend: str = "auto") -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.activation = check_activation(activation)
         self.backend = backend  # KernelOptions.experts
         self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
@@ -90,16 +99,18 @@ class GroupedExperts(nn.Module):
         """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
         row's hidden activation. Returns (R, D)."""
         return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R,
-                              backend=self.backend)
+                              activation=self.activation, backend=self.backend)
 
 
 def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
                    down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None, *,
-                   backend: str = "auto") -> torch.Tensor:
+                   activation: str = "silu", backend: str = "auto") -> torch.Tensor:
+    """The gated experts on rows sorted by expert; ``activation`` (a ``common.activations`` name) gates the up
+    projection: SwiGLU for ``silu``, GeGLU for ``gelu``."""
     offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD, backend) else None
     gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets, backend)
     up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets, backend)
-    hidden_RF = F.silu(gate_RF) * up_RF
+    hidden_RF = ACTIVATIONS[activation](gate_RF) * up_RF
     if weights_R is not None:
         # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
         hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
@@ -163,11 +174,12 @@ class SparseMoeBlock(nn.Module):
     """Router + experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module attribute)."""
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, ffn_size: int,
-                 normalize_top_k: bool, kernels: KernelOptions = KernelOptions()) -> None:
+                 normalize_top_k: bool, activation: str = "silu", kernels: KernelOptions = KernelOptions()) -> None:
         super().__init__()
         self.gate = SoftmaxTopKRouter(hidden_size, num_experts, top_k, normalize_top_k=normalize_top_k,
                                       balanced_routing=kernels.balanced_routing)
-        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size, backend=kernels.experts)
+        self.experts = GroupedExperts(num_experts, hidden_size, ffn_size, activation=activation,
+                                      backend=kernels.experts)
         self.token_dispatcher = LocalTokenDispatcher()
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:

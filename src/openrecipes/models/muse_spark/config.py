@@ -27,18 +27,17 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from openrecipes.models.common.activations import check_activation
+from openrecipes.models.common.hf_config import check_other_keys
 from openrecipes.utils import read_json
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 MODEL_TYPE = "muse_spark"
 
-# config.json keys read but not used by the text model (generation, dtype hints, the other modalities)
-_IGNORED_HF_KEYS = {
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "hidden_act", "attention_dropout",
-    "text_config", "vision_config", "audio_config", "image_token_id", "audio_token_id",
-}
+# Keys of a multimodal checkpoint's config.json that the text-only model does not read: the other modalities.
+# Every other key is honoured (a dataclass field) or judged by hf_config.check_other_keys.
+_OTHER_MODALITY_KEYS = {"vision_config", "audio_config", "image_token_id", "audio_token_id"}
 
 
 def default_layer_types(num_layers: int) -> tuple[str, ...]:
@@ -81,6 +80,9 @@ class MuseSparkConfig:
     rms_norm_eps: float = 1e-5
     final_norm_zero_centered: bool = True
     max_position_embeddings: int = 262_144
+    hidden_act: str = "silu"          # the expert activation (common.activations)
+    pad_token_id: int | None = None   # its embedding row gets no gradient (padding_idx)
+    initializer_range: float = 0.02   # std of the random initialisation of every matrix
 
     def __post_init__(self) -> None:
         positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -118,6 +120,11 @@ class MuseSparkConfig:
                              "(the model has one gate per residual branch: 2)")
         if not (math.isfinite(self.final_logit_softcap) and self.final_logit_softcap > 0):
             raise ValueError(f"final_logit_softcap must be a positive number, got {self.final_logit_softcap}")
+        check_activation(self.hidden_act)
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if not (math.isfinite(self.initializer_range) and self.initializer_range > 0):
+            raise ValueError(f"initializer_range must be a positive number, got {self.initializer_range}")
 
     @property
     def num_kv_groups(self) -> int:
@@ -200,12 +207,11 @@ class MuseSparkConfig:
             raise ValueError(f"{source}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
         text = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
         known = {f.name for f in fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in text.items():
-            if key in known:
-                kwargs[key] = tuple(value) if key == "layer_types" and value is not None else value
-            elif key not in _IGNORED_HF_KEYS:
-                raise ValueError(f"{source}: unknown Muse Spark config field {key!r}")
+        check_other_keys(text, handled=known | _OTHER_MODALITY_KEYS | {"text_config"}, family="Muse Spark",
+                         source=source)
+        kwargs: dict[str, Any] = {key: value for key, value in text.items() if key in known}
+        if kwargs.get("layer_types") is not None:
+            kwargs["layer_types"] = tuple(kwargs["layer_types"])
         return cls(**kwargs)
 
     @classmethod
@@ -215,6 +221,5 @@ class MuseSparkConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["layer_types"] = list(self.layer_types)
-        out.update(architectures=["MuseSparkForCausalLM"], model_type=MODEL_TYPE, hidden_act="silu",
-                   initializer_range=0.02, use_cache=True)
+        out.update(architectures=["MuseSparkForCausalLM"], model_type=MODEL_TYPE, use_cache=True)
         return out

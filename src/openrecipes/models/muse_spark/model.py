@@ -17,7 +17,7 @@ Final: zero-centered RMSNorm (1 + w), untied LM head, logits = cap · tanh(logit
 Where the published material is silent, our choices (docs/muse_spark.md has the reasons): output norm before the
 output gate; the gate reads the normed layer input; router on the hidden state, sigmoid top-k weights renormalised;
 post-expert norm after the weighted sum; residual gates are per-channel vectors initialised to ones and applied in
-fp32; no embedding scaling; RMSNorm eps 1e-5; RoPE theta 10,000; init N(0, 0.02) for every matrix, expert bias 0.
+fp32; no embedding scaling; RMSNorm eps 1e-5; RoPE theta 10,000; init N(0, initializer_range = 0.02) for every matrix, expert bias 0.
 
 Legend: B rows, T tokens per row, D hidden, L latent width, H query heads, Dh head dim, V vocabulary.
 """
@@ -37,8 +37,6 @@ from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
 from openrecipes.models.common.router import KeepFP32, SigmoidTopKRouter
 from openrecipes.models.muse_spark.config import SLIDING, MuseSparkConfig
-
-INIT_STD = 0.02
 
 
 class ResidualGate(KeepFP32):
@@ -103,7 +101,7 @@ class MuseSparkLatentMoe(nn.Module):
         self.latent_down_proj = nn.Linear(d, latent, bias=False)
         self.pre_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
         self.experts = GroupedExperts(config.num_experts, latent, config.moe_intermediate_size,
-                                      backend=kernels.experts)
+                                      activation=config.hidden_act, backend=kernels.experts)
         self.post_expert_norm = RMSNorm(latent, eps=config.rms_norm_eps)
         self.latent_up_proj = nn.Linear(latent, d, bias=False)
         self.token_dispatcher = LocalTokenDispatcher()
@@ -135,7 +133,9 @@ class MuseSparkDecoderLayer(nn.Module):
 class MuseSparkTextModel(nn.Module):
     def __init__(self, config: MuseSparkConfig, kernels: KernelOptions) -> None:
         super().__init__()
-        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
+        # padding_idx: the pad token's row gets no gradient (transformers' convention)
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size,
+                                                              padding_idx=config.pad_token_id)
         # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
         self.layers = nn.ModuleDict({str(i): MuseSparkDecoderLayer(config, kind, kernels)
                                      for i, kind in enumerate(config.layer_types)})
@@ -190,9 +190,10 @@ class MuseSparkForCausalLM(nn.Module):
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:
         """Initialise every parameter (after ``to_empty`` from the meta device).
 
-        Matrices (projections, router, experts, embedding, LM head) ~ N(0, 0.02), each from its own generator
-        seeded by (seed, name) so a pipeline stage gets exactly the values the whole model would have; norms 1
-        (the zero-centered final norm stores w - 1, so 0); residual gates 1; expert bias 0.
+        Matrices (projections, router, experts, embedding, LM head) ~ N(0, initializer_range), each from its own
+        generator seeded by (seed, name) so a pipeline stage gets exactly the values the whole model would have;
+        norms 1 (the zero-centered final norm stores w - 1, so 0); residual gates 1; expert bias 0; the pad token's
+        embedding row 0.
         """
         for module_name, module in self.named_modules():
             for param_name, param in module.named_parameters(recurse=False):
@@ -204,7 +205,10 @@ class MuseSparkForCausalLM(nn.Module):
                 elif isinstance(module, SigmoidTopKRouter) and param_name == "expert_bias":
                     param.zero_()
                 else:
-                    fill(param, name, seed=seed, std=INIT_STD)
+                    fill(param, name, seed=seed, std=self.config.initializer_range)
+        embedding = self.model.language_model.embed_tokens
+        if embedding is not None and embedding.padding_idx is not None:
+            embedding.weight[embedding.padding_idx].zero_()
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:

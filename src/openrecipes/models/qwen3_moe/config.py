@@ -7,15 +7,18 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from openrecipes.models.common.activations import check_activation
+from openrecipes.models.common.hf_config import check_other_keys
 from openrecipes.utils import read_json
 
-# config.json keys we read but that change nothing in training (generation, dtype hints, bookkeeping)
-_IGNORED_HF_KEYS = {
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "output_router_logits",
-    "router_aux_loss_coef", "hidden_act", "attention_dropout", "max_window_layers", "use_sliding_window",
-    "sliding_window", "rope_scaling", "rope_parameters", "rope_theta", "layer_types", "qkv_bias",
+# Qwen3-MoE keys accepted only at the value that leaves the computation unchanged (hf_config.check_other_keys)
+_NEUTRAL_HF_KEYS = {
+    # transformers' Qwen3-MoE never reads layer_types; a sliding entry would promise attention we do not compute
+    "layer_types": (lambda v: v is None or all(t == "full_attention" for t in v), "every entry 'full_attention'"),
 }
+# read together by _check_sliding_window: a window only exists with use_sliding_window true
+_SLIDING_KEYS = {"use_sliding_window", "sliding_window", "max_window_layers"}
+_ROPE_KEYS = {"rope_theta", "rope_parameters", "rope_scaling"}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -30,7 +33,8 @@ class Qwen3MoeConfig:
     head_dim: int
     num_experts: int
     num_experts_per_tok: int
-    norm_topk_prob: bool = True
+    norm_topk_prob: bool = False  # transformers' default: the top-k softmax weights are not renormalised
+    hidden_act: str = "silu"      # the expert activation (common.activations)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
@@ -40,6 +44,11 @@ class Qwen3MoeConfig:
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    pad_token_id: int | None = None  # its embedding row gets no gradient (transformers' padding_idx)
+    initializer_range: float = 0.02  # std of the random initialisation of every matrix
+    # the router load-balancing loss a transformers forward adds to its loss when output_router_logits is set
+    output_router_logits: bool = False
+    router_aux_loss_coef: float = 0.001
 
     def __post_init__(self) -> None:
         positive = ["vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
@@ -65,6 +74,13 @@ class Qwen3MoeConfig:
                              "must be a MoE layer (dense-MLP layers are not implemented)")
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings=true is not supported: Qwen3-MoE uses an untied LM head")
+        check_activation(self.hidden_act)
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if not (math.isfinite(self.initializer_range) and self.initializer_range > 0):
+            raise ValueError(f"initializer_range must be a positive number, got {self.initializer_range}")
+        if not (math.isfinite(self.router_aux_loss_coef) and self.router_aux_loss_coef >= 0):
+            raise ValueError(f"router_aux_loss_coef must be a non-negative number, got {self.router_aux_loss_coef}")
 
     @property
     def num_kv_groups(self) -> int:
@@ -117,15 +133,16 @@ class Qwen3MoeConfig:
         if model_type not in (None, "qwen3_moe"):
             raise ValueError(f"{source}: model_type is {model_type!r}, expected 'qwen3_moe'")
         known = {f.name for f in fields(cls)}
-        kwargs: dict[str, Any] = {}
         raw = dict(raw)
         if "num_local_experts" in raw:  # transformers 5.x spelling of num_experts
             raw.setdefault("num_experts", raw.pop("num_local_experts"))
-        for key, value in raw.items():
-            if key in known:
-                kwargs[key] = tuple(value) if key == "mlp_only_layers" else value
-            elif key not in _IGNORED_HF_KEYS:
-                raise ValueError(f"{source}: unknown Qwen3-MoE config field {key!r}")
+        check_other_keys(raw, handled=known | _ROPE_KEYS | _SLIDING_KEYS, family="Qwen3-MoE", source=source,
+                         neutral=_NEUTRAL_HF_KEYS)
+        kwargs: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
+        if kwargs.get("mlp_only_layers") is not None:
+            kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
+        else:  # transformers writes null for "none"
+            kwargs.pop("mlp_only_layers", None)
         kwargs["rope_theta"] = _rope_theta(raw, source)
         if kwargs.get("head_dim") is None:
             kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
@@ -147,10 +164,9 @@ class Qwen3MoeConfig:
         out = asdict(self)
         out["mlp_only_layers"] = list(self.mlp_only_layers)
         out.update(
-            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
             max_window_layers=self.num_hidden_layers, use_sliding_window=False, sliding_window=None,
-            rope_scaling=None, attention_dropout=0.0, router_aux_loss_coef=0.001,
-            output_router_logits=False, initializer_range=0.02, use_cache=True,
+            rope_scaling=None, attention_dropout=0.0, use_cache=True,
         )
         return out
 

@@ -19,8 +19,6 @@ from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 
-INIT_STD = 0.02
-
 
 class Qwen3MoeAttention(nn.Module):
     def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
@@ -58,7 +56,8 @@ class Qwen3MoeDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SparseMoeBlock(hidden_size=config.hidden_size, num_experts=config.num_experts,
                                   top_k=config.num_experts_per_tok, ffn_size=config.moe_intermediate_size,
-                                  normalize_top_k=config.norm_topk_prob, kernels=kernels)
+                                  normalize_top_k=config.norm_topk_prob, activation=config.hidden_act,
+                                  kernels=kernels)
 
     def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
         h = x_BTD + self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents)
@@ -68,7 +67,9 @@ class Qwen3MoeDecoderLayer(nn.Module):
 class Qwen3MoeBackbone(nn.Module):
     def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
         super().__init__()
-        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size)
+        # padding_idx: the pad token's row gets no gradient, as in transformers
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size,
+                                                              padding_idx=config.pad_token_id)
         # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
         self.layers = nn.ModuleDict({str(i): Qwen3MoeDecoderLayer(config, kernels) for i in range(config.num_hidden_layers)})
         self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -102,7 +103,8 @@ class Qwen3MoeForCausalLM(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:
-        """Initialise every parameter (after ``to_empty`` from the meta device). Matrices ~ N(0, 0.02).
+        """Initialise every parameter (after ``to_empty`` from the meta device). Matrices ~ N(0, initializer_range),
+        the pad token's embedding row 0 (as transformers initialises it).
 
         Each tensor draws from its own generator seeded by (seed, name), so a pipeline stage that holds only
         some layers gets exactly the values the whole model would have (``fill`` slices sharded tensors).
@@ -113,7 +115,10 @@ class Qwen3MoeForCausalLM(nn.Module):
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                fill(param, name, seed=seed, std=INIT_STD)
+                fill(param, name, seed=seed, std=self.config.initializer_range)
+        embedding = self.model.embed_tokens
+        if embedding is not None and embedding.padding_idx is not None:
+            embedding.weight[embedding.padding_idx].zero_()
 
 
 def build_qwen3_moe(config: Qwen3MoeConfig, *, device: str | torch.device = "cpu",

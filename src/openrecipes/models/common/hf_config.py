@@ -1,0 +1,82 @@
+"""Reading a Hugging Face ``config.json``: every key is honoured, known not to change the computation, or refused.
+
+A family's reader takes the keys its config dataclass has (and those it translates itself, such as ``rope_theta``);
+``check_other_keys`` then accounts for every remaining key. Keys listed in ``NO_COMPUTATION_KEYS`` are read and set
+aside with the reason beside them; keys in a family's ``neutral`` table are accepted only at a value that leaves the
+computation unchanged; any other key is refused by name. So a new key that transformers starts writing is an error
+until someone decides what it means here, never a silent difference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+_GENERATION = "a generation default; training and the forward pass do not read it"
+_OUTPUT = "selects what a transformers forward returns, not what it computes"
+_BOOKKEEPING = "bookkeeping written by transformers"
+_HEADS = "labels of classification heads; the causal LM has none"
+_ENCODER_DECODER = "encoder-decoder wiring, not read by a decoder-only causal LM"
+
+# Keys transformers' PretrainedConfig.to_dict writes for every model (4.x and 5.x), with why each leaves the
+# computation of the causal LM unchanged.
+NO_COMPUTATION_KEYS: dict[str, str] = {
+    "architectures": _BOOKKEEPING, "model_type": _BOOKKEEPING, "transformers_version": _BOOKKEEPING,
+    "_name_or_path": _BOOKKEEPING, "_commit_hash": _BOOKKEEPING, "_attn_implementation_autoset": _BOOKKEEPING,
+    "dtype": "the storage dtype of the checkpoint; the loader's dtype argument decides the compute dtype",
+    "torch_dtype": "the storage dtype of the checkpoint (4.x spelling of dtype)",
+    "use_bfloat16": "a legacy storage hint no model reads",
+    "use_cache": "the inference key/value cache; a training forward keeps no cache",
+    "output_hidden_states": _OUTPUT, "output_attentions": _OUTPUT, "return_dict": _OUTPUT, "torchscript": _OUTPUT,
+    "output_scores": _GENERATION, "return_dict_in_generate": _GENERATION,
+    "id2label": _HEADS, "label2id": _HEADS, "num_labels": _HEADS, "problem_type": _HEADS,
+    "finetuning_task": _HEADS,
+    "bos_token_id": "a token id for data and generation; the model never reads it",
+    "eos_token_id": "a token id for data and generation; the model never reads it",
+    "sep_token_id": "a token id for data and generation; the model never reads it",
+    "decoder_start_token_id": _ENCODER_DECODER,
+    "is_encoder_decoder": _ENCODER_DECODER, "is_decoder": _ENCODER_DECODER, "add_cross_attention": _ENCODER_DECODER,
+    "cross_attention_hidden_size": _ENCODER_DECODER, "tie_encoder_decoder": _ENCODER_DECODER,
+    "chunk_size_feed_forward": "a memory option of other architectures' feed-forward layers; not read here",
+    "tf_legacy_loss": "TensorFlow models only",
+    "tokenizer_class": "tokenizer metadata", "prefix": "pipeline metadata", "task_specific_params": "pipeline metadata",
+    **{key: _GENERATION for key in (
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+        "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens")},
+}
+
+
+def _zero(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == {} or value == []
+
+
+# key -> (accepts the value?, the value that is accepted): keys every family accepts only where they are neutral
+COMMON_NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # transformers drops out attention probabilities in training mode; the native attention has no dropout
+    "attention_dropout": (_zero, "0.0 (attention dropout is not implemented)"),
+    # 4.x prunes these heads at load (Qwen3-MoE does not implement pruning); the native models keep every head
+    "pruned_heads": (_empty, "{} (head pruning is not implemented)"),
+}
+
+
+def check_other_keys(raw: dict[str, Any], *, handled: set[str], family: str, source: str,
+                     neutral: dict[str, tuple[Callable[[Any], bool], str]] | None = None) -> None:
+    """Raise a ValueError naming the first key of ``raw`` that is neither ``handled`` (honoured by the family's
+    reader), nor in ``NO_COMPUTATION_KEYS``, nor at its neutral value (``COMMON_NEUTRAL`` and ``neutral``)."""
+    neutral_keys = {**COMMON_NEUTRAL, **(neutral or {})}
+    for key, value in raw.items():
+        if key in handled or key in NO_COMPUTATION_KEYS:
+            continue
+        if key in neutral_keys:
+            accepts, expected = neutral_keys[key]
+            if not accepts(value):
+                raise ValueError(f"{source}: {key}={value!r} is not supported for {family}: only {expected}")
+            continue
+        raise ValueError(f"{source}: unknown {family} config field {key!r}: it is neither implemented nor known "
+                         "to leave the computation unchanged")

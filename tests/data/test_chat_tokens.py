@@ -1,0 +1,63 @@
+"""The token ids of a rendered conversation are the tokenizer's own (transformers' apply_chat_template), and the
+loss mask comes from the supervised character spans."""
+
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openrecipes.data import build
+from openrecipes.data.bundled import ASSETS
+from openrecipes.data.templates import token_mask
+
+TOKENIZER = ASSETS / "tokenizer"
+NEWLINE_FIRST = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "\n\nHi there."}]
+
+
+def tokenize(conversations, tmp_path, loss_mask="qwen3"):
+    """(ids, mask) of each conversation as the data build makes them, its EOS removed."""
+    config = build.BuildConfig(input=Path("unused.jsonl"), tokenizer=TOKENIZER, loss_mask=loss_mask,
+                               row_tokens=64, out=tmp_path / "out", progress=False)
+    bundle, renderer, eos_id, _, _ = build._prepare(config)
+    records = [{"messages": messages} for messages in conversations]
+    source = types.SimpleNamespace(where=lambda index: f"conversation {index}")
+    ids, mask, doc, count = build._tokenize_chunk(records, np.arange(len(records)), source, renderer,
+                                                  bundle.tokenizer, eos_id, bundle.special_token_pattern(),
+                                                  False, [], [])
+    assert count == len(conversations)
+    out = []
+    for index in range(count):
+        rows = doc == index
+        assert ids[rows][-1] == eos_id and mask[rows][-1] == 0
+        out.append((ids[rows][:-1].tolist(), mask[rows][:-1]))
+    return out, bundle
+
+
+def test_ids_equal_transformers_apply_chat_template(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
+    bundled = [json.loads(line)["messages"] for line in (ASSETS / "conversations.jsonl").read_text().splitlines()]
+    conversations = [NEWLINE_FIRST, [{"role": "user", "content": " x"}, {"role": "assistant", "content": "  \n y"}],
+                     *bundled[:60]]
+    tokens, _ = tokenize(conversations, tmp_path)
+    for messages, (ids, _) in zip(conversations, tokens):
+        assert ids == list(reference.apply_chat_template(messages, tokenize=True)["input_ids"]), messages
+
+
+def test_a_newline_first_reply_is_one_tokenization_with_its_content_supervised(tmp_path):
+    ((ids, mask),), bundle = tokenize([NEWLINE_FIRST], tmp_path)
+    text = bundle.tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n\n\nHi there.<|im_end|>\n")
+    supervised = bundle.tokenizer.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    # the token merging the header's newline with the reply's first ones is supervised (it holds reply text)
+    assert supervised.endswith("\n\nHi there.<|im_end|>") and "assistant" not in supervised
+    assert mask[-1] == 0  # the newline after <|im_end|>
+
+
+def test_token_mask_overlap_rule():
+    spans = [(5, 10), (20, 22)]
+    offsets = np.array([[0, 5], [4, 6], [6, 10], [10, 12], [12, 20], [19, 21], [21, 25], [22, 23], [7, 7]])
+    assert token_mask(offsets, spans).tolist() == [0, 1, 1, 0, 0, 1, 1, 0, 1]
+    assert token_mask(offsets, []).tolist() == [0] * 9

@@ -54,6 +54,11 @@ class ShardingPlan:
     def moe_of(self, layer: nn.Module) -> nn.Module:
         return layer.get_submodule(self.moe)
 
+    def part(self, model: nn.Module, path: str) -> nn.Module | None:
+        """The submodule at ``path``, or None where a pipeline stage dropped it."""
+        parent, _, name = path.rpartition(".")
+        return getattr(model.get_submodule(parent) if parent else model, name)
+
     def drop(self, model: nn.Module, path: str) -> None:
         """Set the submodule at ``path`` to None (a pipeline stage that does not run it)."""
         parent, _, name = path.rpartition(".")

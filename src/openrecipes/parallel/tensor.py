@@ -45,7 +45,7 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.
             raise ValueError(f"layout.tp={tp_size} must divide the {heads} query and {kv_heads} key/value heads")
         parallelize_module(attention, tp_mesh, {name: _STYLES[style]() for name, style in present.items()})
         attention.register_forward_pre_hook(gather_sequence)
-    embedding = model.get_submodule(plan.embedding)  # None on a later pipeline stage: it receives its slice
+    embedding = plan.part(model, plan.embedding)  # None on a later pipeline stage: it receives its slice
     if embedding is not None:
         # each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's
         embedding.register_forward_hook(lambda _module, _args, out: out.chunk(tp_size, dim=1)[tp_rank])

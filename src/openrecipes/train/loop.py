@@ -237,10 +237,14 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     cp_slice, target_slice = _sequence_slices(parallel)
     if schedule is not None:
         loss_sum += _pipeline_step(schedule, microbatches, supervised, device, cp_slice)
-    for batch in microbatches if schedule is None else []:
+    for index, batch in enumerate(microbatches if schedule is None else []):
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
+        if target_slice is not None:  # TP / CP: sum the replicated weights' gradients during the last backward
+            from openrecipes.parallel.tensor import arm_replicated_grad_sums
+
+            arm_replicated_grad_sums(model, index == len(microbatches) - 1)
         (micro_loss / supervised).backward()
         if len(microbatches) > 1 and getattr(model, "fold_grads", False):
             engine.fold_sharded_grads(model)  # gradients FSDP2 wrote (the hooks fold the others)

@@ -61,7 +61,7 @@ VARIANTS = {
 }
 
 
-PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:

@@ -31,6 +31,10 @@ def _is_collective(name: str) -> bool:
 
 
 EXCLUDED = "excluded-phase"
+# ops that read a value back to the host on CUDA (bincount: its largest input, to size the output; nonzero: the count),
+# though their CPU versions do not show it as a separate read
+SYNCING_ON_CUDA = ("aten::_local_scalar_dense", "aten::bincount", "aten::nonzero", "aten::masked_select",
+                   "aten::_unique2")
 
 
 _inside_excluded = [0]
@@ -138,6 +142,9 @@ def worker(layout: str, layers: int, out: str) -> None:
             "aten_ops": sum(1 for e in events if e.name.startswith("aten::")),
             "aten_ops_top_level": sum(1 for e in events if e.name.startswith("aten::") and (
                 e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))),
+            # a tensor's value read on the host (.item(), .tolist(), and C++ reads like bincount's output size): on
+            # a GPU each one waits for the device, so the host cannot run ahead of it
+            "host_reads": sum(1 for e in events if e.name in SYNCING_ON_CUDA),
             "collectives": sum(collectives.values()),
             **{f"collective {name}": n for name, n in collectives.items()},
             **dispatches, **syncs,

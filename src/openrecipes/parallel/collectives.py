@@ -112,7 +112,8 @@ class ReplicatedGradSum:
     backward produces them), whatever order the hooks fire in.
     """
 
-    def __init__(self, parameters, group) -> None:
+    def __init__(self, model: nn.Module, parameters, group) -> None:
+        self._model = model
         self._parameters = parameters  # a callable: FSDP2 replaces the parameter objects after this is built
         self.group = group
         self._order: list[nn.Parameter] | None = None
@@ -123,8 +124,14 @@ class ReplicatedGradSum:
         self._works: list = []
 
     def _install(self) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
         self._side = _side_group(self.group)
-        self._order = list(reversed([p for p in self._parameters() if not _sharded_by_fsdp(p)]))
+        # Under FSDP2 every such weight is sharded over dp, and between a forward and its backward the model may hold
+        # FSDP's unsharded stand-ins (the root keeps them): hooks there would sum gradients FSDP reduce-scatters
+        # itself. Those sums all wait for ``finish``.
+        overlap = not isinstance(self._model, FSDPModule)
+        self._order = list(reversed([p for p in self._parameters() if overlap and not _sharded_by_fsdp(p)]))
         for index, param in enumerate(self._order):
             param.register_post_accumulate_grad_hook(functools.partial(self._on_grad, index))
 
@@ -148,15 +155,10 @@ class ReplicatedGradSum:
     def finish(self) -> None:
         if self._order is None:
             self._install()
-        started = self._next if self._armed else 0
-        for param in self._order[started:]:
+        started = {id(p) for p in self._order[:self._next]} if self._armed else set()
+        for param in self._parameters():
             grad = _accumulated_grad(param)
-            if grad is not None:
-                self._works.append(dist.all_reduce(_local(grad), group=self._side, async_op=True))
-        sharded = [p for p in self._parameters() if _sharded_by_fsdp(p)]
-        for param in sharded:
-            grad = _accumulated_grad(param)
-            if grad is not None:
+            if grad is not None and id(param) not in started:
                 self._works.append(dist.all_reduce(_local(grad), group=self._side, async_op=True))
         for work in self._works:
             work.wait()  # on CUDA: the compute stream waits, the host does not

@@ -92,7 +92,7 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], tp_mesh) ->
 def attach_replicated_grad_sum(model: nn.Module, name: str, mesh, *, include_tp_shards: bool) -> None:
     """Give ``model`` the gradient sum of its weights replicated over ``mesh`` (``name``: "tp" or "cp")."""
     sums = model.__dict__.setdefault("replicated_grad_sums", {})
-    sums[name] = ReplicatedGradSum(lambda: replicated_parameters(model, include_tp_shards=include_tp_shards),
+    sums[name] = ReplicatedGradSum(model, lambda: replicated_parameters(model, include_tp_shards=include_tp_shards),
                                    mesh.get_group())
 
 

@@ -95,7 +95,7 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
 
 def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str) -> dict:
     tiny = device_type == "cpu"
-    row_tokens = 256 if tiny else 8192
+    row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
     vocab = 1024 if tiny else 151936
     rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
                           vocab=vocab, packed=spec["packed"])

@@ -8,7 +8,8 @@ machinery's own cost (host work the GPU waits on, extra kernels, the CP attentio
 For when no machine of two GPUs is lent.
 
 Variants (8 layers of Qwen3-30B-A3B widths, one packed 8,192-token row per step, balanced routing, bf16,
-precision-aware Adam, full recompute; the engine_speed.py settings): plain, tp_machinery, cp_machinery.
+precision-aware Adam, full recompute; the engine_speed.py settings): plain, tp_machinery, cp_machinery; a suffix
+_4096 (say) gives rows of that many tokens.
 Usage: python bench/tp_cp_machinery_1gpu.py --out results.json [--variants plain,tp_machinery,cp_machinery]
 """
 
@@ -66,10 +67,13 @@ def main() -> None:
               "layers": 8, "steps": args.steps, "results": results}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants.split(","):
-            mesh.build_parallel_state = original if name == "plain" else one_rank_state(name.split("_")[0])
+            # "tp_machinery_4096": the TP machinery on rows of 4,096 tokens (about a TP2 rank's work on 8,192)
+            kind, *rest = name.split("_")
+            spec = dict(SPEC, **({"row_tokens": int(rest[-1])} if rest and rest[-1].isdigit() else {}))
+            mesh.build_parallel_state = original if kind == "plain" else one_rank_state(kind)
             os.environ["OPENRECIPES_PROFILE_STEP"] = str(args.steps - 1)  # outside the window (5-18)
             try:
-                results.append(engine_speed.run_variant(name, SPEC, layers=8, steps=args.steps, workdir=Path(tmp),
+                results.append(engine_speed.run_variant(name, spec, layers=8, steps=args.steps, workdir=Path(tmp),
                                                         device_type="cuda" if cuda else "cpu"))
             except Exception as error:  # keep what the other variants measured
                 results.append({"variant": name, "error": repr(error)})

@@ -61,7 +61,7 @@ VARIANTS = {
 }
 
 
-PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -96,7 +96,7 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
 def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
                 memory_trace: bool = False) -> dict:
     tiny = device_type == "cpu"
-    row_tokens = 256 if tiny else 8192
+    row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
     vocab = 1024 if tiny else 151936
     rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
                           vocab=vocab, packed=spec["packed"])

@@ -84,6 +84,47 @@ def test_changing_one_document_leaves_the_other_unchanged():
     torch.testing.assert_close(alone[0], a[0, 10:], rtol=1e-10, atol=1e-12)
 
 
+def _varlen_bottom_right(q_THD, k_THD, v_THD, cu_q, cu_k, *, scale, window):
+    """What flash varlen attention computes (causal, aligned to the bottom right), one sequence at a time."""
+    out = torch.zeros_like(q_THD)
+    for i in range(len(cu_q) - 1):
+        q = q_THD[cu_q[i]:cu_q[i + 1]].transpose(0, 1)
+        k, v = (x[cu_k[i]:cu_k[i + 1]].transpose(0, 1) for x in (k_THD, v_THD))
+        if q.shape[1] == 0:
+            continue
+        k, v = (x.repeat_interleave(q.shape[0] // x.shape[0], dim=0) for x in (k, v))
+        shift = k.shape[1] - q.shape[1]
+        query, key = torch.arange(q.shape[1])[:, None] + shift, torch.arange(k.shape[1])[None]
+        allowed = (key <= query) & ((query - key < window) if window else True)
+        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~allowed, float("-inf"))
+        out[cu_q[i]:cu_q[i + 1]] = (torch.softmax(scores, -1) @ v).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_query_slice_offsets_give_the_rows_masks(window):
+    # context parallelism's varlen offsets (CUDA path) against the masked slice attention, the varlen kernel played
+    # by a per-sequence reference: documents straddling the slice edges, wholly before and wholly after it
+    from openrecipes.models.common.attention import QuerySlice, sliced_query_attention
+
+    torch.manual_seed(0)
+    rows, tokens, part = 2, 16, 4
+    q, k, v = (torch.randn(rows, h, tokens, 8, dtype=torch.float64) for h in (4, 2, 2))
+    documents = Documents.from_document_ids(torch.stack([packed_ids([3, 6, 2, 5])[0], packed_ids([9, 7])[0]]))
+    for offset in range(0, tokens, part):
+        q_part = q[:, :, offset:offset + part]
+        expected = sliced_query_attention(q_part, k, v, scale=0.3, query_offset=offset, documents=documents,
+                                          window=window)
+        layout = QuerySlice.build(documents, tokens=tokens, query_offset=offset, query_tokens=part)
+        assert layout.key_tokens == offset + part
+        assert int((layout.cu_q[1:] - layout.cu_q[:-1]).max()) <= layout.max_q
+        assert int((layout.cu_k[1:] - layout.cu_k[:-1]).max()) <= layout.max_k
+        to_thd = lambda x: x.transpose(1, 2).reshape(-1, x.shape[1], 8)  # noqa: E731
+        got = _varlen_bottom_right(to_thd(q_part), to_thd(k[:, :, :offset + part]), to_thd(v[:, :, :offset + part]),
+                                   layout.cu_q.tolist(), layout.cu_k.tolist(), scale=0.3, window=window)
+        torch.testing.assert_close(got.reshape(rows, part, 4, 8).transpose(1, 2), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("window", [None, 3])
 def test_query_slices_over_whole_keys_equal_slices_of_full_attention(window):
     from openrecipes.models.common.attention import sliced_query_attention

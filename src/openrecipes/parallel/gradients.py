@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from openrecipes.parallel.collectives import ReplicatedGradSum
+
 
 class GradientSync:
     """How one model's gradients accumulate and synchronise.
@@ -29,6 +31,16 @@ class GradientSync:
         self.fp32_accumulation = fp32_accumulation
         if fp32_accumulation:
             self._attach_fp32_accumulators()
+        # weights whole on every rank of a TP or CP group saw only that rank's tokens: their sums over the group
+        # (TP's shards too over CP: the cp ranks hold the same shard). Built after the accumulators, so their hooks
+        # read the step's whole gradient.
+        self.replicated_sums: list[ReplicatedGradSum] = []
+        if parallel is not None and parallel.tp_size > 1:
+            self.replicated_sums.append(ReplicatedGradSum(model, self.replicated_parameters,
+                                                          parallel.tp_mesh.get_group()))
+        if parallel is not None and parallel.cp_size > 1:
+            self.replicated_sums.append(ReplicatedGradSum(
+                model, lambda: self.replicated_parameters(include_tp_shards=True), parallel.cp_mesh.get_group()))
 
     def _attach_fp32_accumulators(self) -> None:
         for param in self.model.parameters():
@@ -48,6 +60,12 @@ class GradientSync:
 
     def begin_step(self, microbatches: int) -> None:
         self.fold_grads = self.fp32_accumulation and microbatches > 1
+
+    def before_backward(self, *, last: bool) -> None:
+        """Before a microbatch's backward: on the step's ``last`` one, start the replicated gradients' sums during it
+        (with both TP and CP a weight is summed over two groups, one after the other: those wait for the end)."""
+        if len(self.replicated_sums) == 1:
+            self.replicated_sums[0].arm(last)
 
     def after_backward(self) -> None:
         """After each microbatch's backward: fold the gradients FSDP2 wrote (the hooks fold the others)."""
@@ -71,11 +89,8 @@ class GradientSync:
             from openrecipes.parallel.expert import all_reduce_expert_grads
 
             all_reduce_expert_grads(self.model, parallel.expert_mesh)
-        # weights whole on every rank of a TP or CP group saw only that rank's tokens
-        if parallel.tp_size > 1:
-            _all_reduce(self.replicated_parameters(), parallel.tp_mesh.get_group())
-        if parallel.cp_size > 1:  # TP's shards too: the cp ranks hold the same shard
-            _all_reduce(self.replicated_parameters(include_tp_shards=True), parallel.cp_mesh.get_group())
+        for replicated_sum in self.replicated_sums:  # finishing the sums started during the backward
+            replicated_sum.finish()
 
     def replicated_parameters(self, *, include_tp_shards: bool = False) -> list[nn.Parameter]:
         """Parameters whole on every rank of the TP (or CP) group, in the same order on every rank (with
@@ -103,13 +118,6 @@ def _gradient(param: torch.Tensor) -> torch.Tensor | None:
 
 def _expert_parallel(param: nn.Parameter) -> bool:
     return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
-
-
-def _all_reduce(params: list[nn.Parameter], group) -> None:
-    for param in params:
-        grad = _gradient(param)
-        if grad is not None:
-            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=group)
 
 
 def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, *,

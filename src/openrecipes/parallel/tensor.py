@@ -1,54 +1,96 @@
-"""Tensor parallelism with sequence parallelism, applied from outside the model.
+"""Tensor parallelism with sequence parallelism, applied from outside the model as the family's sharding plan says.
 
 Between attention blocks the residual stream of a TP rank holds its 1/tp slice of the sequence (sequence
 parallel): norms, the MoE block (experts whole on every TP rank, or split by EP over all ranks; each rank routes
-its own tokens), the final norm,
-the LM head and the loss work on that slice. Attention all-gathers the sequence, runs q/k/v column-parallel
-(each rank its heads) and o_proj row-parallel, and reduce-scatters the output back to sequence slices.
+its own tokens), the final norm, the LM head and the loss work on that slice. Attention all-gathers the sequence once
+(a forward pre-hook), runs the ``colwise`` projections on it, each rank its heads, and the ``rowwise`` one (o_proj)
+on its heads; one reduce-scatter sums o_proj's partial outputs back to sequence slices. The backward mirrors it: one
+all-gather of the output gradient, one reduce-scatter of the input gradient. Three collectives a layer in the
+forward, none of them per projection.
 
-Weights split by TP are DTensors (Shard on the tp mesh), so checkpoints reshard between TP sizes. Every other
-weight is whole on each TP rank and sees only that rank's tokens: its gradients are summed over the TP group after
-the backward (``GradientSync.synchronize``). The family's ``ShardingPlan`` says which projections split how.
+Weights split by TP are DTensors (Shard on the tp mesh), so checkpoints reshard between TP sizes, but the matmuls run on
+their local shards: DTensor's per-op sharding propagation on the host would cost more than these matmuls take on the
+GPU. The split projections become ``ColumnParallelLinear`` / ``RowParallelLinear`` modules holding the same parameter
+names. Every other weight is whole on each TP rank and sees only that rank's tokens: its gradients are summed over the
+TP group (``ReplicatedGradSum``, owned by the model's ``GradientSync``).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from openrecipes.models.families import ShardingPlan
-from openrecipes.parallel.collectives import GatherAlongDim
+from openrecipes.parallel.collectives import gather_along_dim, reduce_scatter_along_dim
 
 
-_STYLES = {"colwise": lambda: ColwiseParallel(), "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1))}
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _sharded(param: nn.Parameter | None, tp_mesh, dim: int) -> nn.Parameter | None:
+    if param is None:
+        return None
+    return nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)]), requires_grad=param.requires_grad)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Output features split over TP: the local matmul gives this rank's heads of the whole sequence."""
+
+    def __init__(self, linear: nn.Linear, tp_mesh) -> None:
+        super().__init__()
+        self.weight = _sharded(linear.weight, tp_mesh, 0)
+        self.bias = _sharded(linear.bias, tp_mesh, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, _local(self.weight), _local(self.bias))
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split over TP: the local matmul gives a partial sum of the whole sequence; one reduce-scatter
+    sums it and leaves each rank its sequence slice. A bias stays whole (a replicated weight), added after the sum."""
+
+    def __init__(self, linear: nn.Linear, tp_mesh) -> None:
+        super().__init__()
+        self.weight = _sharded(linear.weight, tp_mesh, 1)
+        self.bias = linear.bias
+        self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = reduce_scatter_along_dim(F.linear(x, _local(self.weight)), 1, self.group, self.size)
+        return out if self.bias is None else out + self.bias
+
+
+_STYLES = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear}
 
 
 def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.Module], tp_mesh) -> None:
-    """Split each layer's attention projections as the family's plan says; the attention input is gathered over
-    the sequence by a forward pre-hook, the embedding output cut to this rank's slice by a forward hook."""
+    """Split each layer's attention projections as the family's plan says; the attention input is gathered over the
+    sequence by a forward pre-hook, and the embedding looks up only this rank's slice of the tokens."""
     group, tp_rank, tp_size = tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size()
 
     def gather_sequence(_module, args):
-        # the column-parallel projections reading the gathered sequence already sum their partial input
-        # gradients over TP (their Replicate input layout): the gather's backward must not sum again
-        return (GatherAlongDim.apply(args[0], 1, group, tp_rank, tp_size, False), *args[1:])
+        # one gather feeds every column-parallel projection; its backward reduce-scatters their summed partial
+        # input gradients
+        return (gather_along_dim(args[0], 1, group, tp_size), *args[1:])
 
     for layer in layers:
         attention = plan.attention_of(layer)
-        projections = {name: getattr(attention, name, None) for name in plan.attention_tp}
-        present = {name: style for name, style in plan.attention_tp.items() if projections[name] is not None}
-        heads = projections["q_proj"].out_features // attention.head_dim
-        kv_heads = projections["k_proj"].out_features // attention.head_dim
+        present = {name: style for name, style in plan.attention_tp.items() if getattr(attention, name) is not None}
+        heads = attention.q_proj.out_features // attention.head_dim
+        kv_heads = attention.k_proj.out_features // attention.head_dim
         if kv_heads % tp_size or heads % tp_size:
             raise ValueError(f"layout.tp={tp_size} must divide the {heads} query and {kv_heads} key/value heads")
-        parallelize_module(attention, tp_mesh, {name: _STYLES[style]() for name, style in present.items()})
+        # per-head work (Q/K norms, Muse Spark's output norm and sigmoid output gate) follows the heads' split
+        for name, style in present.items():
+            setattr(attention, name, _STYLES[style](getattr(attention, name), tp_mesh))
         attention.register_forward_pre_hook(gather_sequence)
     embedding = plan.part(model, plan.embedding)  # None on a later pipeline stage: it receives its slice
     if embedding is not None:
-        # each rank keeps its slice; the embedding's gradient is then partial like every replicated weight's
-        embedding.register_forward_hook(lambda _module, _args, out: out.chunk(tp_size, dim=1)[tp_rank])
+        # each rank embeds its slice; the embedding's gradient is then partial like every replicated weight's
+        embedding.register_forward_pre_hook(lambda _module, args: (args[0].chunk(tp_size, dim=1)[tp_rank],))
     unplanned = [name for name, param in model.named_parameters() if not isinstance(param, DTensor)
                  and ".experts." not in name and not any(part in name for part in plan.replicated)]
     if unplanned:

@@ -226,7 +226,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     cp_slice, target_slice = _sequence_slices(parallel)
     if pipeline is not None:
         loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice)
-    for batch in microbatches if pipeline is None else []:
+    for index, batch in enumerate(microbatches if pipeline is None else []):
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         with engine.router_statistics(model, aux_coef, batch) as routing:
@@ -236,6 +236,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
             micro_aux = routing.losses().sum() / recipe.global_batch
             objective = objective + aux_coef * micro_aux
             aux_sum += micro_aux.detach().double()
+        grads.before_backward(last=index == len(microbatches) - 1)
         objective.backward()
         grads.after_backward()
         loss_sum += micro_loss.detach().double()

@@ -74,13 +74,69 @@ def attention_mask(tokens: int, *, documents: Documents | None, window: int | No
 
 
 def sliced_query_attention(q_BHQD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
-                           query_offset: int, documents: Documents | None, window: int | None) -> torch.Tensor:
-    """Attention of a slice of the queries (starting at ``query_offset``) over the whole row's keys and values."""
+                           query_offset: int, documents: Documents | None, window: int | None,
+                           mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of a slice of the queries (starting at ``query_offset``) over the whole row's keys and values.
+    ``mask``: the ``attention_mask`` of this slice, when the caller keeps it from layer to layer."""
     groups = q_BHQD.shape[1] // k_BKTD.shape[1]
-    mask = attention_mask(k_BKTD.shape[2], documents=documents, window=window, device=q_BHQD.device,
-                          query_offset=query_offset, query_tokens=q_BHQD.shape[2])
+    if mask is None:
+        mask = attention_mask(k_BKTD.shape[2], documents=documents, window=window, device=q_BHQD.device,
+                              query_offset=query_offset, query_tokens=q_BHQD.shape[2])
     return F.scaled_dot_product_attention(q_BHQD, _expand_kv(k_BKTD, groups), _expand_kv(v_BKTD, groups),
                                           attn_mask=mask, scale=scale)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuerySlice:
+    """Packed documents seen from a slice of every row's queries, ``[query_offset, key_tokens)``, over the keys
+    ``[0, key_tokens)`` of the row, as varlen attention takes them: document i's queries are rows
+    ``cu_q[i]:cu_q[i+1]`` of the (B·Q) flattened query slices, its keys rows ``cu_k[i]:cu_k[i+1]`` of the (B·key_tokens)
+    flattened key prefixes. A document's queries end where its keys end, so causal attention aligned to the bottom
+    right (flash attention's rule when a sequence has fewer queries than keys) is exactly the row's causal mask. A
+    document wholly before the slice has keys and no queries; one wholly after has neither."""
+
+    cu_q: torch.Tensor  # (N+1,) int32
+    cu_k: torch.Tensor  # (N+1,) int32
+    max_q: int  # upper bounds (host ints, no GPU sync): the documents' longest, capped by the slice
+    max_k: int
+    key_tokens: int
+
+    @classmethod
+    def build(cls, documents: Documents, *, tokens: int, query_offset: int, query_tokens: int) -> "QuerySlice":
+        cu = documents.cu_seqlens.long()
+        rows = documents.document_ids.shape[0]
+        starts = cu[:-1]
+        row = torch.div(starts, tokens, rounding_mode="floor")  # documents never cross rows
+        local = starts - row * tokens
+        end = query_offset + query_tokens
+        q_starts = row * query_tokens + local.clamp(query_offset, end) - query_offset
+        k_starts = row * end + local.clamp(max=end)
+        cu_q = torch.cat([q_starts, q_starts.new_tensor([rows * query_tokens])]).to(torch.int32)
+        cu_k = torch.cat([k_starts, k_starts.new_tensor([rows * end])]).to(torch.int32)
+        return cls(cu_q=cu_q, cu_k=cu_k, max_q=min(documents.max_seqlen, query_tokens),
+                   max_k=min(documents.max_seqlen, end), key_tokens=end)
+
+
+def sliced_query_varlen(q_BHQD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
+                        query_slice: QuerySlice, window: int | None) -> torch.Tensor:
+    """``sliced_query_attention`` with flash attention over the documents (CUDA): no mask, no work across documents
+    or past the slice's last query."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    rows, heads, queries, head_dim = q_BHQD.shape
+    keys = query_slice.key_tokens
+    groups = heads // k_BKTD.shape[1]
+    k_BKTD, v_BKTD = k_BKTD[:, :, :keys], v_BKTD[:, :, :keys]
+    kwargs = {}
+    if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+        kwargs["enable_gqa"] = groups > 1
+    else:
+        k_BKTD, v_BKTD = _expand_kv(k_BKTD, groups), _expand_kv(v_BKTD, groups)
+    to_thd = lambda x: x.transpose(1, 2).reshape(-1, x.shape[1], head_dim)  # noqa: E731
+    window_size = (-1, 0) if window is None else (window - 1, 0)
+    out_THD = varlen_attn(to_thd(q_BHQD), to_thd(k_BKTD), to_thd(v_BKTD), query_slice.cu_q, query_slice.cu_k,
+                          query_slice.max_q, query_slice.max_k, scale=scale, window_size=window_size, **kwargs)
+    return out_THD.reshape(rows, queries, heads, head_dim).transpose(1, 2)
 
 
 def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,

@@ -154,7 +154,9 @@ def sort_by_expert(experts_TK: torch.Tensor, num_experts: int) -> tuple[torch.Te
     order_R = torch.argsort(flat_experts_R, stable=True)
     inverse_R = torch.empty_like(order_R)
     inverse_R[order_R] = torch.arange(order_R.numel(), device=order_R.device)
-    counts_E = torch.bincount(flat_experts_R, minlength=num_experts)
+    # not bincount: on CUDA it reads the largest id back to size its output, a host sync in every MoE layer
+    counts_E = torch.zeros(num_experts, dtype=torch.long, device=flat_experts_R.device).scatter_add_(
+        0, flat_experts_R, torch.ones_like(flat_experts_R))
     return order_R, inverse_R, counts_E
 
 

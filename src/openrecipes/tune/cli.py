@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                           "output there is resumed")
     parser.add_argument("--author", default="openrecipes tune", help="the card's author")
     parser.add_argument("--slurm-scripts", type=int, metavar="GPUS_PER_NODE",
-                        help="do not run: write each trial's sbatch script (nodes of GPUS_PER_NODE) and stop")
+                        help="Slurm runner: write the trial's sbatch script (nodes of GPUS_PER_NODE) into its trial "
+                             "directory and stop; submitting is not automated yet")
     parser.set_defaults(func=run)
 
 

@@ -66,6 +66,15 @@ def test_failure_classes(code, log, expected):
     assert failure == expected and detail
 
 
+def test_a_crash_is_described_by_the_first_worker_exception():
+    log = ("[rank1]:   File \"loop.py\", line 149\n"
+           "[rank1]: RuntimeError: injected failure on rank 1 at step 3 (debug.fail_at)\n"
+           "[rank0]: RuntimeError: Connection closed by peer\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+           "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    assert classify_failure(1, log) == ("crash", "RuntimeError: injected failure on rank 1 at step 3 (debug.fail_at)")
+
+
 class _Sleeper(LocalRunner):
     def command(self, trial):
         return [sys.executable, "-c", "import time; time.sleep(60)"]

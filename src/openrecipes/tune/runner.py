@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,8 @@ class Runner(Protocol):
     def run(self, trial: TrialRun, tick: Callable[[float], None] | None = None) -> Outcome: ...
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b[^:\s]*:")
 _OOM_MARKERS = ("out of memory", "outofmemoryerror", "can't allocate memory", "cannot allocate memory")
 
 
@@ -66,7 +69,10 @@ def classify_failure(returncode: int, log: str) -> tuple[str, str]:
         return "non_finite_loss", line_with("non-finite loss")
     if "openrecipes train: error:" in lower:  # train's user-error path: a recipe or layout it refuses
         return "refused_layout", line_with("openrecipes train: error:")
-    return "crash", line_with("error", "exception")
+    # the first Python exception of a worker is the cause; the others (peers losing it, torchrun's summary) follow
+    causes = [_RANK_PREFIX.sub("", line).strip() for line in lines]
+    causes = [line for line in causes if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
+    return "crash", causes[0] if causes else line_with("error", "exception")
 
 
 def measure_trial(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:

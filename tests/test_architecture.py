@@ -23,6 +23,8 @@ ALLOWED = {
     "verify": {"config", "data", "measure", "models", "optim", "utils"},
     "cards": {"config", "data", "measure", "models", "utils", "verify"},
     "site": {"cards", "config", "utils"},
+    # the tuner sits on top: it runs train (as a process), measure and verify, and writes cards and the site
+    "tune": {"cards", "config", "data", "measure", "plan", "site", "train", "utils", "verify"},
 }
 DISTRIBUTED_PACKAGES = {"parallel", "train", "checkpoint"}
 

@@ -26,6 +26,7 @@ VERB_MODULES: dict[str, str] = {
     "verify": "openrecipes.verify.cli",
     "card": "openrecipes.cards.cli",
     "site": "openrecipes.site.cli",
+    "tune": "openrecipes.tune.cli",
 }
 
 

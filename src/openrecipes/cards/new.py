@@ -39,6 +39,8 @@ class NewCardOptions:
     component_tests: tuple[Path, ...] = ()
     model_name: str | None = None
     overwrite: bool = False
+    notes: tuple[str, ...] = ()  # written first in the card's notes (e.g. by openrecipes tune)
+    tuning: dict[str, Any] | None = None  # the card's tuning block (openrecipes tune)
 
 
 class _CardDumper(yaml.SafeDumper):
@@ -310,7 +312,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                          else "it differs in numerics-affecting fields: "
                          + ", ".join(d.path for d in rules.numerics)))
 
-    notes = [f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement window "
+    notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement window "
              f"steps {options.window[0]}-{options.window[1]}."]
     if measured.price_source:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
@@ -361,6 +363,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         "run": str(run.require("command", run_origin)),
         "notes": notes_text,
         "curves": {"candidate": curve_points(candidate_curve), "reference": curve_points(reference_curve)},
+        **({"tuning": options.tuning} if options.tuning is not None else {}),
     }
 
 

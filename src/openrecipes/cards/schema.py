@@ -11,7 +11,7 @@ import datetime
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openrecipes.config.layout import LayoutConfig, ParallelSizes
 
@@ -223,6 +223,37 @@ class Curves(_Strict):
     reference: list[CurvePoint] | None = None
 
 
+TrialFailure = Literal["out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout"]
+
+
+class TuningTrial(_Strict):
+    """One trial of `openrecipes tune`: what it changed, what the planner predicted, what was measured."""
+
+    trial: NonNegInt = Field(description="order in which the tuner ran it (0: the starting point)")
+    role: Literal["start", "trial", "winner"] = Field(description="the starting point, a trial, or this card's recipe")
+    changes: Text = Field(description="the performance-only fields changed against the starting point")
+    predicted_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the planner's prediction when the trial was chosen (refitted on earlier trials)")
+    measured_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] | None = None
+    failure: TrialFailure | None = Field(default=None, description="why the trial has no measurement")
+
+    @model_validator(mode="after")
+    def _measured_or_failed(self) -> "TuningTrial":
+        if (self.measured_tokens_per_s_per_gpu is None) == (self.failure is None):
+            raise ValueError("a trial has either a measured throughput or a failure class, not both or neither")
+        return self
+
+
+class Tuning(_Strict):
+    """How `openrecipes tune` reached this recipe from a starting point (docs/tune.md)."""
+
+    start_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
+    tuned_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
+    minutes: Annotated[float, Field(ge=0)] = Field(description="wall time of the trials")
+    pruned: NonNegInt = Field(description="candidates the planner or the layout rules pruned before any trial")
+    trials: Annotated[list[TuningTrial], Field(min_length=1)]
+
+
 class RecipeCard(_Strict):
     """One recipe: model, fleet, layout, what it measured and how it was verified."""
 
@@ -245,6 +276,7 @@ class RecipeCard(_Strict):
     run: str = Field(description="the exact command script that reproduces the run")
     notes: str | None = None
     curves: Curves | None = None
+    tuning: Tuning | None = Field(default=None, description="the trials of `openrecipes tune`, when it wrote the card")
 
 
 def card_json_schema() -> dict[str, Any]:

@@ -17,7 +17,7 @@ import jinja2
 from markupsafe import Markup
 
 from openrecipes.cards.validate import LoadedCard, validate_paths
-from openrecipes.site.plot import loss_plot_svg
+from openrecipes.site.plot import loss_plot_svg, tuning_plot_svg
 from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
@@ -145,6 +145,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
             card=loaded.card, m=_metrics(loaded), css=css, root=root,
             author_url=_safe_url(loaded.card.author.url), yaml_text=loaded.text,
             plot=loss_plot_svg(loaded.card.curves) if loaded.card.curves else None,
+            tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
         )
         rows.append(_index_row(loaded, _href(relative)))
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(

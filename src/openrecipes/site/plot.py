@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
-from openrecipes.cards.schema import CurvePoint, Curves
+from openrecipes.cards.schema import CurvePoint, Curves, Tuning
 
 WIDTH, HEIGHT = 640, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
@@ -64,5 +64,71 @@ def loss_plot_svg(curves: Curves) -> Markup:
         parts.append(f'<line class="{name}" x1="{WIDTH - RIGHT - 110}" x2="{WIDTH - RIGHT - 86}" '
                      f'y1="{legend_y - 4}" y2="{legend_y - 4}" stroke-width="2"/>')
         parts.append(f'<text x="{WIDTH - RIGHT - 80}" y="{legend_y}">{name}</text>')
+    parts.append("</svg>")
+    return Markup("\n".join(parts))
+
+
+def tuning_plot_svg(tuning: Tuning) -> Markup:
+    """SVG markup of the tuner's trials: measured tokens/s/GPU (dots), the planner's prediction when each was chosen
+    (hollow squares, joined to the measurement), failures (crosses on the axis, their class in a tooltip), and the
+    starting point's throughput as a dashed line. Only numbers and fixed labels go into the markup, except the
+    failure classes, which the schema limits to a fixed set and are escaped all the same."""
+    trials = list(tuning.trials)
+    values = [tuning.start_tokens_per_s_per_gpu, tuning.tuned_tokens_per_s_per_gpu]
+    values += [v for t in trials for v in (t.measured_tokens_per_s_per_gpu, t.predicted_tokens_per_s_per_gpu) if v]
+    y_low, y_high = 0.0, max(values) * 1.1
+    x_high = max(t.trial for t in trials) or 1
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def sx(trial: float) -> float:
+        return LEFT + 12 + (plot_w - 24) * trial / x_high
+
+    def sy(value: float) -> float:
+        return TOP + plot_h * (1 - (value - y_low) / (y_high - y_low))
+
+    parts = [
+        f'<svg class="plot tuning" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-labelledby="tuning-title">',
+        '<title id="tuning-title">Tuner trials: predicted and measured tokens/s per GPU</title>',
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#d9dee5"/>',
+    ]
+    for value in _ticks(y_low, y_high):
+        y = sy(value)
+        parts.append(f'<line x1="{LEFT - 4}" x2="{LEFT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#999"/>')
+        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+    for trial in trials:
+        parts.append(f'<text x="{sx(trial.trial):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">'
+                     f'{trial.trial}</text>')
+    parts.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle">trial</text>')
+    parts.append(f'<text transform="translate(12 {TOP + plot_h / 2:.1f}) rotate(-90)" '
+                 'text-anchor="middle">tokens/s/GPU</text>')
+    start_y = sy(tuning.start_tokens_per_s_per_gpu)
+    parts.append(f'<line class="start-line" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{start_y:.1f}" y2="{start_y:.1f}" '
+                 'stroke="#888" stroke-dasharray="6 4"/>')
+    for t in trials:
+        x = sx(t.trial)
+        measured, predicted = t.measured_tokens_per_s_per_gpu, t.predicted_tokens_per_s_per_gpu
+        if predicted is not None:
+            y = sy(predicted)
+            parts.append(f'<rect class="predicted" data-trial="{t.trial}" x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" '
+                         f'height="8" fill="none" stroke="#6b7a8f"/>')
+            if measured is not None:
+                parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y:.1f}" y2="{sy(measured):.1f}" '
+                             'stroke="#c3cad4"/>')
+        if measured is not None:
+            radius = 6 if t.role == "winner" else 4
+            parts.append(f'<circle class="measured {t.role}" data-trial="{t.trial}" cx="{x:.1f}" '
+                         f'cy="{sy(measured):.1f}" r="{radius}"/>')
+        else:
+            y = TOP + plot_h - 8
+            parts.append(f'<g class="failed" data-trial="{t.trial}"><title>{escape(str(t.failure))}</title>'
+                         f'<line x1="{x - 5:.1f}" x2="{x + 5:.1f}" y1="{y - 5:.1f}" y2="{y + 5:.1f}" stroke="#c0392b" '
+                         f'stroke-width="2"/><line x1="{x - 5:.1f}" x2="{x + 5:.1f}" y1="{y + 5:.1f}" '
+                         f'y2="{y - 5:.1f}" stroke="#c0392b" stroke-width="2"/></g>')
+    legend = [("measured", "measured"), ("predicted", "predicted"), ("failed", "failed (x)"),
+              ("start-line", "starting point")]
+    for index, (name, text) in enumerate(legend):
+        parts.append(f'<text class="legend {name}" x="{WIDTH - RIGHT - 110}" y="{TOP + 14 + 14 * index}">'
+                     f'{text}</text>')
     parts.append("</svg>")
     return Markup("\n".join(parts))

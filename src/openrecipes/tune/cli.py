@@ -1,0 +1,67 @@
+"""``openrecipes tune START.yaml``: measured trials from a starting recipe to a faster, verified recipe card."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="tune a starting recipe into a faster, verified recipe card through measured trials",
+        description="Measure START.yaml, then candidates that change only performance-only fields (layout, "
+                    "microbatch, recompute, offload, kernels), ranked and pruned by the planner; verify the fastest "
+                    "against the start and write the tuned recipe, its card and the site into --out. Rerunning the "
+                    "same command reuses the finished trials (docs/tune.md).")
+    parser.add_argument("start", help="the starting recipe (YAML); its numerics never change")
+    parser.add_argument("--gpus", default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
+                                                       "COUNTxTYPE such as 2xH200; the count is the start's world size")
+    parser.add_argument("--trials", type=int, default=12, help="trials, the starting point included (default 12)")
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the trials (default 30); the last "
+                                                                    "trial started may end past it")
+    parser.add_argument("--trial-steps", type=int, default=20, help="steps per trial (default 20, window 5-19)")
+    parser.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "LAST"),
+                        help="measurement window (default: steps 5 to the last, earlier for short trials)")
+    parser.add_argument("--trial-timeout", type=float, default=900.0, metavar="SECONDS",
+                        help="limit of one trial (default 900; after the start: at most 3x its time, at least 120)")
+    parser.add_argument("--nproc", type=int, help="processes per trial (default: the world size)")
+    parser.add_argument("--try", dest="tries", action="append", default=[], metavar='"KEY=VALUE ..."',
+                        help="a candidate measured right after the start (performance-only fields), repeatable")
+    parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
+                                                          "output there is resumed")
+    parser.add_argument("--author", default="openrecipes tune", help="the card's author")
+    parser.add_argument("--slurm-scripts", type=int, metavar="GPUS_PER_NODE",
+                        help="Slurm runner: write the trial's sbatch script (nodes of GPUS_PER_NODE) into its trial "
+                             "directory and stop; submitting is not automated yet")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from openrecipes.tune.progress import Progress
+    from openrecipes.tune.publish import publish
+    from openrecipes.tune.runner import LocalRunner, SlurmRunner
+    from openrecipes.tune.search import Search, TuneOptions
+    from openrecipes.tune.verification import choose_winner
+
+    options = TuneOptions(start=Path(args.start), out=Path(args.out), gpus=args.gpus, trials=args.trials,
+                          minutes=args.minutes, trial_steps=args.trial_steps,
+                          window=tuple(args.window) if args.window else None, nproc=args.nproc,
+                          trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author)
+    runner = SlurmRunner(gpus_per_node=args.slurm_scripts) if args.slurm_scripts else LocalRunner()
+    progress = Progress(trials=options.trials, minutes=options.minutes)
+    result = Search(options, runner, progress).run()
+    progress.say("verifying the fastest candidates against the starting point")
+    winner, failed = choose_winner(result)
+    for verdict in failed:
+        progress.say(f"trial {verdict.record['index']} failed verification: {'; '.join(verdict.failures)}; "
+                     "trying the next fastest")
+    published = publish(result, winner, failed)
+    gain = published.tuned_tps / published.start_tps - 1
+    print(f"openrecipes tune: {published.start_tps:,.1f} -> {published.tuned_tps:,.1f} tokens/s/GPU ({gain:+.1%}), "
+          f"{published.status}")
+    print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"
+          f"  site          {published.site / 'index.html'}\n  trials        {Path(args.out) / 'trials.jsonl'}")
+    if winner is None and failed:
+        print("no faster candidate passed verification; the card is the starting point", file=sys.stderr)
+    return 0

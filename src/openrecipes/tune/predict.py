@@ -1,0 +1,197 @@
+"""The planner as the tuner uses it: which candidates the engine can run, what they should reach, and a refit of
+the prediction from the trials measured so far.
+
+Predictions are ``openrecipes plan --engine openrecipes``'s (``plan.enumerate.evaluate``). A candidate is refused
+by the one layout rule train applies (``config.layout.layout_problems``, ``unsupported_reason``) and pruned when its
+predicted peak memory, after the memory refit, does not fit the device.
+
+The refit (``Calibration``): the measured step time of every finished trial against two features of its plan,
+the planner's step time and the count of layer-microbatches on the busiest stage (a fixed cost per layer and
+microbatch, which the FLOP model does not have and which dominates small models and host-bound runs), fitted by
+least squares on relative errors. With one trial, or when the two-term fit is not positive, it falls back to one
+ratio (the geometric mean of measured over predicted). Memory is rescaled by the mean ratio of measured peak to
+predicted allocated memory where the trials measured one (GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from openrecipes.config.hardware import GpuSpec, known_gpu_name
+from openrecipes.config.layout import layout_problems, rows_per_microbatch, unsupported_reason
+from openrecipes.config.recipe import Recipe
+from openrecipes.plan.enumerate import Plan, evaluate
+from openrecipes.plan.hardware import Hardware, load_hardware, parse_gpus
+from openrecipes.plan.memory import TrainingSetup
+from openrecipes.plan.shape import ModelShape, model_shape
+
+CPU = "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where the trials run: ``count`` devices of ``gpu_type`` ("cpu": gloo processes)."""
+
+    count: int
+    gpu_type: str
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu_type.lower() == CPU
+
+    def label(self) -> str:
+        return f"{self.count}x{self.gpu_type}"
+
+
+def resolve_target(text: str, world_size: int) -> Target:
+    """``auto`` (the GPUs of this machine, else CPU processes), ``cpu``, or COUNTxTYPE (``2xH200``, ``2xcpu``).
+    The count must equal the start's world size: the tuner keeps it."""
+    text = text.strip()
+    if text == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            target = Target(count=torch.cuda.device_count(),
+                            gpu_type=known_gpu_name(torch.cuda.get_device_name(0)))
+        else:
+            target = Target(count=world_size, gpu_type=CPU)
+    elif text.lower() == CPU:
+        target = Target(count=world_size, gpu_type=CPU)
+    else:
+        count, gpu_type = parse_gpus(text)
+        target = Target(count=count, gpu_type=CPU if gpu_type.lower() == CPU else gpu_type)
+    if target.count != world_size:
+        raise ValueError(f"--gpus {text}: {target.count} devices, but the start's layout (tp·pp·cp·dp) uses "
+                         f"{world_size}; the tuner keeps the world size (give --gpus {world_size}x{target.gpu_type})")
+    return target
+
+
+def _host_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
+
+
+def planner_hardware(target: Target) -> Hardware:
+    """The planner's hardware record. A CPU has none: its numbers here are placeholders (an H200's efficiencies,
+    a slow device, host memory shared by the processes); the refit from the measured start rescales them."""
+    if not target.is_cpu:
+        return load_hardware(target.gpu_type)
+    base = load_hardware("H200")
+    spec = GpuSpec(name=CPU, peak_bf16_dense_flops=1e10, memory_gib=_host_memory_gib() / target.count,
+                   hbm_tb_s=0.02, nvlink_gb_s=2.0, nvlink_domain=max(8, target.count), network_gb_s=1.0,
+                   pcie_gb_s=10.0, source="placeholder for CPU trials (openrecipes tune)")
+    return dataclasses.replace(base, gpu=spec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    tokens_per_s_per_gpu: float  # the planner's, before the refit
+    step_time_s: float
+    layer_microbatches: int  # microbatches x layers of the busiest stage
+    allocated_gib: float  # busiest stage, comparable with a measured peak
+    peak_reserved_gib: float
+    capacity_gib: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    step_scale: float = 1.0
+    per_layer_microbatch_s: float = 0.0
+    memory_scale: float = 1.0
+    fitted_on: int = 0
+
+    def step_time_s(self, p: Prediction) -> float:
+        return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
+
+    def tokens_per_s_per_gpu(self, p: Prediction) -> float:
+        return p.tokens_per_s_per_gpu * p.step_time_s / self.step_time_s(p)
+
+    def fits(self, p: Prediction) -> bool:
+        return p.peak_reserved_gib * self.memory_scale <= p.capacity_gib
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fit_calibration(pairs: list[tuple[Prediction, float, float | None]]) -> Calibration:
+    """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials."""
+    if not pairs:
+        return Calibration()
+    rows = [(p.step_time_s, float(p.layer_microbatches), p.step_time_s * p.tokens_per_s_per_gpu / measured)
+            for p, measured, _ in pairs]  # (x1, x2, measured step time in the planner's step units)
+    ratio = math.exp(sum(math.log(y / x1) for x1, _, y in rows) / len(rows))
+    scale, per_unit = ratio, 0.0
+    if len({x2 for _, x2, _ in rows}) > 1:
+        # minimise sum((a*x1 + b*x2 - y) / y)^2: the normal equations of a 2x2 system
+        w = [(x1 / y, x2 / y) for x1, x2, y in rows]
+        s11 = sum(a * a for a, _ in w)
+        s12 = sum(a * b for a, b in w)
+        s22 = sum(b * b for _, b in w)
+        t1, t2 = sum(a for a, _ in w), sum(b for _, b in w)
+        det = s11 * s22 - s12 * s12
+        if det > 1e-12 * s11 * s22:
+            a, b = (t1 * s22 - t2 * s12) / det, (s11 * t2 - s12 * t1) / det
+            if a > 0 and b >= 0:
+                scale, per_unit = a, b
+    memory = [peak / p.allocated_gib for p, _, peak in pairs if peak and p.allocated_gib > 0]
+    return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit,
+                       memory_scale=sum(memory) / len(memory) if memory else 1.0, fitted_on=len(pairs))
+
+
+class Planner:
+    """Refusals and predictions for recipes of one model on one target."""
+
+    def __init__(self, start: Recipe, target: Target, row_tokens: int) -> None:
+        from openrecipes.train.engine import model_config
+
+        self.shape: ModelShape = model_shape(model_config(start), name=start.model)
+        self.hardware = planner_hardware(target)
+        self.target = target
+        self.row_tokens = row_tokens
+
+    def refusal(self, recipe: Recipe) -> str | None:
+        """Why train would refuse the recipe's layout (the rules train applies), or None."""
+        problems = layout_problems(recipe.layout, world_size=self.target.count, num_layers=self.shape.num_layers,
+                                   num_experts=self.shape.num_experts)
+        if problems:
+            return "; ".join(f"layout.{p.field}: {p.message}" for p in problems)
+        try:
+            rows_per_microbatch(recipe.layout, self.row_tokens)
+        except ValueError as error:
+            return str(error)
+        if recipe.layout.tp > 1 and self.shape.kv_heads % recipe.layout.tp:
+            return f"layout.tp: tp={recipe.layout.tp} must divide the {self.shape.kv_heads} key/value heads"
+        return unsupported_reason(recipe.layout)
+
+    def predict(self, recipe: Recipe) -> Prediction:
+        layout = recipe.layout
+        if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
+            layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, self.row_tokens)})
+        setup = TrainingSetup(recompute=recipe.recompute.granularity,
+                              optimizer="precision-aware" if recipe.optimizer.precision_aware else "adam",
+                              offload_fraction=recipe.offload.fraction, engine="openrecipes",
+                              global_batch_tokens=recipe.global_batch * self.row_tokens)
+        plan: Plan = evaluate(self.shape, layout, setup, self.hardware)
+        t = plan.throughput
+        return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,
+                          layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),
+                          allocated_gib=max(s.allocated_gib for s in plan.stages),
+                          peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib)
+
+
+def gpu_memory_gb(target: Target) -> float | None:
+    """The memory of one device as a card states it; None for a GPU the hardware table knows (it says)."""
+    if target.is_cpu:
+        return round(_host_memory_gib() * 1024 ** 3 / 1e9, 1)
+    return None
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "tuned"

@@ -1,0 +1,119 @@
+"""What the tuner hands back: the tuned recipe YAML, its recipe card (with the trials) and the site.
+
+The card is written by ``openrecipes.cards.new`` from the winner's trial run against the start's, so its numbers
+are ``measure``'s and its checks ``verify``'s; ``status: verified`` only when every check passed. Its notes say
+where the search started, where it ended, in how many trials and minutes, what changed and what the measurements
+say about why (step time and peak memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openrecipes.config.recipe import dump_recipe
+from openrecipes.tune.predict import gpu_memory_gb, safe_name
+from openrecipes.tune.search import SearchResult
+from openrecipes.tune.space import describe_changes
+from openrecipes.tune.verification import Verdict
+from openrecipes.utils import atomic_write_text
+
+TUNED_FILE = "tuned.yaml"
+
+
+@dataclass(kw_only=True)
+class Published:
+    recipe: Path
+    card: Path
+    site: Path
+    status: str
+    start_tps: float
+    tuned_tps: float
+    notes: list[str]
+
+
+def _tuning_block(result: SearchResult, winner_key: str) -> dict[str, Any]:
+    trials = []
+    for record in result.records:
+        prediction = record.get("prediction") or {}
+        measured = record.get("measured") or {}
+        trials.append({
+            "trial": record["index"],
+            "role": "start" if record["key"] == "start" else "winner" if record["key"] == winner_key else "trial",
+            "changes": record["label"],
+            "predicted_tokens_per_s_per_gpu": prediction.get("calibrated_tokens_per_s_per_gpu")
+            or prediction.get("tokens_per_s_per_gpu"),
+            "measured_tokens_per_s_per_gpu": measured.get("tokens_per_s_per_gpu"),
+            "failure": (record.get("failure") or {}).get("class"),
+        })
+    start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
+    tuned = next(r for r in result.records if r["key"] == winner_key)["measured"]["tokens_per_s_per_gpu"]
+    return {"start_tokens_per_s_per_gpu": start, "tuned_tokens_per_s_per_gpu": tuned,
+            "minutes": round(result.trial_s / 60, 3), "pruned": result.pruned, "trials": trials}
+
+
+def _why(start: dict[str, Any], winner: dict[str, Any]) -> str:
+    s, w = start["measured"], winner["measured"]
+    text = (f"mean step time {s['step_time_mean_s']:.4g} s -> {w['step_time_mean_s']:.4g} s "
+            f"({w['step_time_mean_s'] / s['step_time_mean_s'] - 1:+.1%})")
+    if s.get("peak_memory_gib") and w.get("peak_memory_gib"):
+        text += f"; peak memory {s['peak_memory_gib']:.1f} GiB -> {w['peak_memory_gib']:.1f} GiB"
+    return text
+
+
+def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict]) -> list[str]:
+    start = next(r for r in result.records if r["key"] == "start")
+    start_tps, tuned_tps = start["measured"]["tokens_per_s_per_gpu"], winner["measured"]["tokens_per_s_per_gpu"]
+    failures = [r for r in result.records if r["status"] == "failed"]
+    notes = [f"openrecipes tune: starting point {result.start_path} measured {start_tps:,.1f} tokens/s/GPU; tuned to "
+             f"{tuned_tps:,.1f} ({tuned_tps / start_tps - 1:+.1%}); {len(result.records)} trials in "
+             f"{result.trial_s / 60:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
+             "any trial)."]
+    if winner["key"] == "start":
+        notes.append("No measured candidate beat the starting point and passed verification: this card is the "
+                     "starting point itself.")
+    else:
+        notes.append(f"What changed: {describe_changes(winner['changes'])}. Why it is faster (measured): "
+                     f"{_why(start, winner)}.")
+    for verdict in failed:
+        tps = verdict.record["measured"]["tokens_per_s_per_gpu"]
+        notes.append(f"Trial {verdict.record['index']} ({describe_changes(verdict.record['changes'])}) measured "
+                     f"{tps:,.1f} tokens/s/GPU but failed verification: {'; '.join(verdict.failures)}; the next "
+                     "fastest was verified instead.")
+    notes.append(f"Status {status}: " + ("the numerics rules, the convergence check against the starting point"
+                                         " and, where the optimizer's placement changed, the optimizer component test "
+                                         "passed." if status == "verified" else "not every check passed."))
+    return notes
+
+
+def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict]) -> Published:
+    from openrecipes.cards.new import NewCardOptions, new_card
+    from openrecipes.site.build import build_site
+
+    out = result.options.out
+    start = next(r for r in result.records if r["key"] == "start")
+    record = winner.record if winner else start
+    status = "verified" if winner else "unverified"
+    candidate = result.candidates[record["key"]]
+    name = safe_name(f"{result.start.name}-tuned")
+    tuned = candidate.recipe.model_copy(update={"name": name, "run_dir": f"{result.start.run_dir}-tuned"})
+    recipe_path = out / TUNED_FILE
+    atomic_write_text(recipe_path, f"# written by openrecipes tune from {result.start_path}; only performance-only "
+                      "fields differ from it\n" + dump_recipe(tuned))
+    notes = notes_for(result, record, status, failed)
+    gpu_dir = "cpu" if result.target.is_cpu else result.target.gpu_type.lower()
+    card = out / "recipes" / safe_name(result.start.model) / gpu_dir / f"{name}.yaml"
+    component_tests = (winner.optimizer_report,) if winner and winner.optimizer_report else ()
+    card, problems = new_card(NewCardOptions(
+        run_dir=out / record["run_dir"], reference=out / start["run_dir"], out=card, author=result.options.author,
+        window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
+        status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
+        tuning=_tuning_block(result, record["key"])))
+    errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
+    if errors:
+        raise ValueError(f"{card}: the card does not validate: {errors[0]}")
+    site = build_site(out / "recipes", out / "site").out
+    return Published(recipe=recipe_path, card=card, site=site, status=status,
+                     start_tps=start["measured"]["tokens_per_s_per_gpu"],
+                     tuned_tps=record["measured"]["tokens_per_s_per_gpu"], notes=notes)

@@ -1,0 +1,312 @@
+"""The search: measure the start, rank candidates with the planner, run trials, refit, search around the best.
+
+Order of trials (deterministic given the trials already recorded, so a rerun walks the same path and reuses them):
+1. the starting point; 2. candidates given with ``--try``; 3. about half of the remaining budget down the planner's
+ranking (refitted after every trial); 4. the rest around the best measured recipe: every setting one knob away, and
+two knobs away from the most promising of those, best predicted first. A trial is counted against ``--minutes`` by
+its wall time; the last trial started may end past the budget.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
+from openrecipes.config.rundir import rows_directory
+from openrecipes.tune.journal import Journal, check_settings, prepare_out, write_pruned
+from openrecipes.tune.predict import Calibration, Planner, Prediction, Target, fit_calibration, resolve_target
+from openrecipes.tune.progress import Progress
+from openrecipes.tune.runner import Outcome, Runner, TrialRun
+from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe, changes_key,
+                                    check_performance_only, describe_changes, first_ranking_space, neighbours,
+                                    start_settings)
+from openrecipes.verify.rules import compare_recipes
+
+ROWS_DIR = "rows"
+TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
+
+
+@dataclass(kw_only=True)
+class TuneOptions:
+    start: Path
+    out: Path
+    gpus: str = "auto"
+    trials: int = 12
+    minutes: float = 30.0
+    trial_steps: int = 20
+    window: tuple[int, int] | None = None  # default: trial_window(trial_steps)
+    nproc: int | None = None
+    trial_timeout_s: float = 900.0
+    tries: tuple[str, ...] = ()  # "KEY=VALUE KEY=VALUE": candidates measured right after the start
+    author: str = "openrecipes tune"
+
+    def measurement_window(self) -> tuple[int, int]:
+        return self.window or trial_window(self.trial_steps)
+
+
+def trial_window(steps: int) -> tuple[int, int]:
+    """The measurement window of a trial of ``steps`` steps: steps 5 to the last (the cards' 5-19 of 20), starting
+    earlier for short trials so at least half of the steps are measured."""
+    if steps < 3:
+        raise ValueError(f"--trial-steps: at least 3 steps are needed (a warm-up step and a window), got {steps}")
+    return min(5, steps // 2), steps - 1
+
+
+@dataclass(kw_only=True)
+class Ranked:
+    candidate: Candidate
+    prediction: Prediction
+
+
+@dataclass(kw_only=True)
+class SearchResult:
+    start: Recipe
+    start_path: Path
+    target: Target
+    records: list[dict[str, Any]]
+    candidates: dict[str, Candidate]  # by key, every candidate that was tried
+    pruned: int
+    calibration: Calibration
+    options: TuneOptions
+    trial_s: float
+
+
+class Search:
+    def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
+        self.options = options
+        self.runner = runner
+        self.start = load_recipe(options.start)
+        self.target = resolve_target(options.gpus, self.start.layout.world_size)
+        self.nproc = options.nproc or self.target.count
+        if self.nproc != self.target.count:
+            raise ValueError(f"--nproc {self.nproc}: this runner starts all {self.target.count} processes of a "
+                             "trial on one machine; several nodes need the Slurm runner (docs/tune.md)")
+        if options.trials < 1:
+            raise ValueError(f"--trials: at least 1 (the starting point), got {options.trials}")
+        self.window = options.measurement_window()
+        if not 0 <= self.window[0] <= self.window[1] < options.trial_steps:
+            raise ValueError(f"--window {self.window[0]} {self.window[1]}: must lie within the "
+                             f"{options.trial_steps} trial steps")
+        self.out = Path(options.out)
+        prepare_out(self.out, Path(options.start))
+        self.rows = self._rows()
+        from openrecipes.data.manifest import read_manifest
+
+        row_tokens = int(read_manifest(self.rows, require=("row_tokens",))["row_tokens"])
+        self.planner = Planner(self.start, self.target, row_tokens)
+        shape = self.planner.shape
+        self.facts = ModelFacts(num_layers=shape.num_layers, num_experts=shape.num_experts, kv_heads=shape.kv_heads,
+                                row_tokens=row_tokens, world_size=self.target.count)
+        check_settings(self.out, {"start": dump_recipe(self.start), "target": self.target.label(),
+                                  "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
+        self.journal = Journal(self.out)
+        self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
+        self.calibration = Calibration()
+        self.tried: dict[str, Candidate] = {}
+        self.refused: dict[str, str] = {}
+        self.pruned: list[dict[str, Any]] = []
+        self.trial_index = 0
+
+    def _rows(self) -> Path:
+        """The rows every trial trains on: the start's rows directory, or its data.build built once into OUT."""
+        if self.start.data.rows is not None:
+            return rows_directory(self.start.data.rows, self.out)
+        from openrecipes.data.build import build_recipe_rows
+
+        return build_recipe_rows(self.start.data.build, self.out / ROWS_DIR)
+
+    # ---- candidates -------------------------------------------------------------------------------------------
+
+    def _candidate(self, settings: Settings) -> Candidate | None:
+        try:
+            return candidate_recipe(self.start, settings, self.facts)
+        except ValueError as error:
+            if "numerics" in str(error):
+                raise  # never expected; a bug in the space, not a candidate to skip
+            self._prune(settings, None, f"recipe refused: {error}")
+            return None
+
+    def _prune(self, settings: Settings, candidate: Candidate | None, reason: str,
+               prediction: Prediction | None = None) -> None:
+        key = candidate.key if candidate else repr(settings)
+        if key in self.refused:
+            return
+        self.refused[key] = reason
+        self.pruned.append({"key": key, "changes": candidate.changes if candidate else None,
+                            "label": describe_changes(candidate.changes) if candidate else repr(settings),
+                            "reason": reason, "prediction": prediction.to_dict() if prediction else None})
+
+    def _rank_one(self, candidate: Candidate) -> Ranked | None:
+        if candidate.key in self.refused:
+            return None
+        reason = self.planner.refusal(candidate.recipe)
+        if reason:
+            self._prune(candidate.settings, candidate, f"refused by the layout rules train applies: {reason}")
+            return None
+        try:
+            prediction = self.planner.predict(candidate.recipe)
+        except ValueError as error:
+            self._prune(candidate.settings, candidate, f"refused by the planner: {error}")
+            return None
+        if not self.calibration.fits(prediction):
+            self._prune(candidate.settings, candidate, f"predicted not to fit: "
+                        f"{prediction.peak_reserved_gib * self.calibration.memory_scale:.1f} GiB of "
+                        f"{prediction.capacity_gib:.1f} GiB", prediction)
+            return None
+        return Ranked(candidate=candidate, prediction=prediction)
+
+    def _order(self, ranked: list[Ranked]) -> list[Ranked]:
+        untried = [r for r in ranked if r.candidate.key not in self.tried and r.candidate.key not in self.refused]
+        return sorted(untried, key=lambda r: (-self.calibration.tokens_per_s_per_gpu(r.prediction), r.candidate.key))
+
+    def _around(self, best: Candidate) -> list[Ranked]:
+        """Candidates one knob from the best measured, then two knobs from its most promising neighbours."""
+        one = [r for _, s in neighbours(best.settings, self.start, self.facts)
+               if (c := self._candidate(s)) and (r := self._rank_one(c))]
+        found = {r.candidate.key: r for r in one}
+        for seed in self._order(one)[:TWO_KNOB_SEEDS]:
+            for _, s in neighbours(seed.candidate.settings, self.start, self.facts):
+                if (c := self._candidate(s)) and c.key not in found and (r := self._rank_one(c)):
+                    found[c.key] = r
+        return list(found.values())
+
+    def _given(self, text: str) -> Candidate:
+        """A candidate from ``--try "KEY=VALUE ..."``; a numerics field is refused with its rule."""
+        overrides = shlex.split(text)
+        for item in overrides:
+            check_performance_only({item.split("=", 1)[0]: None})
+        tree = apply_overrides(self.start.model_dump(mode="json"), overrides)
+        recipe = recipe_from_dict(tree, source=f"--try {text!r}")
+        report = compare_recipes(recipe, self.start)
+        if not report.passed:
+            raise ValueError(f"--try {text!r}: changes numerics fields " + ", ".join(d.path for d in report.numerics))
+        return Candidate(settings=start_settings(recipe, self.facts), recipe=recipe,
+                         changes={d.path: d.candidate for d in report.performance})
+
+    # ---- trials -----------------------------------------------------------------------------------------------
+
+    def _run_recipe(self, candidate: Candidate, trial_dir: Path) -> Path:
+        """The recipe a trial trains: the candidate, on the shared rows, for the trial's steps, without
+        checkpoints; only performance-only fields besides steps differ from the candidate."""
+        tree = candidate.recipe.model_dump(mode="json")
+        tree.update(name=f"{self.start.name}-{trial_dir.name}", steps=self.options.trial_steps,
+                    run_dir=str((trial_dir / "run").resolve()), data={"rows": str(self.rows.resolve())})
+        tree["checkpoint"] = {"every": None, "keep": 1, "at_end": False}
+        tree["logging"] = {**tree["logging"], "progress": False, "tensorboard": False, "wandb": False}
+        path = trial_dir / "recipe.yaml"
+        path.write_text(dump_recipe(recipe_from_dict(tree, source=str(path))))
+        return path
+
+    def _timeout(self) -> float:
+        start = self.journal.find("start")
+        if start is None or start.get("status") != "ok":
+            return self.options.trial_timeout_s
+        # a candidate three times slower than the (deliberately slow) start is not worth waiting for
+        return min(self.options.trial_timeout_s, max(120.0, 3.0 * start["wall_s"]))
+
+    def run_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
+                  refusal: str | None = None) -> dict[str, Any]:
+        """Run (or reuse) one trial and record it; ``refusal`` records a layout train would refuse, unrun."""
+        index = self.trial_index
+        self.trial_index += 1
+        self.tried[candidate.key] = candidate
+        label = describe_changes(candidate.changes)
+        calibrated = self.calibration.tokens_per_s_per_gpu(prediction) if prediction else None
+        record = self.journal.find(candidate.key)
+        if record is not None:
+            self.progress.trial_started(index, label, calibrated)
+            self.progress.trial_finished(record, reused=True)
+            self._refit()
+            return record
+        self.progress.trial_started(index, label, calibrated)
+        trial_dir = self.journal.fresh_trial_dir(index, candidate.key)
+        recipe_path = self._run_recipe(candidate, trial_dir)
+        run = TrialRun(recipe_path=recipe_path, run_dir=trial_dir / "run", nproc=self.nproc,
+                       timeout_s=self._timeout(), window=self.window)
+        outcome = (Outcome(failure="refused_layout", detail=refusal) if refusal
+                   else self.runner.run(run, tick=self.progress.tick))
+        record = {
+            "index": index, "key": candidate.key, "phase": phase, "changes": candidate.changes, "label": label,
+            "layout": candidate.recipe.layout.label(),
+            "prediction": None if prediction is None else {**prediction.to_dict(), "calibrated_tokens_per_s_per_gpu":
+                                                          calibrated, "calibration": self.calibration.to_dict()},
+            "status": "ok" if outcome.ok else "failed",
+            "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},
+            "measured": outcome.measured, "wall_s": round(outcome.wall_s, 3),
+            "run_dir": str(run.run_dir.relative_to(self.out)),
+            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        self.journal.append(record)
+        self.progress.trial_finished(record, reused=False)
+        self._refit()
+        return record
+
+    def _refit(self) -> None:
+        pairs = []
+        for record in self.journal.records:
+            if record["status"] == "ok" and record.get("prediction") and record["key"] in self.tried:
+                raw = {k: record["prediction"][k] for k in Prediction.__dataclass_fields__}
+                measured = record["measured"]
+                pairs.append((Prediction(**raw), measured["tokens_per_s_per_gpu"], measured.get("peak_memory_gib")))
+        self.calibration = fit_calibration(pairs)
+
+    def _budget_left(self) -> bool:
+        return self.trial_index < self.options.trials and self.progress.elapsed_s() < self.options.minutes * 60
+
+    def _best(self) -> tuple[Candidate, float] | None:
+        ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records
+              if r["status"] == "ok" and r["key"] in self.tried]
+        if not ok:
+            return None
+        tps, key = max(ok)
+        return self.tried[key], tps
+
+    def run(self) -> SearchResult:
+        start = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
+        start_prediction = self.planner.predict(self.start) if not self.planner.refusal(self.start) else None
+        self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
+                          f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
+                          f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")
+        record = self.run_trial(start, start_prediction, "start")
+        if record["status"] != "ok":
+            raise ValueError(f"the starting point failed ({record['failure']['class']}: "
+                             f"{record['failure']['detail']}); see {self.out / record['run_dir']}/../train.log")
+        for text in self.options.tries:
+            if self._budget_left():
+                given = self._given(text)
+                if given.key not in self.tried:
+                    self.run_trial(given, self._prediction_or_none(given), "given",
+                                   refusal=self.planner.refusal(given.recipe))
+        ranked = [r for s in first_ranking_space(self.start, self.facts)
+                  if (c := self._candidate(s)) and (r := self._rank_one(c))]
+        self.progress.say(f"{len(ranked)} candidates ranked by the planner, {len(self.pruned)} pruned "
+                          f"(reasons in {self.out / 'pruned.jsonl'})")
+        first_phase = self.trial_index + math.ceil((self.options.trials - self.trial_index) / 2)
+        while self._budget_left():
+            pool: list[Ranked] = []
+            if self.trial_index >= first_phase and (best := self._best()):
+                pool = self._order(self._around(best[0]))
+            pool = pool or self._order(ranked)
+            if not pool:
+                self.progress.say("no untried candidate left")
+                break
+            self.run_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
+                           else "around-best")
+        write_pruned(self.out, self.pruned)
+        return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
+                            records=[r for r in self.journal.records if r["key"] in self.tried],
+                            candidates=self.tried, pruned=len(self.pruned), calibration=self.calibration,
+                            options=self.options, trial_s=self.progress.elapsed_s())
+
+    def _prediction_or_none(self, candidate: Candidate) -> Prediction | None:
+        if self.planner.refusal(candidate.recipe):
+            return None
+        try:
+            return self.planner.predict(candidate.recipe)
+        except ValueError:
+            return None

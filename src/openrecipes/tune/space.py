@@ -1,0 +1,216 @@
+"""The search space: what the tuner may change, derived from the numerics rules.
+
+A candidate is the starting recipe with some *knobs* turned. Each knob sets performance-only fields
+(``openrecipes.verify.rules``): the parallel layout, rows per microbatch (at the same global batch), recompute,
+optimizer offload and its overlap, and the attention and expert kernels. ``candidate_recipe`` builds the recipe and
+refuses it unless ``compare_recipes`` against the start finds no numerics-affecting difference, so a candidate that
+changes what the run computes can never reach a trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+from openrecipes.config.layout import LayoutConfig, divisors, enumerate_layouts, layout_problems
+from openrecipes.config.layout import rows_per_microbatch
+from openrecipes.config.recipe import Kernels, Recipe, recipe_from_dict
+from openrecipes.verify.rules import PERFORMANCE, classify, compare_recipes
+
+LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "sequence_parallel", "pp_first_stage_layers",
+                 "pp_last_stage_layers")
+OFFLOAD_FRACTIONS = (0.0, 0.5, 1.0)
+ATTENTION_KERNELS = typing.get_args(Kernels.model_fields["attention"].annotation)
+EXPERT_KERNELS = typing.get_args(Kernels.model_fields["experts"].annotation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    """What the space needs to know of the model and the workload."""
+
+    num_layers: int
+    num_experts: int
+    kv_heads: int
+    row_tokens: int
+    world_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The knobs of one candidate (a point of the space). ``layout`` holds the LAYOUT_FIELDS."""
+
+    layout: tuple[tuple[str, Any], ...]
+    rows: int  # rows per microbatch
+    recompute: tuple[str, str, int]  # granularity, method, num_layers
+    offload: float
+    overlap: bool
+    attention: str
+    experts: str
+
+    def layout_dict(self) -> dict[str, Any]:
+        return dict(self.layout)
+
+
+KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "attention", "experts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    settings: Settings
+    recipe: Recipe
+    changes: dict[str, Any] = field(hash=False)  # dotted performance-only path -> value, against the start
+
+    @property
+    def key(self) -> str:
+        return changes_key(self.changes)
+
+
+def changes_key(changes: dict[str, Any]) -> str:
+    """A stable name for a set of changes: the same recipe always gets the same key ("start" for none)."""
+    if not changes:
+        return "start"
+    text = json.dumps(changes, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def describe_changes(changes: dict[str, Any]) -> str:
+    if not changes:
+        return "the starting point"
+    return ", ".join(f"{path}={json.dumps(value)}" for path, value in sorted(changes.items()))
+
+
+def start_settings(start: Recipe, facts: ModelFacts) -> Settings:
+    lay, rec = start.layout, start.recompute
+    return Settings(layout=tuple((name, getattr(lay, name)) for name in LAYOUT_FIELDS),
+                    rows=rows_per_microbatch(lay, facts.row_tokens),
+                    recompute=(rec.granularity, rec.method, rec.num_layers),
+                    offload=start.offload.fraction, overlap=start.offload.overlap,
+                    attention=start.kernels.attention, experts=start.kernels.experts)
+
+
+def check_performance_only(changes: dict[str, Any]) -> None:
+    """Refuse any change of a numerics field; the error names it and the rule's reason."""
+    for path in changes:
+        rule = classify(path)
+        if rule.kind != PERFORMANCE:
+            raise ValueError(f"tune: {path} is a numerics field ({rule.reason}); the tuner changes only "
+                             "performance-only fields")
+
+
+def candidate_recipe(start: Recipe, settings: Settings, facts: ModelFacts) -> Candidate:
+    """The start with ``settings`` applied. Raises ValueError naming the field when the recipe is invalid, and
+    when it would differ from the start in a numerics field (never expected: every field set here is
+    performance-only, and this is the guard that keeps it so)."""
+    tree = start.model_dump(mode="json")
+    layout = tree["layout"]
+    layout.update(settings.layout_dict())
+    base = start_settings(start, facts)
+    same_rows = settings.rows == base.rows and layout["cp"] == start.layout.cp
+    if not same_rows:  # the microbatch holds `rows` whole rows, split over cp ranks
+        layout["rows_per_microbatch"] = settings.rows
+        layout["max_tokens_per_gpu"] = -(-settings.rows * facts.row_tokens // layout["cp"])
+    granularity, method, num_layers = settings.recompute
+    tree["recompute"].update(granularity=granularity, method=method, num_layers=num_layers)
+    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap)
+    tree["kernels"].update(attention=settings.attention, experts=settings.experts)
+    recipe = recipe_from_dict(tree, source="tune candidate")
+    report = compare_recipes(recipe, start, candidate_name="candidate", reference_name="start")
+    if not report.passed:  # the one guarantee of the tuner: numerics never change
+        raise ValueError("tune: a candidate changes numerics fields: "
+                         + ", ".join(d.path for d in report.numerics))
+    changes = {d.path: d.candidate for d in report.performance}
+    check_performance_only(changes)
+    return Candidate(settings=settings, recipe=recipe, changes=changes)
+
+
+def _uneven_splits(layout: LayoutConfig, facts: ModelFacts) -> Iterator[LayoutConfig]:
+    """Lighter or heavier first/last pipeline stages around the even share (the embedding sits on the first
+    stage, the LM head and loss on the last)."""
+    if layout.pp < 2 or layout.pp_first_stage_layers or layout.pp_last_stage_layers:
+        return
+    share = max(1, facts.num_layers // layout.pp)
+    sizes = [s for s in range(share - 2, share + 2) if 1 <= s < facts.num_layers]
+    for first in sizes:
+        for last in sizes:
+            if first == last == share and facts.num_layers % layout.pp == 0:
+                continue  # the even split, already there
+            split = layout.model_copy(update={"pp_first_stage_layers": first, "pp_last_stage_layers": last})
+            if not layout_problems(split, world_size=facts.world_size, num_layers=facts.num_layers,
+                                   num_experts=facts.num_experts):
+                yield split
+
+
+def layout_options(start: Recipe, facts: ModelFacts) -> list[tuple[tuple[str, Any], ...]]:
+    """Every valid layout at the start's world size: dp, ep, etp, tp with sequence parallelism, cp, pp with even
+    and uneven first/last stages. Rules from config.layout (the ones train applies)."""
+    found = enumerate_layouts(facts.world_size, num_layers=facts.num_layers, num_experts=facts.num_experts,
+                              max_tokens_per_gpu=start.layout.max_tokens_per_gpu, num_query_groups=facts.kv_heads,
+                              cp_options=divisors(facts.world_size), etp_options=divisors(facts.world_size))
+    found += [split for layout in found for split in _uneven_splits(layout, facts)]
+    options = [tuple((name, getattr(layout, name)) for name in LAYOUT_FIELDS) for layout in found]
+    own = tuple((name, getattr(start.layout, name)) for name in LAYOUT_FIELDS)
+    return list(dict.fromkeys([own, *options]))
+
+
+def rows_options(start: Recipe, layout: dict[str, Any]) -> list[int]:
+    """Rows per microbatch that split each data-parallel rank's rows of the global batch evenly."""
+    per_rank, rest = divmod(start.global_batch, layout["dp"])
+    return divisors(per_rank) if per_rank and not rest else []
+
+
+def recompute_options(facts: ModelFacts) -> list[tuple[str, str, int]]:
+    options = [("none", "uniform", 1), ("selective", "uniform", 1), ("full", "uniform", 1)]
+    options += [("full", "block", n) for n in sorted({1, 2, max(1, facts.num_layers // 2)}) if n <= facts.num_layers]
+    return options
+
+
+def offload_options(start: Recipe) -> list[float]:
+    return list(OFFLOAD_FRACTIONS) if start.precision == "bf16" else [0.0]
+
+
+def first_ranking_space(start: Recipe, facts: ModelFacts) -> Iterator[Settings]:
+    """The settings the planner ranks first: layout x rows per microbatch x recompute x offload fraction (what the
+    planner models); overlap and kernels stay as in the start and are explored around the best measured."""
+    base = start_settings(start, facts)
+    for layout in layout_options(start, facts):
+        for rows in rows_options(start, dict(layout)):
+            for recompute in recompute_options(facts):
+                for offload in offload_options(start):
+                    yield replace(base, layout=layout, rows=rows, recompute=recompute, offload=offload)
+
+
+def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
+    """The values one knob may take next to ``around``."""
+    if knob == "layout":
+        return layout_options(start, facts)
+    if knob == "rows":
+        return rows_options(start, around.layout_dict())
+    if knob == "recompute":
+        return recompute_options(facts)
+    if knob == "offload":
+        return offload_options(start)
+    if knob == "overlap":
+        return [True, False] if around.offload else []
+    return list(ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS)
+
+
+def neighbours(around: Settings, start: Recipe, facts: ModelFacts) -> list[tuple[str, Settings]]:
+    """Every setting one knob away from ``around`` (a new layout keeps the rows per microbatch when they still
+    divide the rank's rows, else the nearest that does)."""
+    found = []
+    for knob in KNOBS:
+        for value in knob_values(knob, start, facts, around):
+            if value == getattr(around, knob):
+                continue
+            moved = replace(around, **{knob: value})
+            if knob == "layout":
+                rows = rows_options(start, dict(value))
+                if not rows:
+                    continue
+                if moved.rows not in rows:
+                    moved = replace(moved, rows=min(rows, key=lambda r: abs(r - around.rows)))
+            found.append((knob, moved))
+    return found

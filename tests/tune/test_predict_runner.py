@@ -1,0 +1,106 @@
+"""The planner's refit, the failure classes, the local runner's time limit and the Slurm scripts."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from openrecipes.config.recipe import load_recipe
+from openrecipes.tune.predict import Planner, Prediction, Target, fit_calibration, resolve_target
+from openrecipes.tune.runner import LocalRunner, SlurmRunner, TrialRun, classify_failure
+
+
+def _prediction(step: float, units: int, tps: float = 1000.0) -> Prediction:
+    return Prediction(tokens_per_s_per_gpu=tps, step_time_s=step, layer_microbatches=units, allocated_gib=1.0,
+                      peak_reserved_gib=1.2, capacity_gib=80.0)
+
+
+def test_refit_recovers_a_scale_and_a_per_microbatch_cost():
+    truth_a, truth_b = 2.5, 0.01
+    pairs = []
+    for step, units in ((0.1, 4), (0.3, 16), (0.2, 32), (0.05, 8)):
+        p = _prediction(step, units)
+        measured_step = truth_a * step + truth_b * units
+        pairs.append((p, p.tokens_per_s_per_gpu * step / measured_step, None))
+    fit = fit_calibration(pairs)
+    assert fit.step_scale == pytest.approx(truth_a, rel=1e-6)
+    assert fit.per_layer_microbatch_s == pytest.approx(truth_b, rel=1e-6)
+    for p, measured, _ in pairs:
+        assert fit.tokens_per_s_per_gpu(p) == pytest.approx(measured, rel=1e-6)
+
+
+def test_refit_from_one_trial_is_a_ratio_and_memory_rescales_fit():
+    p = _prediction(0.1, 4)
+    fit = fit_calibration([(p, 250.0, 1.5)])
+    assert fit.per_layer_microbatch_s == 0 and fit.tokens_per_s_per_gpu(p) == pytest.approx(250.0)
+    assert fit.memory_scale == pytest.approx(1.5)
+    big = Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=60.0,
+                     peak_reserved_gib=60.0, capacity_gib=80.0)
+    assert fit_calibration([]).fits(big) and not fit.fits(big)
+
+
+def test_planner_refuses_what_train_refuses(start_yaml):
+    start = load_recipe(start_yaml)
+    planner = Planner(start, Target(count=2, gpu_type="cpu"), 256)
+    assert planner.refusal(start) is None
+    assert "layout.dp" in planner.refusal(start.model_copy(update={"layout": start.layout.model_copy(
+        update={"dp": 4})}))
+    assert "sequence_parallel" in planner.refusal(start.model_copy(update={"layout": start.layout.model_copy(
+        update={"dp": 1, "tp": 2})}))
+    with pytest.raises(ValueError, match="world size"):
+        resolve_target("4xH200", 2)
+    assert resolve_target("cpu", 2) == Target(count=2, gpu_type="cpu")
+
+
+@pytest.mark.parametrize("code,log,expected", [
+    (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out_of_memory"),
+    (-9, "", "out_of_memory"),
+    (1, "openrecipes train: stopped: step 3: non-finite loss nan or gradient norm nan", "non_finite_loss"),
+    (2, "openrecipes train: error: layout.dp: tp·pp·cp·dp = 4 must equal the world size 2", "refused_layout"),
+    (1, "Traceback ...\nRuntimeError: injected failure on rank 1 at step 3 (debug.fail_at)", "crash"),
+])
+def test_failure_classes(code, log, expected):
+    failure, detail = classify_failure(code, log)
+    assert failure == expected and detail
+
+
+def test_a_crash_is_described_by_the_first_worker_exception():
+    log = ("[rank1]:   File \"loop.py\", line 149\n"
+           "[rank1]: RuntimeError: injected failure on rank 1 at step 3 (debug.fail_at)\n"
+           "[rank0]: RuntimeError: Connection closed by peer\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+           "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    assert classify_failure(1, log) == ("crash", "RuntimeError: injected failure on rank 1 at step 3 (debug.fail_at)")
+
+
+class _Sleeper(LocalRunner):
+    def command(self, trial):
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_local_runner_stops_a_trial_at_its_time_limit(tmp_path):
+    (tmp_path / "trial").mkdir()
+    run = TrialRun(recipe_path=tmp_path / "r.yaml", run_dir=tmp_path / "trial" / "run", nproc=1, timeout_s=1.0,
+                   window=(1, 2))
+    started = time.monotonic()
+    outcome = _Sleeper(poll_s=0.1).run(run)
+    assert outcome.failure == "timeout" and time.monotonic() - started < 30
+
+
+def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
+    trial_dir = tmp_path / "trials" / "001-abc"
+    trial_dir.mkdir(parents=True)
+    recipe = trial_dir / "recipe.yaml"
+    recipe.write_text(start_yaml.read_text())
+    run = TrialRun(recipe_path=recipe, run_dir=trial_dir / "run", nproc=16, timeout_s=600, window=(5, 19))
+    runner = SlurmRunner(gpus_per_node=8, partition="gpu")
+    script = runner.script(run).read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --partition=gpu" in script and str(recipe.resolve()) in script
+    assert "torch.distributed.run" in script and "-m openrecipes train" in script
+    with pytest.raises(ValueError, match="does not submit"):
+        runner.run(run)
+    with pytest.raises(ValueError, match="whole nodes"):
+        SlurmRunner(gpus_per_node=3).script(run)

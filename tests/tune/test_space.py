@@ -1,0 +1,79 @@
+"""The search space: only performance-only fields ever change, and the guard that makes a numerics change impossible
+does refuse one."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrecipes.config.layout import rows_per_microbatch
+from openrecipes.config.recipe import load_recipe
+from openrecipes.tune import space
+from openrecipes.tune.space import (ModelFacts, candidate_recipe, check_performance_only, first_ranking_space,
+                                    neighbours, start_settings)
+from openrecipes.verify.rules import PERFORMANCE, classify, compare_recipes
+
+FACTS = ModelFacts(num_layers=4, num_experts=8, kv_heads=2, row_tokens=256, world_size=2)
+
+
+def _candidates(start):
+    found = {}
+    for settings in first_ranking_space(start, FACTS):
+        try:
+            candidate = candidate_recipe(start, settings, FACTS)
+        except ValueError as error:
+            assert "numerics" not in str(error)
+            continue
+        found[candidate.key] = candidate
+    return found
+
+
+def test_every_candidate_changes_performance_only_fields(start_yaml):
+    start = load_recipe(start_yaml)
+    candidates = _candidates(start)
+    # one knob and two knobs away from a few of them: the moves of the local search
+    for candidate in list(candidates.values())[:5]:
+        for _, settings in neighbours(candidate.settings, start, FACTS):
+            moved = candidate_recipe(start, settings, FACTS)
+            candidates[moved.key] = moved
+    assert len(candidates) > 100
+    for candidate in candidates.values():
+        report = compare_recipes(candidate.recipe, start)
+        assert report.passed, report.numerics
+        assert candidate.changes == {d.path: d.candidate for d in report.performance}
+        assert all(classify(path).kind == PERFORMANCE for path in candidate.changes)
+        # same global batch, whole rows per microbatch on every data-parallel rank
+        rows = rows_per_microbatch(candidate.recipe.layout, 256)
+        assert (start.global_batch // candidate.recipe.layout.dp) % rows == 0
+        assert candidate.recipe.global_batch == start.global_batch
+
+
+def test_the_space_holds_every_kind_of_change(start_yaml):
+    start = load_recipe(start_yaml)
+    changes = [c.changes for c in _candidates(start).values()]
+    layouts = {c.recipe.layout.label() for c in _candidates(start).values()}
+    assert {"TP2 PP1 EP1 DP1 SP", "TP1 PP1 CP2 EP1 DP1", "TP1 PP1 EP2 DP2", "TP1 PP1 EP1 ETP2 DP2",
+            "TP1 PP2 EP1 DP1", "TP1 PP2(1/3) EP1 DP1", "TP1 PP2(3/1) EP1 DP1"} <= layouts
+    assert any(c.get("recompute.granularity") == "none" for c in changes)
+    assert any(c.get("recompute.method") == "block" for c in changes)
+    assert any(c.get("offload.fraction") == 0.5 for c in changes)
+    assert any(c.get("layout.rows_per_microbatch") == 4 for c in changes)
+    moves = {knob for knob, _ in neighbours(start_settings(start, FACTS), start, FACTS)}
+    assert moves == {"layout", "rows", "recompute", "offload", "attention", "experts"}
+
+
+def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):
+    start = load_recipe(start_yaml)
+    settings = start_settings(start, FACTS)
+    real = space.recipe_from_dict
+
+    def sneaky(tree, **kwargs):  # a bug in the space that would slip in a learning rate
+        tree["optimizer"]["lr"] = 1e-3
+        return real(tree, **kwargs)
+
+    monkeypatch.setattr(space, "recipe_from_dict", sneaky)
+    with pytest.raises(ValueError, match="changes numerics fields: optimizer.lr"):
+        candidate_recipe(start, settings, FACTS)
+    for path in ("global_batch", "optimizer.moment_dtype", "precision", "seed", "data.build.rows"):
+        with pytest.raises(ValueError, match=f"{path} is a numerics field"):
+            check_performance_only({path: 1})
+    check_performance_only({"layout.dp": 2, "kernels.attention": "sdpa", "offload.fraction": 0.5})

@@ -1,0 +1,57 @@
+"""`openrecipes tune` for real: the tiny model over two gloo processes from a deliberately slow start (full recompute,
+one row per microbatch), an injected crash, and a rerun that reuses every finished trial. Several minutes on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from openrecipes.cards.validate import validate_file
+from openrecipes.config.recipe import load_recipe
+from openrecipes.verify.rules import compare_recipes
+
+from .conftest import write_start
+
+pytestmark = pytest.mark.slow
+
+
+def _tune(start, out, *extra):
+    command = [sys.executable, "-m", "openrecipes", "tune", str(start), "--gpus", "cpu", "--trials", "4",
+               "--trial-steps", "8", "--minutes", "20", "--out", str(out), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=1500,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_tune_finds_a_faster_verified_recipe_on_two_processes(tmp_path):
+    start = write_start(tmp_path / "start.yaml")  # data.build: the tuner builds the rows once
+    out = tmp_path / "out"
+    result = _tune(start, out, "--try", "debug.fail_at=[1,3]")
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    crash = records[1]
+    assert crash["failure"]["class"] == "crash" and "injected failure" in crash["failure"]["detail"]
+    measured = [r for r in records if r["status"] == "ok"]
+    assert len(measured) >= 2  # the search went on after the crash
+    start_tps = records[0]["measured"]["tokens_per_s_per_gpu"]
+    best = max(r["measured"]["tokens_per_s_per_gpu"] for r in measured)
+    assert best > 1.3 * start_tps, records
+
+    card_path = out / "recipes" / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.yaml"
+    loaded, problems = validate_file(card_path)
+    assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
+    assert loaded.card.status == "verified" and loaded.card.correctness.convergence.result == "pass"
+    assert loaded.card.result.tokens_per_s_per_gpu == best
+    assert compare_recipes(load_recipe(out / "tuned.yaml"), load_recipe(start)).passed
+    assert 'id="tuning-chart"' in (out / "site" / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.html").read_text()
+
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")}
+    again = _tune(start, out, "--try", "debug.fail_at=[1,3]")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.stderr.count("reused from trials.jsonl") == 4
+    assert {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")} == mtimes
+    assert (out / "trials.jsonl").read_text().splitlines() == [json.dumps(r, sort_keys=True) for r in records]

@@ -23,14 +23,28 @@ class DataBuild(BaseModel):
     """Rows built at the start of the run (into RUN_DIR/rows) with `openrecipes data build` semantics."""
 
     model_config = _STRICT
-    input: str = "bundled"          # "bundled": the conversations that ship with openrecipes
+    # sft: conversations, only assistant turns supervised; pretrain: documents (text or a Megatron indexed
+    # dataset), every target within a document supervised (docs/data.md)
+    format: Literal["sft", "pretrain"] = "sft"
+    input: str = "bundled"          # "bundled": the conversations (sft) or documents (pretrain) that ship with openrecipes
     tokenizer: str = "bundled"
-    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"
+    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"  # sft only
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42
-    template_kwargs: dict[str, str] = Field(default_factory=dict)
-    chat_template: str | None = None  # a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
+    template_kwargs: dict[str, str] = Field(default_factory=dict)  # sft only
+    chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
+    eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
+
+    @model_validator(mode="after")
+    def _sft_fields_only_for_sft(self) -> "DataBuild":
+        # by value, not by "was it written": the run directory's recipe.yaml spells out every default
+        given = [name for name in ("loss_mask", "template_kwargs", "chat_template")
+                 if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
+        if self.format == "pretrain" and given:
+            raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "
+                             "target within a document")
+        return self
 
 
 class Data(BaseModel):

@@ -331,9 +331,11 @@ def build_recipe_rows(spec: Any, out: Path) -> Path:
     from openrecipes.data import bundled
 
     if not (out / MANIFEST_FILE).is_file():
+        sft = spec.format == "sft"
         build(BuildConfig(
-            input=bundled.resolve(spec.input, bundled.CONVERSATIONS),
-            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER),
-            loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
-            template_kwargs=dict(spec.template_kwargs), chat_template=spec.chat_template, out=out, progress=False))
+            input=bundled.resolve(spec.input, bundled.default_input(spec.format)),
+            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER), format=spec.format,
+            loss_mask=spec.loss_mask if sft else None, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
+            template_kwargs=dict(spec.template_kwargs) if sft else {}, chat_template=spec.chat_template if sft else None,
+            eos_token=spec.eos_token, out=out, progress=False))
     return out

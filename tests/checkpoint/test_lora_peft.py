@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from openrecipes.checkpoint.hf import from_hf
-from openrecipes.checkpoint.lora import merge_lora, save_peft_adapter
+from openrecipes.checkpoint.lora import save_peft_adapter
 from openrecipes.models.common.lora import LoraSpec, apply_lora
 from tests.models.hf_reference import make_hf_model
 
@@ -81,14 +81,19 @@ def test_lora_errors(base_dir: Path) -> None:
         apply_lora(from_hf(base_dir), LoraSpec(rank=2, alpha=2.0, dropout=0.1, targets=("experts",)))
 
 
-def test_merge_lora_equals_base_plus_scaled_ba(base_dir: Path, tmp_path: Path) -> None:
+def test_merge_lora_equals_base_plus_scaled_ba(base_dir: Path, tmp_path: Path, capsys) -> None:
     from safetensors.torch import load_file
     from transformers import Qwen3MoeForCausalLM
 
     spec = LoraSpec(rank=3, alpha=6.0, targets=("q_proj", "v_proj", "experts"))
     ours = _ours(base_dir, spec)
     save_peft_adapter(ours, spec, tmp_path / "adapter")
-    summary = merge_lora(base_dir, tmp_path / "adapter", tmp_path / "merged")
+    import json
+
+    from openrecipes.cli import main
+
+    assert main(["convert", "merge-lora", str(base_dir), str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")]) == 0
+    summary = json.loads(capsys.readouterr().out)
     assert summary["merged_tensors"] == 2 * 2 + 2 * 2  # q, v and two expert parameters, in each of 2 layers
     merged = Qwen3MoeForCausalLM.from_pretrained(tmp_path / "merged", torch_dtype=torch.float32).eval()
     ids = _input()

@@ -41,7 +41,10 @@ def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, param in model.named_parameters():
         if "lora_" not in name:
             continue
-        tensor = param.detach().cpu()
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (data parallelism): every rank gathers the whole
+            tensor = tensor.full_tensor()
+        tensor = tensor.cpu()
         if match := _NATIVE_EXPERT.match(name):
             module, which, factor = match.groups()
             E = tensor.shape[0]
@@ -67,17 +70,21 @@ def peft_config(spec: LoraSpec, base_model: str | None) -> dict[str, Any]:
     }
 
 
-def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base_model: str | None = None) -> Path:
-    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically)."""
+def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base_model: str | None = None,
+                      write: bool = True) -> Path:
+    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically). Under data parallelism
+    every rank calls it (the shards are gathered) and only the one with ``write`` writes."""
     from safetensors.torch import save_file
 
     from openrecipes.utils import atomic_write_path, atomic_write_text
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     tensors = peft_tensors(model)
     if not tensors:
         raise ValueError("the model has no LoRA adapters to save")
+    if not write:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_write_path(out / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     atomic_write_text(out / CONFIG_FILE, json.dumps(peft_config(spec, base_model), indent=2) + "\n")

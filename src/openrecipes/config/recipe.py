@@ -98,6 +98,28 @@ class Moe(BaseModel):
     aux_loss_coef: float = Field(0.0, ge=0)
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_down_proj", "latent_up_proj"]
+
+
+class Lora(BaseModel):
+    """LoRA fine-tuning (models/common/lora.py): the base is frozen, only the adapters train (docs/lora.md)."""
+
+    model_config = _STRICT
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # attention projections, every routed expert's projections (one adapter per expert), Muse Spark's latent
+    # projections (the seed's fc1_latent_proj / fc2_latent_proj)
+    targets: list[LoraTarget] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+
+    @model_validator(mode="after")
+    def _no_dropout_on_experts(self) -> "Lora":
+        if "experts" in self.targets and self.dropout:
+            raise ValueError("dropout must be 0 with the experts target (the expert adapters change the grouped "
+                             "weights, where dropout of the input is not defined; PEFT refuses it too)")
+        return self
+
+
 class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)
@@ -147,6 +169,7 @@ class Recipe(BaseModel):
     recompute: Recompute = Field(default_factory=Recompute)
     optimizer: Optimizer = Field(default_factory=Optimizer)
     moe: Moe = Field(default_factory=Moe)
+    lora: Lora | None = None                    # train LoRA adapters on a frozen base
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
     steps: int = Field(..., ge=1)
@@ -173,6 +196,10 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
+        if self.lora is not None:
+            split = [f"layout.{k}={getattr(self.layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self.layout, k) > 1]
+            if split:
+                raise ValueError(f"lora: runs with data parallelism only for now, not {', '.join(split)}")
         if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
         return self

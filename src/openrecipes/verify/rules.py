@@ -62,6 +62,9 @@ FIELD_RULES: dict[str, FieldRule] = {
              "optimizer.precision_aware", "optimizer.param_remainders", "optimizer.moment_dtype"),
     **_rules(NUMERICS, "the router load-balancing loss is added to the objective: another gradient for every "
              "router and everything below it", "moe.aux_loss_coef"),
+    **_rules(NUMERICS, "LoRA: which weights train (adapters on a frozen base), the adapters' rank, scaling "
+             "(alpha / rank) and dropout: a different model update", "lora.rank", "lora.alpha", "lora.dropout",
+             "lora.targets"),
     **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps"),
     **_rules(NUMERICS, "rows per optimizer step: the gradient is averaged over a different batch", "global_batch"),
     **_rules(NUMERICS, "the random initialisation and any sampling", "seed"),

@@ -81,6 +81,18 @@ def read_rows_manifest(rows_dir: Path) -> dict[str, Any]:
         "name", "rows", "row_tokens", "rows_sha256", "parquet_sha256", "parquet_bytes", "loss_mask"))
 
 
+ROWS_TEXT = {"sft": "SFT conversations", "pretrain": "pretraining documents", "lora": "SFT conversations (LoRA)",
+             "long-context": "long SFT conversations"}
+
+
+def card_workflow(recipe: Any, manifest: dict[str, Any]) -> str:
+    """The card's workload.workflow: lora when the recipe trains adapters, else what the rows were built for
+    (the manifest's workflow; rows built before that field existed are SFT rows)."""
+    if getattr(recipe, "lora", None) is not None:
+        return "lora"
+    return str(manifest.get("workflow") or "sft")
+
+
 def _is_bundled(path: str | None, name: str) -> bool:
     from openrecipes.data.bundled import ASSETS
 
@@ -90,17 +102,20 @@ def _is_bundled(path: str | None, name: str) -> bool:
 def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[str, Any]:
     source = manifest.get("source") or {}
     files = source.get("files") or []
-    bundled = len(files) == 1 and _is_bundled(files[0], "conversations.jsonl")
+    bundled_file = next((name for name in ("conversations.jsonl", "documents.jsonl")
+                         if len(files) == 1 and _is_bundled(files[0], name)), None)
+    bundled = bundled_file is not None
+    what = "documents" if bundled_file == "documents.jsonl" else "conversations"
     tok = manifest.get("tokenizer") or {}
     file_hashes = tok.get("files_sha256") or {}
     hashes = "; ".join(f"{name} sha256 {digest}" for name, digest in sorted(file_hashes.items()))
-    if manifest.get("template_sha256") not in file_hashes.values():
+    if manifest.get("template_sha256") and manifest["template_sha256"] not in file_hashes.values():  # none: pretrain
         hashes += f"; chat template sha256 {manifest.get('template_sha256')}"
     where = "openrecipes bundled tokenizer" if _is_bundled(tok.get("directory"), "tokenizer") else tok.get("directory")
     kwargs = manifest.get("template_kwargs") or {}
     return {
-        "name": "openrecipes bundled conversations" if bundled else str(source.get("description") or manifest["name"]),
-        "source": (f"src/openrecipes/data/assets/conversations.jsonl of openrecipes {openrecipes_version}"
+        "name": f"openrecipes bundled {what}" if bundled else str(source.get("description") or manifest["name"]),
+        "source": (f"src/openrecipes/data/assets/{bundled_file} of openrecipes {openrecipes_version}"
                    if bundled else ", ".join(files) or str(source.get("description"))),
         "revision": None,
         "license": "synthetic, written for openrecipes (data/assets/LICENSE.txt)" if bundled else None,
@@ -332,8 +347,9 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                   "pytorch": versions.get("torch"), "cuda": versions.get("cuda"), "nccl": versions.get("nccl"),
                   "python": versions.get("python"),
                   "source": f"versions recorded in {run_origin} by the measured run"},
-        "workload": {"row_tokens": row_tokens, "rows": "SFT conversations", "global_batch": recipe.global_batch,
-                     "precision": recipe.precision, "workflow": "sft",
+        "workload": {"row_tokens": row_tokens, "rows": ROWS_TEXT[card_workflow(recipe, manifest)],
+                     "global_batch": recipe.global_batch, "precision": recipe.precision,
+                     "workflow": card_workflow(recipe, manifest),
                      "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},
         "layout": layout_block(recipe, row_tokens, int(run.require("model.num_layers", run_origin))),
         "result": {

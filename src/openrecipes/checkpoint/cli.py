@@ -42,6 +42,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     aud.add_argument("--json", action="store_true")
     aud.set_defaults(func=_audit)
 
+    merge = verbs.add_parser("merge-lora", help="HF base + PEFT LoRA adapter -> merged HF safetensors directory",
+                             description="Write base + (alpha / r) · B A for every adapted weight as a Hugging Face "
+                                         "checkpoint directory that transformers loads.")
+    merge.add_argument("base", help="Hugging Face checkpoint directory of the base model")
+    merge.add_argument("adapter", help="PEFT adapter directory (adapter_config.json + adapter_model.safetensors)")
+    merge.add_argument("--out", required=True, help="output directory")
+    merge.add_argument("--overwrite", action="store_true", help="replace an earlier output at --out")
+    merge.set_defaults(func=_merge_lora)
+
+
+def _merge_lora(args: argparse.Namespace) -> int:
+    from openrecipes.checkpoint.lora import merge_lora
+
+    summary = merge_lora(args.base, args.adapter, args.out, overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
+
 
 def _import(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import import_hf

@@ -23,14 +23,28 @@ class DataBuild(BaseModel):
     """Rows built at the start of the run (into RUN_DIR/rows) with `openrecipes data build` semantics."""
 
     model_config = _STRICT
-    input: str = "bundled"          # "bundled": the conversations that ship with openrecipes
+    # sft: conversations, only assistant turns supervised; pretrain: documents (text or a Megatron indexed
+    # dataset), every target within a document supervised (docs/data.md)
+    format: Literal["sft", "pretrain"] = "sft"
+    input: str = "bundled"          # "bundled": the conversations (sft) or documents (pretrain) that ship with openrecipes
     tokenizer: str = "bundled"
-    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"
+    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"  # sft only
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42
-    template_kwargs: dict[str, str] = Field(default_factory=dict)
-    chat_template: str | None = None  # a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
+    template_kwargs: dict[str, str] = Field(default_factory=dict)  # sft only
+    chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
+    eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
+
+    @model_validator(mode="after")
+    def _sft_fields_only_for_sft(self) -> "DataBuild":
+        # by value, not by "was it written": the run directory's recipe.yaml spells out every default
+        given = [name for name in ("loss_mask", "template_kwargs", "chat_template")
+                 if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
+        if self.format == "pretrain" and given:
+            raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "
+                             "target within a document")
+        return self
 
 
 class Data(BaseModel):
@@ -84,6 +98,28 @@ class Moe(BaseModel):
     aux_loss_coef: float = Field(0.0, ge=0)
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_down_proj", "latent_up_proj"]
+
+
+class Lora(BaseModel):
+    """LoRA fine-tuning (models/common/lora.py): the base is frozen, only the adapters train (docs/lora.md)."""
+
+    model_config = _STRICT
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # attention projections, every routed expert's projections (one adapter per expert), Muse Spark's latent
+    # projections (the seed's fc1_latent_proj / fc2_latent_proj)
+    targets: list[LoraTarget] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+
+    @model_validator(mode="after")
+    def _no_dropout_on_experts(self) -> "Lora":
+        if "experts" in self.targets and self.dropout:
+            raise ValueError("dropout must be 0 with the experts target (the expert adapters change the grouped "
+                             "weights, where dropout of the input is not defined; PEFT refuses it too)")
+        return self
+
+
 class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)
@@ -133,6 +169,7 @@ class Recipe(BaseModel):
     recompute: Recompute = Field(default_factory=Recompute)
     optimizer: Optimizer = Field(default_factory=Optimizer)
     moe: Moe = Field(default_factory=Moe)
+    lora: Lora | None = None                    # train LoRA adapters on a frozen base
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
     steps: int = Field(..., ge=1)
@@ -159,6 +196,10 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
+        if self.lora is not None:
+            split = [f"layout.{k}={getattr(self.layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self.layout, k) > 1]
+            if split:
+                raise ValueError(f"lora: runs with data parallelism only for now, not {', '.join(split)}")
         if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
         return self

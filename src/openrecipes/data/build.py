@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
 MAX_INVALID_EXAMPLES = 20
+FORMATS = ("sft", "pretrain")
 # marks an output directory as a build's, so --overwrite may replace it (and nothing else)
 DATA_MARKER = ".openrecipes-data"
 WRITER = "openrecipes data build"
@@ -38,14 +39,15 @@ WRITER = "openrecipes data build"
 class BuildConfig:
     input: Path
     tokenizer: Path
-    loss_mask: str
     row_tokens: int
     out: Path
+    format: str = "sft"  # "sft": conversations with a loss mask; "pretrain": text or token documents (pretrain.py)
+    loss_mask: str | None = None  # sft: the loss-mask format (qwen3, muse_spark)
     rows: int | None = None
     seed: int = 42
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # built-in name or file; overrides the tokenizer's template
-    eos_token: str | None = None  # overrides the loss-mask format's document separator
+    eos_token: str | None = None  # overrides the loss-mask format's (sft) or tokenizer's (pretrain) separator
     name: str | None = None
     skip_invalid: bool = False  # count invalid conversations instead of failing on the first
     overwrite: bool = False
@@ -54,6 +56,13 @@ class BuildConfig:
 
 
 def _check_config(config: BuildConfig) -> None:
+    if config.format not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {config.format!r}")
+    if config.format == "sft" and config.loss_mask is None:
+        raise ValueError("--loss-mask is required with --format sft (qwen3 or muse_spark)")
+    if config.format == "pretrain" and (config.loss_mask or config.chat_template or config.template_kwargs):
+        raise ValueError("--loss-mask, --chat-template and --template-kwargs apply to --format sft only: "
+                         "pretraining rows supervise every target within a document")
     if config.row_tokens <= 0:
         raise ValueError(f"--row-tokens must be positive, got {config.row_tokens}")
     if config.rows is not None and config.rows <= 0:
@@ -160,6 +169,10 @@ def _output_guard(config: BuildConfig) -> dict[str, Any]:
 def build(config: BuildConfig) -> dict[str, Any]:
     """Run a build; return the manifest written to ``config.out``."""
     _check_config(config)
+    if config.format == "pretrain":
+        from openrecipes.data.pretrain import build_pretrain
+
+        return build_pretrain(config)
     check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     forbidden = bundle.special_token_pattern()
@@ -173,48 +186,70 @@ def build(config: BuildConfig) -> dict[str, Any]:
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid conversations")
 
-    from tqdm import tqdm
+    def tokenize(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        return _tokenize_chunk(source.load(indices), indices, source, renderer, bundle.tokenizer, eos_id,
+                               forbidden, config.skip_invalid, invalid, examples)
 
-    T = config.row_tokens
-    packer = RowPacker(row_tokens=T, max_rows=config.rows)
-    doc_lengths: list[np.ndarray] = []  # per reached conversation, tokens incl. EOS, in stream order
-    used_docs: list[np.ndarray] = []
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        writer = RowsWriter(staging / ROWS_FILE, T)
-        bar = tqdm(total=config.rows * T if config.rows else None, unit="tok", unit_scale=True,
-                   disable=not config.progress, file=sys.stderr, mininterval=1.0, desc="data build")
-        try:
-            docs_before = 0
-            for start in range(0, order.size, config.chunk_conversations):
-                indices = order[start:start + config.chunk_conversations]
-                ids, mask, doc, n_docs = _tokenize_chunk(
-                    source.load(indices), indices, source, renderer, bundle.tokenizer, eos_id, forbidden,
-                    config.skip_invalid, invalid, examples)
-                doc_lengths.append(np.bincount(doc, minlength=n_docs))
-                block = packer.push(ids, mask, doc + docs_before)
-                docs_before += n_docs
-                writer.add(block.input_ids, block.loss_mask, block.doc_lens)
-                used_docs.extend(block.doc_index)
-                bar.update(block.input_ids.size)
-                if packer.done:
-                    break
-        finally:
-            writer.close()
-            bar.close()
-        if config.rows is not None and packer.rows_kept < config.rows:
-            raise ValueError(f"{config.input}: the input yields only {packer.rows_kept} rows of {T} tokens "
-                             f"with a supervised token; --rows asks for {config.rows}")
-        if packer.rows_kept == 0:
-            raise ValueError(f"{config.input}: the input yields no row of {T} tokens with a supervised token")
-        counts = _counts(n_total, len(invalid), np.concatenate(doc_lengths), used_docs, packer)
-        manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, writer,
+        packed = pack_rows(config, order, tokenize, staging)
+        counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used_docs, packed.packer)
+        manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, packed.writer,
                              staging, counts, examples)
         atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
 
+@dataclass(kw_only=True)
+class Packed:
+    writer: RowsWriter
+    packer: RowPacker
+    doc_lengths: np.ndarray  # per reached document, its tokens (separator included), in stream order
+    used_docs: list[np.ndarray]  # per written row, the stream index of each document piece
+
+
+def pack_rows(config: BuildConfig, order: np.ndarray,
+              tokenize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray, int]],
+              staging: Path) -> Packed:
+    """Tokenize the records at ``order`` chunk by chunk, cut the stream into rows, write them to ``staging``.
+
+    ``tokenize(indices)`` gives per-token ids, masks and chunk-local document numbers, and the document count;
+    the same for every format, so SFT and pretraining rows are packed, hashed and written by one piece of code.
+    """
+    from tqdm import tqdm
+
+    T = config.row_tokens
+    packer = RowPacker(row_tokens=T, max_rows=config.rows)
+    doc_lengths: list[np.ndarray] = [np.zeros(0, np.int64)]
+    used_docs: list[np.ndarray] = []
+    writer = RowsWriter(staging / ROWS_FILE, T)
+    bar = tqdm(total=config.rows * T if config.rows else None, unit="tok", unit_scale=True,
+               disable=not config.progress, file=sys.stderr, mininterval=1.0, desc="data build")
+    try:
+        docs_before = 0
+        for start in range(0, order.size, config.chunk_conversations):
+            ids, mask, doc, n_docs = tokenize(order[start:start + config.chunk_conversations])
+            doc_lengths.append(np.bincount(doc, minlength=n_docs))
+            block = packer.push(ids, mask, doc + docs_before)
+            docs_before += n_docs
+            writer.add(block.input_ids, block.loss_mask, block.doc_lens)
+            used_docs.extend(block.doc_index)
+            bar.update(block.input_ids.size)
+            if packer.done:
+                break
+    finally:
+        writer.close()
+        bar.close()
+    if config.rows is not None and packer.rows_kept < config.rows:
+        raise ValueError(f"{config.input}: the input yields only {packer.rows_kept} rows of {T} tokens "
+                         f"with a supervised token; --rows asks for {config.rows}")
+    if packer.rows_kept == 0:
+        raise ValueError(f"{config.input}: the input yields no row of {T} tokens with a supervised token")
+    return Packed(writer=writer, packer=packer, doc_lengths=np.concatenate(doc_lengths), used_docs=used_docs)
+
+
 def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: list[np.ndarray],
-            packer: RowPacker) -> dict[str, int]:
+            packer: RowPacker, noun: str = "conversations") -> dict[str, int]:
+    """How the input's records (``noun``: conversations or documents) fell into the rows (docs/data.md)."""
     T = packer.row_tokens
     ends = np.cumsum(doc_lengths)
     starts = ends - doc_lengths
@@ -222,12 +257,12 @@ def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: li
     first_cut = (starts // T + 1) * T  # first row boundary after a document's start
     used = np.unique(np.concatenate(used_docs)) if used_docs else np.zeros(0, np.int64)
     return {
-        "conversations_total": n_total,
-        "conversations_invalid": n_invalid,
-        "conversations_used": int(used.size),
-        "conversations_split": int(np.count_nonzero((first_cut < ends) & (first_cut < stop))),
-        "conversations_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
-        "conversations_unused": int(n_total - n_invalid - np.count_nonzero(starts < stop)),
+        f"{noun}_total": n_total,
+        f"{noun}_invalid": n_invalid,
+        f"{noun}_used": int(used.size),
+        f"{noun}_split": int(np.count_nonzero((first_cut < ends) & (first_cut < stop))),
+        f"{noun}_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
+        f"{noun}_unused": int(n_total - n_invalid - np.count_nonzero(starts < stop)),
         "rows_skipped_unsupervised": int(packer.rows_skipped),
         "tokens_dropped_after_last_row": int(ends[-1] - stop) if ends.size else 0,
     }
@@ -237,17 +272,8 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
               template_source: str, source: Any, writer: RowsWriter, staging: Path,
               counts: dict[str, int], examples: list[str]) -> dict[str, Any]:
     T = config.row_tokens
-    tokens = writer.rows * T
     return {
-        "format": FORMAT,
-        "name": config.name or Path(config.out).name,
-        "rows": writer.rows,
-        "row_tokens": T,
-        "tokens": tokens,
-        "padding_tokens": 0,
-        "supervised_tokens": writer.supervised,
-        "supervised_token_ratio": round(writer.supervised / tokens, 6),
-        "seed": config.seed,
+        **rows_fields(config, writer),
         "packing": (f"source conversations in a seeded global permutation (numpy default_rng({config.seed})"
                     f".permutation over all records), each rendered with the chat template and followed by "
                     f"{eos!r}, concatenated and cut into consecutive {T:,}-token rows; a conversation cut by a "
@@ -261,15 +287,39 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
         "template_source": template_source,
         "template_sha256": hashlib.sha256(renderer.template.encode("utf-8")).hexdigest(),
         "template_kwargs": dict(renderer.template_kwargs),
+        **file_fields(writer, staging),
+        "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
+        "counts": counts,
+        "invalid_examples": examples,
+    }
+
+
+def rows_fields(config: BuildConfig, writer: RowsWriter) -> dict[str, Any]:
+    """The manifest's leading fields, the same for every format."""
+    tokens = writer.rows * config.row_tokens
+    return {
+        "format": FORMAT,
+        "workflow": config.format,
+        "name": config.name or Path(config.out).name,
+        "rows": writer.rows,
+        "row_tokens": config.row_tokens,
+        "tokens": tokens,
+        "padding_tokens": 0,
+        "supervised_tokens": writer.supervised,
+        "supervised_token_ratio": round(writer.supervised / tokens, 6),
+        "seed": config.seed,
+    }
+
+
+def file_fields(writer: RowsWriter, staging: Path) -> dict[str, Any]:
+    """The manifest's hashes of the rows and of the parquet file, the same for every format."""
+    return {
         "rows_sha256": writer.rows_sha256,
         "rows_sha256_definition": ROWS_SHA256_DEFINITION,
         "parquet_file": ROWS_FILE,
         "parquet_sha256": sha256_file(staging / ROWS_FILE),
         "parquet_bytes": (staging / ROWS_FILE).stat().st_size,
         "columns": {"input_ids": "list<int32>", "loss_mask": "list<int8>", "doc_lens": "list<int32>"},
-        "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
-        "counts": counts,
-        "invalid_examples": examples,
     }
 
 
@@ -281,9 +331,11 @@ def build_recipe_rows(spec: Any, out: Path) -> Path:
     from openrecipes.data import bundled
 
     if not (out / MANIFEST_FILE).is_file():
+        sft = spec.format == "sft"
         build(BuildConfig(
-            input=bundled.resolve(spec.input, bundled.CONVERSATIONS),
-            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER),
-            loss_mask=spec.loss_mask, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
-            template_kwargs=dict(spec.template_kwargs), chat_template=spec.chat_template, out=out, progress=False))
+            input=bundled.resolve(spec.input, bundled.default_input(spec.format)),
+            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER), format=spec.format,
+            loss_mask=spec.loss_mask if sft else None, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
+            template_kwargs=dict(spec.template_kwargs) if sft else {}, chat_template=spec.chat_template if sft else None,
+            eos_token=spec.eos_token, out=out, progress=False))
     return out

@@ -12,20 +12,26 @@ from openrecipes.data import bundled
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("data", help="build fixed-length packed SFT rows from conversations",
-                                   description="Build fixed-length packed SFT rows from conversations.")
+    parser = subparsers.add_parser("data", help="build fixed-length packed rows (SFT or pretraining)",
+                                   description="Build fixed-length packed rows from conversations (SFT) or "
+                                               "documents (pretraining).")
     verbs = parser.add_subparsers(dest="data_verb", metavar="SUBCOMMAND")
     build = verbs.add_parser(
-        "build", help="conversations -> rows.parquet + manifest.json",
-        description="Render conversations with a chat template, mask all but the assistant turns, "
-                    "pack them into rows of exactly --row-tokens tokens, and write rows.parquet and "
-                    "manifest.json into --out (atomically).")
-    build.add_argument("input", nargs="?", default=str(bundled.CONVERSATIONS),
-                       help="JSON Lines or Parquet file with a 'messages' column, or a local Hugging Face "
-                            "dataset directory (default: the bundled synthetic conversations)")
+        "build", help="conversations or documents -> rows.parquet + manifest.json",
+        description="SFT: render conversations with a chat template and mask all but the assistant turns; "
+                    "pretrain: tokenize documents (text, or a Megatron indexed dataset) and supervise every "
+                    "target within a document. Pack them into rows of exactly --row-tokens tokens, and write "
+                    "rows.parquet and manifest.json into --out (atomically).")
+    build.add_argument("input", nargs="?", default=None,
+                       help="JSON Lines or Parquet file with a 'messages' (sft) or 'text' (pretrain) column, a "
+                            "local Hugging Face dataset directory, or (pretrain) a Megatron indexed dataset "
+                            "PREFIX[.bin|.idx] (default: the bundled conversations, or documents made from them)")
+    build.add_argument("--format", default="sft", choices=["sft", "pretrain"],
+                       help="sft: conversations with a loss mask; pretrain: documents, every target supervised")
     build.add_argument("--tokenizer", default=str(bundled.TOKENIZER),
                        help="Hugging Face tokenizer directory (default: the bundled 1,024-token tokenizer)")
-    build.add_argument("--loss-mask", required=True, choices=["qwen3", "muse_spark"])
+    build.add_argument("--loss-mask", default=None, choices=["qwen3", "muse_spark"],
+                       help="the loss-mask format (required with --format sft)")
     build.add_argument("--row-tokens", type=int, required=True, help="tokens per row")
     build.add_argument("--rows", type=int, default=None,
                        help="rows to keep (default: every full row the input yields); too few is an error")
@@ -35,7 +41,8 @@ def register(subparsers: Any) -> None:
     build.add_argument("--chat-template", default=None,
                        help="template file or built-in name (qwen3, muse_spark) instead of the tokenizer's")
     build.add_argument("--eos-token", default=None,
-                       help="token appended after each conversation (default: the loss-mask format's)")
+                       help="token appended after each conversation or document (default: the loss-mask "
+                            "format's for sft, the tokenizer's eos_token for pretrain)")
     build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")
     build.add_argument("--skip-invalid", action="store_true",
                        help="count and skip invalid conversations instead of failing on the first")
@@ -58,7 +65,8 @@ def _build(args: argparse.Namespace) -> int:
 
     out = Path(args.out)  # build() refuses an --out it may not replace
     config = BuildConfig(
-        input=Path(args.input), tokenizer=Path(args.tokenizer), loss_mask=args.loss_mask,
+        input=Path(args.input or bundled.default_input(args.format)), tokenizer=Path(args.tokenizer),
+        format=args.format, loss_mask=args.loss_mask,
         row_tokens=args.row_tokens, rows=args.rows, seed=args.seed,
         template_kwargs=parse_template_kwargs(args.template_kwargs), chat_template=args.chat_template,
         eos_token=args.eos_token, name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,

@@ -1,4 +1,7 @@
-"""Conversation inputs: JSON Lines, Parquet, or a local Hugging Face dataset directory.
+"""Record inputs: JSON Lines, Parquet, or a local Hugging Face dataset directory.
+
+Conversations (a ``messages`` column) for SFT rows and text documents (a ``text`` column) for pretraining rows
+come from the same three kinds of input; ``column`` names the one a build needs.
 
 Every record is read and checked once up front (``scan``), so a malformed JSON line stops the
 build with its file and line number before anything is written, and the counts in the
@@ -69,7 +72,7 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
     f.count = len(offsets)
 
 
-def _read_table(path: Path) -> Any:
+def _read_table(path: Path, column: str) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -81,9 +84,11 @@ def _read_table(path: Path) -> Any:
                 table = pa.ipc.open_stream(source).read_all()
             except pa.ArrowInvalid:
                 table = pa.ipc.open_file(source).read_all()
-    if "messages" not in table.column_names:
-        raise ValueError(f"{path}: no 'messages' column (columns: {', '.join(table.column_names)})")
-    keep = [name for name in ("messages", "metadata", "tools") if name in table.column_names]
+    if column not in table.column_names:
+        raise ValueError(f"{path}: no {column!r} column (columns: {', '.join(table.column_names)})")
+    # the conversation's tools may sit beside its messages; a text document is its text alone
+    extra = ("metadata", "tools") if column == "messages" else ()
+    keep = [name for name in (column, *extra) if name in table.column_names]
     return table.select(keep)
 
 
@@ -105,7 +110,7 @@ def _dataset_files(directory: Path) -> list[Path]:
 
 @dataclass(kw_only=True)
 class ConversationSource:
-    """All conversations of an input, addressable by a global index."""
+    """All records (conversations or text documents) of an input, addressable by a global index."""
 
     description: str
     files: list[_File] = field(default_factory=list)
@@ -142,8 +147,9 @@ class ConversationSource:
         return out
 
 
-def open_source(path: str | Path) -> tuple[ConversationSource, Iterator[tuple[int, str, Any]]]:
-    """Open an input; return it and an iterator over (global index, where, record).
+def open_source(path: str | Path, column: str = "messages") -> tuple[ConversationSource,
+                                                                    Iterator[tuple[int, str, Any]]]:
+    """Open an input whose tables hold ``column``; return it and an iterator over (global index, where, record).
 
     The source knows its files only once the iterator is exhausted."""
     path = Path(path)
@@ -166,7 +172,7 @@ def open_source(path: str | Path) -> tuple[ConversationSource, Iterator[tuple[in
                 for local, (where, record) in enumerate(_json_lines(file_path, f)):
                     yield base + local, where, record
             else:
-                table = _read_table(file_path)
+                table = _read_table(file_path, column)
                 f = _File(path=file_path, kind="table", count=table.num_rows, table=table)
                 for start in range(0, table.num_rows, _SCAN_BATCH):
                     for local, record in enumerate(_drop_nulls(table.slice(start, _SCAN_BATCH).to_pylist()),

@@ -67,6 +67,10 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None, kernels=kernels)
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed, kernels=kernels)
+    if recipe.lora is not None:  # before parallelize, so data parallelism shards the adapters with the rest
+        from openrecipes.models.common.lora import apply_lora
+
+        apply_lora(model, lora_spec(recipe))
     stage_layers = None
     if pipelined:
         counts = stage_layer_counts(recipe.layout, config.num_hidden_layers)
@@ -77,6 +81,15 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers))
     return model, grads
+
+
+def lora_spec(recipe: Recipe):
+    """The recipe's ``lora`` section as the model-side spec (adapters drawn from the recipe's seed)."""
+    from openrecipes.models.common.lora import LoraSpec
+
+    lora = recipe.lora
+    return LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=tuple(lora.targets),
+                    seed=recipe.seed)
 
 
 def parameter_dtype(recipe: Recipe, distributed: bool) -> torch.dtype:

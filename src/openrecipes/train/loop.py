@@ -107,7 +107,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     model, grads = engine.build_model(recipe, device, parallel)
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer
-    optimizer = MixedPrecisionAdam(model.parameters(), AdamConfig(
+    # a frozen base (lora) has no gradients and gets no optimizer state
+    optimizer = MixedPrecisionAdam([p for p in model.parameters() if p.requires_grad], AdamConfig(
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
         master="param" if engine.parameter_dtype(recipe, parallel.distributed) == torch.float32
         else recipe.optimizer_master(),
@@ -171,6 +172,11 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
                 save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+            if recipe.lora is not None and step == recipe.steps - 1:
+                from openrecipes.checkpoint.lora import save_peft_adapter
+
+                save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
+                                  write=parallel.rank == 0)
     finally:
         gc.enable()
         metrics.close()

@@ -51,7 +51,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "the rows trained on: their tokens, loss masks and order", "data.rows"),
     **_rules(NUMERICS, "how the rows are built from conversations: a different value gives different rows",
              "data.build.input", "data.build.tokenizer", "data.build.loss_mask", "data.build.row_tokens",
-             "data.build.rows", "data.build.seed", "data.build.template_kwargs", "data.build.chat_template"),
+             "data.build.rows", "data.build.seed", "data.build.template_kwargs", "data.build.chat_template",
+             "data.build.format", "data.build.eos_token"),
     **_rules(NUMERICS, "the dtype of weights and activations, and so the math of every step", "precision"),
     **_rules(NUMERICS, "the update rule, its hyperparameters and schedule",
              "optimizer.name", "optimizer.lr", "optimizer.min_lr", "optimizer.betas", "optimizer.eps",
@@ -61,6 +62,9 @@ FIELD_RULES: dict[str, FieldRule] = {
              "optimizer.precision_aware", "optimizer.param_remainders", "optimizer.moment_dtype"),
     **_rules(NUMERICS, "the router load-balancing loss is added to the objective: another gradient for every "
              "router and everything below it", "moe.aux_loss_coef"),
+    **_rules(NUMERICS, "LoRA: which weights train (adapters on a frozen base), the adapters' rank, scaling "
+             "(alpha / rank) and dropout: a different model update", "lora.rank", "lora.alpha", "lora.dropout",
+             "lora.targets"),
     **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps"),
     **_rules(NUMERICS, "rows per optimizer step: the gradient is averaged over a different batch", "global_batch"),
     **_rules(NUMERICS, "the random initialisation and any sampling", "seed"),

@@ -1,0 +1,166 @@
+"""LoRA adapters in the PEFT format, and merging one into a Hugging Face checkpoint.
+
+A PEFT adapter directory holds ``adapter_config.json`` and ``adapter_model.safetensors`` with keys
+``base_model.model.<HF module>.lora_{A,B}.weight``. Native names equal the HF names outside the grouped experts, so a
+linear adapter's key is its native name with that prefix. Expert adapters use PEFT's ``target_parameters`` form on the
+HF fused parameters ``mlp.experts.gate_up_proj`` (E, 2F, D) and ``mlp.experts.down_proj`` (E, D, F): for a parameter of
+E experts, ``lora_A.weight`` is (E·r, in) (expert e's A in rows e·r ... e·r + r - 1) and ``lora_B.weight`` is
+(out, r·E) with column k·E + e holding column k of expert e's B. PEFT wraps the parameters of one module in the order of
+``target_parameters``, the first innermost, so with both targeted the gate_up adapter's keys read
+``...mlp.experts.base_layer.lora_A.weight`` and the down adapter's ``...mlp.experts.lora_A.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from openrecipes.models.common.lora import EXPERTS, LINEAR_TARGETS, LoraSpec
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # target_parameters, innermost first
+_NATIVE_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.lora_(gate_up|down)\.lora_([AB])$")
+
+
+def _peft_expert_key(module: str, which: str, factor: str) -> str:
+    # gate_up is the first of EXPERT_PARAMETERS, so the inner wrapper: one base_layer hop below the outer (down)
+    hop = ".base_layer" if which == "gate_up" else ""
+    return f"{PREFIX}{module}{hop}.lora_{factor}.weight"
+
+
+def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's adapters as PEFT state-dict tensors (contiguous, on the CPU, dtype kept)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if "lora_" not in name:
+            continue
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (data parallelism): every rank gathers the whole
+            tensor = tensor.full_tensor()
+        tensor = tensor.cpu()
+        if match := _NATIVE_EXPERT.match(name):
+            module, which, factor = match.groups()
+            E = tensor.shape[0]
+            if factor == "A":  # (E, r, in) -> (E·r, in)
+                tensor = tensor.reshape(E * tensor.shape[1], tensor.shape[2])
+            else:  # (E, out, r) -> (out, r·E), column k·E + e = B_e[:, k]
+                tensor = tensor.permute(1, 2, 0).reshape(tensor.shape[1], -1)
+            out[_peft_expert_key(module, which, factor)] = tensor.contiguous()
+        else:
+            out[PREFIX + name] = tensor.contiguous()
+    return out
+
+
+def peft_config(spec: LoraSpec, base_model: str | None) -> dict[str, Any]:
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "bias": "none",
+        "use_rslora": False, "use_dora": False, "fan_in_fan_out": False, "init_lora_weights": True,
+        "target_modules": sorted(t for t in spec.targets if t in LINEAR_TARGETS) or None,
+        "target_parameters": list(EXPERT_PARAMETERS) if EXPERTS in spec.targets else None,
+        "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None,
+        "inference_mode": True, "revision": None, "layers_to_transform": None, "layers_pattern": None,
+    }
+
+
+def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base_model: str | None = None,
+                      write: bool = True) -> Path:
+    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically). Under data parallelism
+    every rank calls it (the shards are gathered) and only the one with ``write`` writes."""
+    from safetensors.torch import save_file
+
+    from openrecipes.utils import atomic_write_path, atomic_write_text
+
+    out = Path(out)
+    tensors = peft_tensors(model)
+    if not tensors:
+        raise ValueError("the model has no LoRA adapters to save")
+    if not write:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(out / CONFIG_FILE, json.dumps(peft_config(spec, base_model), indent=2) + "\n")
+    return out
+
+
+def _read_adapter(adapter: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    config_path, weights_path = adapter / CONFIG_FILE, adapter / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{config_path}: peft_type {config.get('peft_type')!r}; only LORA adapters merge")
+    for key in ("use_dora", "fan_in_fan_out"):
+        if config.get(key):
+            raise ValueError(f"{config_path}: {key} is set; merge-lora handles plain LoRA only")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"{config_path}: rank_pattern/alpha_pattern are not supported by merge-lora")
+    return config, load_file(str(weights_path))
+
+
+def _deltas(config: dict[str, Any], tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """HF parameter name -> s · B A (fp32), from PEFT tensors."""
+    r, alpha = int(config["r"]), float(config["lora_alpha"])
+    scaling = alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
+    params = list(config.get("target_parameters") or [])
+    deltas: dict[str, torch.Tensor] = {}
+    for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
+        b_key = key.replace(".lora_A.weight", ".lora_B.weight")
+        if b_key not in tensors or not key.startswith(PREFIX):
+            raise ValueError(f"{source}: {key} has no matching {b_key}")
+        A, B = tensors[key].double(), tensors[b_key].double()
+        module = key[len(PREFIX):-len(".lora_A.weight")]
+        hops = 0
+        while module.endswith(".base_layer"):
+            module, hops = module[:-len(".base_layer")], hops + 1
+        mine = [p.rsplit(".", 1)[-1] for p in params if module.endswith(p.rsplit(".", 1)[0])]
+        if not mine:
+            deltas[f"{module}.weight"] = (B @ A * scaling).float()
+            continue
+        param = mine[len(mine) - 1 - hops]  # the outermost wrapper is the last target parameter
+        E = A.shape[0] // r
+        A_E = A.reshape(E, r, A.shape[1])
+        B_E = B.reshape(B.shape[0], r, E).permute(2, 0, 1)
+        deltas[f"{module}.{param}"] = (torch.bmm(B_E, A_E) * scaling).float()
+    return deltas
+
+
+def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Write base + s·BA as a Hugging Face checkpoint directory ``out``; return a summary."""
+    from openrecipes.checkpoint.hf import HFCheckpoint, read_config, save_hf
+    from openrecipes.checkpoint.hf import from_hf
+
+    adapter = Path(adapter)
+    config, tensors = _read_adapter(adapter)
+    deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
+    _, model_config = read_config(HFCheckpoint(base))
+    model = from_hf(base)
+    native = dict(model.named_parameters())
+    F = getattr(model_config, "moe_intermediate_size", None)
+    with torch.no_grad():
+        for name, delta in deltas.items():
+            if name.endswith(".gate_up_proj"):  # native gate and up are the halves of the fused rows
+                stem = name[:-len("gate_up_proj")]
+                targets = [(stem + "gate_proj", delta[:, :F]), (stem + "up_proj", delta[:, F:])]
+            else:
+                targets = [(name, delta)]
+            for target, value in targets:
+                if target not in native or native[target].shape != value.shape:
+                    raise ValueError(f"{adapter / WEIGHTS_FILE}: the adapter changes {target} "
+                                     f"{tuple(value.shape)}, which {base} does not have in that shape")
+                param = native[target]
+                param.copy_((param.double() + value.double()).to(param.dtype))
+    save_hf(model, out, overwrite=overwrite)
+    return {"base": str(base), "adapter": str(adapter), "out": str(out), "merged_tensors": len(deltas),
+            "r": config["r"], "lora_alpha": config["lora_alpha"]}

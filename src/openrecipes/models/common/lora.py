@@ -1,0 +1,150 @@
+"""LoRA adapters applied to a built model from outside, pure PyTorch (no model forward is replaced).
+
+Legend: E experts, D hidden (in), O out, F expert FFN width, r rank; scaling s = alpha / r.
+
+- A linear target (attention ``q_proj``/``k_proj``/``v_proj``/``o_proj``, Muse Spark's ``latent_down_proj``/
+  ``latent_up_proj``) gets two child modules, ``lora_A`` (D -> r) and ``lora_B`` (r -> O), and a forward hook that adds
+  ``s · lora_B(lora_A(dropout(x)))`` to its output. The base weight keeps its name (``...q_proj.weight``) and the
+  adapter's names are PEFT's (``...q_proj.lora_A.weight``), so the Hugging Face export is a prefix.
+- The routed experts (``experts``) get one adapter per expert through ``torch.nn.utils.parametrize``: the grouped
+  weights the expert path reads become ``W_e + s · B_e A_e`` (one batched matmul per projection and forward), so the
+  grouped expert kernels run unchanged. As in transformers' fused layout (and so in PEFT's ``target_parameters``), the
+  gate and up projections share one adapter of the fused (E, 2F, D) ``gate_up_proj``: ``lora_gate_up`` holds
+  A (E, r, D) and B (E, 2F, r), the gate rows of B first; ``lora_down`` holds A (E, r, F) and B (E, D, r). The base
+  weights move to ``...experts.parametrizations.{gate,up,down}_proj.original``. Dropout is not defined for a weight
+  delta (PEFT refuses it there too), so expert targets need ``dropout: 0``.
+
+Everything but the adapters is frozen (``requires_grad`` False: no gradients, no optimizer state). A (and per expert
+each A_e) starts as PEFT's default, Kaiming-uniform with a = sqrt(5), drawn from a generator seeded by ``seed`` in
+parameter order (every data-parallel rank draws the same); B starts at zero, so the adapted model starts as the base.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from openrecipes.models.common.moe import GroupedExperts
+
+LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "latent_down_proj", "latent_up_proj")
+EXPERTS = "experts"
+TARGETS = (*LINEAR_TARGETS, EXPERTS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    seed: int = 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def _kaiming_(tensor: torch.Tensor, fan_in: int, generator: torch.Generator) -> None:
+    """nn.init.kaiming_uniform_(a=sqrt(5)) (nn.Linear's and PEFT's default for A) with an explicit generator."""
+    bound = 1.0 / math.sqrt(fan_in)
+    values = torch.rand(tensor.shape, generator=generator, dtype=torch.float32) * (2 * bound) - bound
+    tensor.copy_(values)
+
+
+def _linear_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+    x = module.lora_dropout(inputs[0])
+    return output + module.lora_B(module.lora_A(x)) * module.lora_scaling
+
+
+class ExpertAdapter(nn.Module):
+    """One rank-r adapter per expert of an (E, O, D) grouped weight: delta_e = s · B_e A_e."""
+
+    def __init__(self, num_experts: int, out_features: int, in_features: int, rank: int, scaling: float, *,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.lora_A = nn.Parameter(torch.empty(num_experts, rank, in_features, device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(num_experts, out_features, rank, device=device, dtype=dtype))
+        self.scaling = scaling
+
+    def delta(self, rows: slice) -> torch.Tensor:
+        return torch.bmm(self.lora_B[:, rows], self.lora_A) * self.scaling
+
+
+class _AddExpertDelta(nn.Module):
+    """The parametrization W -> W + delta; it refers to its adapter without owning it (the experts module does), so
+    gate and up can share one adapter and every adapter parameter has a single name."""
+
+    def __init__(self, adapter: ExpertAdapter, rows: slice) -> None:
+        super().__init__()
+        self._adapter = [adapter]  # a list: not registered as a submodule
+        self.rows = rows
+
+    def forward(self, weight_EOI: torch.Tensor) -> torch.Tensor:
+        return weight_EOI + self._adapter[0].delta(self.rows).to(weight_EOI.dtype)
+
+
+def _adapt_linear(linear: nn.Linear, spec: LoraSpec, generator: torch.Generator) -> None:
+    weight = linear.weight
+    linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, device=weight.device, dtype=weight.dtype)
+    linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        _kaiming_(linear.lora_A.weight, linear.in_features, generator)
+        linear.lora_B.weight.zero_()
+    linear.lora_dropout = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
+    linear.lora_scaling = spec.scaling
+    linear.register_forward_hook(_linear_hook)
+
+
+def _adapt_experts(experts: GroupedExperts, spec: LoraSpec, generator: torch.Generator) -> None:
+    E, F, D = experts.gate_proj.shape
+    like = dict(device=experts.gate_proj.device, dtype=experts.gate_proj.dtype)
+    experts.lora_gate_up = ExpertAdapter(E, 2 * F, D, spec.rank, spec.scaling, **like)
+    experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, **like)
+    with torch.no_grad():
+        _kaiming_(experts.lora_gate_up.lora_A, D, generator)
+        _kaiming_(experts.lora_down.lora_A, F, generator)
+    for name, adapter, rows in (("gate_proj", experts.lora_gate_up, slice(0, F)),
+                                ("up_proj", experts.lora_gate_up, slice(F, 2 * F)),
+                                ("down_proj", experts.lora_down, slice(None))):
+        parametrize.register_parametrization(experts, name, _AddExpertDelta(adapter, rows))
+
+
+def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
+    """Add adapters to every target of ``model`` (in place), freeze the rest; return the adapted module names.
+
+    A target no module of the model has is an error naming it (Qwen3-MoE has no latent projections)."""
+    unknown = sorted(set(spec.targets) - set(TARGETS))
+    if unknown:
+        raise ValueError(f"lora.targets: unknown target(s) {unknown}; choose among {', '.join(TARGETS)}")
+    if EXPERTS in spec.targets and spec.dropout:
+        raise ValueError("lora.dropout must be 0 with the experts target: the expert adapters change the grouped "
+                         "weights, where dropout of the input is not defined")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    generator = torch.Generator().manual_seed(spec.seed)
+    adapted: list[str] = []
+    found: set[str] = set()
+    for name, module in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in spec.targets and isinstance(module, nn.Linear):
+            _adapt_linear(module, spec, generator)
+        elif EXPERTS in spec.targets and isinstance(module, GroupedExperts):
+            _adapt_experts(module, spec, generator)
+            leaf = EXPERTS
+        else:
+            continue
+        found.add(leaf)
+        adapted.append(name)
+    missing = sorted(set(spec.targets) - found)
+    if missing:
+        raise ValueError(f"lora.targets: the model has no {', '.join(missing)} to adapt")
+    return adapted
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors by parameter name (``...q_proj.lora_A.weight``, ``...experts.lora_gate_up.lora_A``)."""
+    return {name: param.detach() for name, param in model.named_parameters() if "lora_" in name}

@@ -1,0 +1,55 @@
+"""The pretraining workflow end to end on CPU: the example recipe builds its rows, trains, resumes bitwise, and
+its card says `workflow: pretrain`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from openrecipes.cards.new import card_workflow, dataset_block
+from openrecipes.config.recipe import load_recipe
+from openrecipes.config.rundir import rows_directory
+from openrecipes.data.build import build_recipe_rows
+from openrecipes.data.manifest import read_manifest
+from openrecipes.train.loop import train
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-pretrain.yaml"
+
+
+def _losses(run_dir: Path) -> list[tuple[float, float]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["loss"], r["grad_norm"]) for r in records]
+
+
+def _recipe(run_dir: Path):
+    return load_recipe(EXAMPLE, [f"run_dir={run_dir}", "steps=4", "global_batch=4", "logging.progress=false",
+                                 "checkpoint.every=2", "data.build.rows=16"])
+
+
+def test_pretrain_example_builds_trains_and_resumes_bitwise(tmp_path: Path) -> None:
+    whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
+    for recipe in (whole, cut):
+        build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+    manifest = read_manifest(rows_directory(None, whole.run_dir))
+    assert manifest["workflow"] == "pretrain" and manifest["eos_token"] == "<|endoftext|>"
+    assert manifest["supervised_token_ratio"] > 0.9  # every target but document starts
+    train(whole, command="t")
+    train(cut, command="t", stop_after=1)
+    train(cut, command="t", resume=True)
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
+    assert card_workflow(whole, manifest) == "pretrain"
+    block = dataset_block(manifest, "0")
+    assert block["name"] == "openrecipes bundled documents" and "documents.jsonl" in block["source"]
+    assert "chat template" not in block["build"]["tokenizer"]
+
+
+def test_rows_built_before_the_workflow_field_are_sft() -> None:
+    recipe = load_recipe(EXAMPLE)
+    assert card_workflow(recipe, {"rows": 1}) == "sft"
+
+
+def test_sft_only_fields_are_refused_for_pretrain() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="data.build: Value error, chat_template apply to format sft only"):
+        load_recipe(EXAMPLE, ["data.build.chat_template=qwen3"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from openrecipes.tune.journal import Journal, check_settings, prepare_out, write
 from openrecipes.tune.predict import Calibration, Planner, Prediction, Target, fit_calibration, resolve_target
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
-from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe, changes_key,
+from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
                                     start_settings)
 from openrecipes.verify.rules import compare_recipes

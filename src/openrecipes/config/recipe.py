@@ -95,6 +95,13 @@ class Checkpoint(BaseModel):
     every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
     keep: int = Field(2, ge=1)               # newest checkpoints kept
     at_end: bool = True                      # save after the last step (benchmarks turn it off)
+    export_hf: bool = False                  # after the last step, export that save to RUN_DIR/hf (Hugging Face)
+
+    @model_validator(mode="after")
+    def _export_reads_the_last_save(self) -> "Checkpoint":
+        if self.export_hf and not self.at_end:
+            raise ValueError("export_hf needs at_end: true (the export reads the save of the last step)")
+        return self
 
 
 class Logging(BaseModel):

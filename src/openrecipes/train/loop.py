@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,8 +22,8 @@ from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo, RunModelInfo,
-                                       rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo,
+                                       RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -174,7 +175,19 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     finally:
         gc.enable()
         metrics.close()
+    if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
+        _export_hf(run_dir)
     return run_dir
+
+
+def _export_hf(run_dir: Path) -> None:
+    """checkpoint.export_hf: the save of the last step as a Hugging Face directory, RUN_DIR/hf (replacing an earlier
+    export of this run). Rank 0 alone reads the save whole; the other ranks have finished."""
+    from openrecipes.checkpoint.training_export import export_training_checkpoint
+
+    saved = latest_checkpoint(run_dir)
+    out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
+    print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
 
 
 def _sequence_slices(parallel) -> tuple:

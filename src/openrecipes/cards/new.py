@@ -261,6 +261,7 @@ def _model_name(recipe: Any, given: str | None) -> str:
 
 def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     """Every field of the card, from the two run directories and the options."""
+    from openrecipes.cards.reference_run import check_reference_run
     from openrecipes.measure import measure_run_dir
     from openrecipes.config.rundir import RUN_FILE, read_run_info
     from openrecipes.config.recipe import dump_recipe, load_recipe
@@ -276,6 +277,8 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     measured = measure_run_dir(run_dir, window=options.window, gpu_type=options.gpu_type,
                                usd_per_gpu_hour=options.usd_per_gpu_hour, instance=options.instance)
     manifest = read_rows_manifest(_rows_dir(recipe, run_dir))
+    check_reference_run(run_dir, ref_dir, candidate_rows_sha256=manifest["rows_sha256"],
+                        reference_recipe=reference_recipe)
     row_tokens = int(manifest["row_tokens"])
     versions = run.versions
     started = str(run.require("started", run_origin))

@@ -29,7 +29,7 @@ class NewCardOptions:
     out: Path
     author: str
     author_url: str | None = None
-    window: tuple[int, int] = (5, 19)
+    window: tuple[int, int] | None = None  # None: the window the run has (measure's default)
     gpu_type: str | None = None
     gpu_memory_gb: float | None = None
     gpus_per_node: int | None = None
@@ -314,7 +314,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                          + ", ".join(d.path for d in rules.numerics)))
 
     notes = [f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement window "
-             f"steps {options.window[0]}-{options.window[1]}."]
+             f"steps {measured.window[0]}-{measured.window[1]}."]
     if measured.price_source:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]

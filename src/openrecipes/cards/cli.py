@@ -52,8 +52,8 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
                      help="the reference run the candidate's loss curve and recipe are checked against")
     new.add_argument("--out", type=Path, required=True, metavar="PATH",
                      help="card file to write, e.g. recipes/<model>/<gpu>/<name>.yaml")
-    new.add_argument("--author", required=True, metavar="NAME")
-    new.add_argument("--author-url", metavar="URL")
+    new.add_argument("--author", required=True, metavar="NAME", help="who measured the run (the card's author)")
+    new.add_argument("--author-url", metavar="URL", help="a link for the author (http or https)")
     new.add_argument("--window", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
                      help="measurement window, steps inclusive (default: 5 19, or 5 to the last step of a run "
                           "shorter than 20 steps)")

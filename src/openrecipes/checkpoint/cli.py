@@ -13,9 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "torch.distributed.checkpoint directories, and audit checkpoints.")
     verbs = parser.add_subparsers(dest="convert_verb", metavar="ACTION", required=True)
 
-    imp = verbs.add_parser("import", help="HF safetensors directory -> native DCP directory")
-    imp.add_argument("hf_dir")
-    imp.add_argument("ckpt_dir")
+    imp = verbs.add_parser("import", help="HF safetensors directory -> native DCP directory",
+                           description="Read a Hugging Face directory (config.json, safetensors) into a native "
+                                       "torch.distributed.checkpoint directory, tensor by tensor.")
+    imp.add_argument("hf_dir", help="Hugging Face checkpoint directory")
+    imp.add_argument("ckpt_dir", help="native checkpoint directory to write")
     imp.add_argument("--overwrite", action="store_true", help="replace CKPT_DIR if it exists")
     imp.set_defaults(func=_import)
 
@@ -25,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                        "(RUN_DIR/checkpoints/step-NNNNNN, any layout); a training save's export "
                                        "also gets the tokenizer files its rows were built with and the source "
                                        "model's generation_config.json.")
-    exp.add_argument("ckpt_dir")
-    exp.add_argument("hf_dir")
+    exp.add_argument("ckpt_dir", help="native checkpoint directory, or a training save RUN_DIR/checkpoints/step-N")
+    exp.add_argument("hf_dir", help="Hugging Face directory to write")
     exp.add_argument("--max-shard-gib", type=float, default=5.0, help="largest safetensors shard (default 5)")
     exp.add_argument("--overwrite", action="store_true", help="replace HF_DIR if it exists")
     exp.add_argument("--dtypes", choices=("source", "native"), default="source",
@@ -44,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
                            description="Exit status 0 only when both hold the same keys, shapes and dtypes and "
                                        "every value agrees within --atol.")
-    aud.add_argument("a_dir")
-    aud.add_argument("b_dir")
+    aud.add_argument("a_dir", help="first Hugging Face directory")
+    aud.add_argument("b_dir", help="second Hugging Face directory")
     aud.add_argument("--atol", type=float, default=0.0, help="allowed max abs difference (default 0: bitwise)")
-    aud.add_argument("--json", action="store_true")
+    aud.add_argument("--json", action="store_true", help="print JSON instead of a table")
     aud.set_defaults(func=_audit)
 
 

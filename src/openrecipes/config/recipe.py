@@ -6,6 +6,8 @@ to the run directory as ``recipe.yaml`` and embedded in the recipe card.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -176,11 +178,29 @@ class Recipe(BaseModel):
         return "remainder" if self.optimizer.precision_aware and self.optimizer.param_remainders else "fp32"
 
 
+def _section_keys(loc: tuple) -> list[str]:
+    """The keys the recipe section at ``loc`` (a path of field names) accepts; [] when it is not a section."""
+    model: Any = Recipe
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        candidates = [field.annotation, *typing.get_args(field.annotation)]  # X, or X | None
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
 def _format_error(error: ValidationError, source: str) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"{source}: {where}: {item['msg']}")
+        hint = ""
+        if item["type"] == "extra_forbidden":  # a misspelt key: name the closest one the section has
+            close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        lines.append(f"{source}: {where}: {item['msg']}{hint}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ ALLOWED = {
     "models": {"config", "utils"},
     "parallel": {"config", "models", "utils"},
     "optim": {"parallel", "utils"},
-    "checkpoint": {"config", "models", "parallel", "utils"},
+    "checkpoint": {"config", "data", "models", "parallel", "utils"},
     "measure": {"config", "utils"},
     "plan": {"config", "models", "utils"},
     "train": {"checkpoint", "config", "data", "models", "optim", "parallel", "utils"},

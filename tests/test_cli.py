@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from openrecipes.cli import VERB_MODULES, build_parser, main
+from openrecipes.cli import VERB_MODULES, HelpFormatter, build_parser, main
 
 
 def _all_help_paths():
@@ -39,3 +39,46 @@ def test_models_table_lists_active_params(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "qwen3-30b-a3b" in out and "3,041,656,832" in out
+
+
+def _verbs_and_actions(parser, path=("openrecipes",)):
+    """(path, parser) of every verb at every level, and (path, action) of every flag and argument."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield "verb", (*path, name), sub
+                yield from _verbs_and_actions(sub, (*path, name))
+        elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS:
+            yield "action", path, action
+
+
+def test_every_verb_and_flag_is_described_with_its_default():
+    for kind, path, item in _verbs_and_actions(build_parser()):
+        if kind == "verb":
+            assert item.description, " ".join(path)
+            continue
+        name = "/".join(item.option_strings) or item.dest
+        assert item.help, f"{' '.join(path)} {name}: no help"
+        shown = item.default not in (None, False, [], ())
+        if shown:  # what --help prints for it names the default
+            rendered = HelpFormatter(prog="x")._get_help_string(item) % {"default": item.default}
+            assert "default" in rendered.lower(), f"{' '.join(path)} {name}: default {item.default!r} not shown"
+
+
+def test_help_of_a_verb_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "(default: 1)" in capsys.readouterr().out  # --nproc
+
+
+def test_json_piped_to_a_closed_reader_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    # the reader is gone before the command writes, as with `openrecipes models --json | head -c 1`
+    process = subprocess.Popen([sys.executable, "-m", "openrecipes", "models", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()
+    _, err = process.communicate(timeout=120)
+    assert b"BrokenPipeError" not in err and b"Traceback" not in err, err.decode()
+    assert process.returncode == 141

@@ -9,6 +9,7 @@ Heavy imports (torch, pyarrow) happen inside ``func``, so ``--help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from openrecipes.utils import register_modules
@@ -30,6 +31,29 @@ VERB_MODULES: dict[str, str] = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag shows its default, unless its help already says it or there is none to show (None, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, False, [], (), argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def _finish(parser: argparse.ArgumentParser) -> None:
+    """Give every verb (at every level) the formatter above, and its one-line help as its description when the
+    module that registered it wrote none, so that `openrecipes VERB --help` always says what VERB does."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    sub.description = helps[name][0].upper() + helps[name][1:] + "."
+                _finish(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openrecipes",
@@ -39,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
     register_modules(subparsers, VERB_MODULES.values())
+    _finish(parser)
     return parser
 
 
@@ -54,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is met inside this try rather than at interpreter exit
+        return status
+    except BrokenPipeError:
+        # the reader stopped reading (`openrecipes ... --json | head`): end quietly, as Unix tools do; stdout goes
+        # to /dev/null so the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # what a process ended by SIGPIPE reports
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError) as error:
         # user errors: one clear line naming the field or file, no traceback
         print(f"openrecipes {args.verb}: error: {error}", file=sys.stderr)

@@ -56,11 +56,11 @@ def _new(runs, out: Path, *extra: str, cand: Path | None = None, ref: Path | Non
                  "--gpu-memory-gb", "16", *extra])
 
 
-def _copy_run(runs, name: str) -> Path:
+def _copy_run(runs, name: str, source: str = "ref") -> Path:
     target = runs["root"] / name
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(runs["ref"], target)
+    shutil.copytree(runs[source], target)
     return target
 
 
@@ -159,6 +159,33 @@ def test_a_diverging_reference_fails_the_convergence_block(runs, tmp_path):
     assert cor.result == "fail" and cor.convergence.result == "fail" and "convergence" in cor.summary
 
 
+@pytest.mark.parametrize("status", ["verified", "unverified"])
+def test_the_candidate_itself_is_no_reference(runs, tmp_path, capsys, status):
+    out = tmp_path / "self.yaml"
+    assert _new(runs, out, "--status", status, ref=runs["cand"]) == 2
+    assert "is the candidate run itself" in capsys.readouterr().err
+    copy = _copy_run(runs, "cand-copy", source="cand")  # another directory, the same metrics file
+    assert _new(runs, out, "--status", status, ref=copy) == 2
+    assert "byte for byte" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_reference_on_other_rows_is_refused(runs, tmp_path, capsys):
+    from openrecipes.data.build import BuildConfig, build
+    from openrecipes.data.bundled import ASSETS
+
+    other_rows = tmp_path / "other-rows"
+    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
+                      row_tokens=64, rows=48, seed=2, out=other_rows, progress=False))
+    other = _copy_run(runs, "ref-other-rows")
+    recipe = yaml.safe_load((other / "recipe.yaml").read_text())
+    recipe["data"]["rows"] = str(other_rows)
+    (other / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    out = tmp_path / "other.yaml"
+    assert _new(runs, out, ref=other) == 2
+    assert "trained on other rows" in capsys.readouterr().err and not out.exists()
+
+
 def test_a_failing_component_test_fails_correctness(runs, tmp_path):
     data = json.loads(runs["component"].read_text())
     data["passed"] = False
@@ -172,7 +199,7 @@ def test_a_failing_component_test_fails_correctness(runs, tmp_path):
 
 def test_an_invalid_card_is_written_and_exits_1(runs, tmp_path, capsys):
     # a recipe whose global batch no longer matches the measured tokens: the validator's window check fails
-    tampered = _copy_run(runs, "cand-tampered")
+    tampered = _copy_run(runs, "cand-tampered", source="cand")
     recipe = yaml.safe_load((tampered / "recipe.yaml").read_text())
     recipe["global_batch"] = 3
     (tampered / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))

@@ -165,8 +165,18 @@ def test_checkpoint_from_one_layout_resumes_under_another(tmp_path, reference):
 def test_a_failing_rank_ends_the_job(tmp_path):
     result = train(tmp_path / "run", "layout.dp=2", "debug.fail_at=[1, 1]", nproc=2)
     assert result.returncode != 0
-    assert "injected failure on rank 1 at step 1" in result.stderr
-    assert "a worker failed" in result.stderr
+    # the worker's own status and message, not the agent's traceback
+    assert ("rank 1 failed (exit status 1): RuntimeError: injected failure on rank 1 at step 1 (debug.fail_at)"
+            in result.stderr)
+    assert "ChildFailedError" not in result.stderr and "elastic/multiprocessing" not in result.stderr
+
+
+def test_dp_left_unset_is_the_world_size(tmp_path):
+    # the example sets no dp: --nproc 2 makes it 2 (torchtitan's dp = -1)
+    result = train(tmp_path / "run", "layout.ep=2", "steps=1", nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["world_size"] == 2 and "dp: 2" in (tmp_path / "run" / "recipe.yaml").read_text()
 
 
 @pytest.mark.parametrize("nproc,sets,message", [

@@ -99,8 +99,8 @@ def test_missing_window_step_is_an_error(tmp_path, run_cli, capsys):
 
 def test_window_beyond_the_run_is_an_error(tmp_path):
     run = make_run(tmp_path / "run", [2.0] * 10)
-    with pytest.raises(ValueError, match="missing step"):
-        measure_run_dir(run)
+    with pytest.raises(ValueError, match="missing step.*--window FIRST LAST"):
+        measure_run_dir(run, window=(5, 19))
 
 
 def test_missing_run_json_is_an_error(tmp_path, run_cli, capsys):
@@ -156,3 +156,28 @@ def test_unknown_instance_and_gpu_are_errors(tmp_path):
         measure_run_dir(run, instance="nope")
     with pytest.raises(ValueError, match="unknown GPU type"):
         measure_run_dir(run, gpu_type="Z9")
+
+
+def test_a_shorter_run_is_measured_from_step_5_to_its_last(tmp_path, run_cli, capsys):
+    run = make_run(tmp_path / "run", [2.0] * 12)
+    result = measure_run_dir(run)
+    assert result.window == (5, 11) and result.window_steps == 7
+    assert any("fewer than 20 steps" in note for note in result.notes)
+    assert measure_run_dir(make_run(tmp_path / "long", [2.0] * 30)).window == (5, 19)  # the seeds' window
+    assert run_cli(["measure", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["window"] == [5, 11]
+
+
+def test_a_run_without_step_5_says_how_to_set_the_window(tmp_path, run_cli, capsys):
+    run = make_run(tmp_path / "run", [2.0] * 4)
+    assert run_cli(["measure", str(run)]) == 2
+    assert "give --window FIRST LAST" in capsys.readouterr().err
+    assert measure_run_dir(run, window=(1, 3)).window_steps == 3
+
+
+def test_a_cpu_run_is_not_priced_at_a_gpu_instance(tmp_path):
+    run = make_run(tmp_path / "run", [2.0] * 20, gpu="cpu")
+    with pytest.raises(ValueError, match="its price is for a H200 GPU-hour, but .* records a CPU run"):
+        measure_run_dir(run, instance="AWS p5en.48xlarge")
+    assert measure_run_dir(run, usd_per_gpu_hour=0.1).usd_per_million_tokens is not None  # the user's own rate
+    assert measure_run_dir(run).usd_per_gpu_hour is None

@@ -1,4 +1,5 @@
 from html.parser import HTMLParser
+import shutil
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,40 @@ def test_rebuild_replaces_only_a_site(tmp_path):
     with pytest.raises(ValueError, match="not written by"):
         build_site(CATALOG, other)
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_index_shows_each_cards_name_and_correctness_verdict_in_colour(tmp_path):
+    data = qwen_data()
+    data["status"] = "unverified"
+    data["layout"]["label"] = "TP1 PP1 EP8 DP8 failing"
+    data["correctness"]["result"] = "fail"
+    data["correctness"]["summary"] = "failed: convergence check (final loss)"
+    data["correctness"]["convergence"]["result"] = "fail"
+    recipes = tmp_path / "recipes"
+    shutil.copytree(CATALOG, recipes)
+    write(recipes / "qwen3-30b-a3b" / "h200" / "failing-run.yaml", data)
+    out = tmp_path / "site"
+    build_site(recipes, out)
+    index = (out / "index.html").read_text()
+    assert "<th>Card</th>" in index and "<th>Correctness</th>" in index
+    assert ">attune-tp1-pp1-ep8-mt16k</a>" in index and ">failing-run</a>" in index
+    assert index.count('class="verdict pass"') == 2 and index.count('class="verdict fail"') == 1
+    assert ".verdict.fail { background: var(--bad); }" in index
+    failing = (out / "qwen3-30b-a3b" / "h200" / "failing-run.html").read_text()
+    assert 'id="correctness" class="failed"' in failing and 'id="convergence" class="failed"' in failing
+    passing = (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").read_text()
+    assert 'class="failed"' not in passing and 'class="verdict pass" id="verdict"' in passing
+
+
+def test_seed_cards_say_their_command_is_not_ours(tmp_path):
+    data = qwen_data()
+    data["stack"] = {"framework": "openrecipes 0.1.0", "pytorch": "2.11.0"}
+    recipes = tmp_path / "recipes"
+    shutil.copytree(CATALOG, recipes)
+    write(recipes / "qwen3-30b-a3b" / "h200" / "ours.yaml", data)
+    out = tmp_path / "site"
+    build_site(recipes, out)
+    for seed in ("qwen3-30b-a3b/h200/attune-tp1-pp1-ep8-mt16k.html", "muse-spark-open/h200/attune-tp4-pp16-ep8.html"):
+        html = (out / seed).read_text()
+        assert "Measured with miles/Megatron-LM, not openrecipes: reproduce with their command" in html, seed
+    assert 'id="other-framework"' not in (out / "qwen3-30b-a3b" / "h200" / "ours.html").read_text()

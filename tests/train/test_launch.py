@@ -32,7 +32,56 @@ def test_slurm_script(tmp_path, capsys):
 
 
 def test_slurm_script_checks_the_layout_against_the_gpus(tmp_path, capsys):
-    assert main(["launch", "slurm", EXAMPLE, "--nodes", "2", "--gpus-per-node", "4",
+    assert main(["launch", "slurm", EXAMPLE, "--nodes", "2", "--gpus-per-node", "4", "--set", "layout.dp=2",
                  "--out", str(tmp_path / "x.sbatch")]) == 2
     assert "layout" in capsys.readouterr().err
     assert not (tmp_path / "x.sbatch").exists()
+
+
+def test_an_impossible_layout_is_refused_before_any_worker_starts(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", EXAMPLE, "--nproc", "2", "--set", "layout.ep=3", "--set", f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "openrecipes train: error: layout.ep: ep=3 must divide num_experts=8 (--nproc x --nnodes = 2 processes)"]
+    assert not run_dir.exists()  # no rows built, no worker started
+
+
+def test_an_explicit_dp_is_checked_against_the_processes(tmp_path, capsys):
+    assert main(["train", EXAMPLE, "--set", "layout.dp=2", "--set", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert "layout.dp: tp·pp·cp·dp = 1·1·1·2 = 2 must equal the world size 1" in capsys.readouterr().err
+
+
+def test_dp_left_unset_follows_the_world_size():
+    from openrecipes.config.layout import LayoutConfig, with_world_size
+
+    assert with_world_size(LayoutConfig(max_tokens_per_gpu=64, tp=2, ep=4), 8).dp == 4
+    assert with_world_size(LayoutConfig(max_tokens_per_gpu=64, dp=1), 8).dp == 1  # set: kept, then refused
+    assert with_world_size(LayoutConfig(max_tokens_per_gpu=64, tp=3), 8).dp == 1  # 3 does not divide 8
+
+
+def test_a_failed_worker_is_shown_by_its_own_status_and_message(tmp_path, capsys):
+    import os
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from openrecipes.train.launch import record_worker_error, report_failures
+
+    def recorded(name, error):
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(tmp_path / name)
+        try:
+            record_worker_error(error)
+        finally:
+            del os.environ["TORCHELASTIC_ERROR_FILE"]
+        return str(tmp_path / name)
+
+    # rank 3 fails first; rank 1 fails within the same second because its peer went away; rank 0 is stopped
+    first = recorded("3.json", ValueError("layout.dp: something the worker found"))
+    then = recorded("1.json", RuntimeError("Connection closed by peer"))
+    failures = {0: ProcessFailure(local_rank=0, pid=12, exitcode=-15, error_file=str(tmp_path / "none.json")),
+                1: ProcessFailure(local_rank=1, pid=13, exitcode=1, error_file=then),
+                3: ProcessFailure(local_rank=3, pid=11, exitcode=2, error_file=first)}
+    assert report_failures(failures) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "openrecipes train: rank 3 failed (exit status 2): ValueError: layout.dp: something the worker found",
+        "openrecipes train: then rank 1 (exit status 1), rank 0 (signal SIGTERM); torchrun stopped the rest"]

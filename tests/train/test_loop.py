@@ -161,3 +161,26 @@ def test_tensorboard_and_wandb_are_clear_errors_when_missing(make_recipe, monkey
         train(make_recipe(steps=1, logging__tensorboard=True), command="t")
     with pytest.raises(ValueError, match="logging.wandb"):
         train(make_recipe(steps=1, logging__wandb=True), command="t")  # the failed start left no metrics file
+
+
+def test_start_banner_and_a_warning_when_rows_repeat(make_recipe, capsys):
+    # 48 rows; 6 steps x 4 rows = 24: half an epoch, no warning
+    train(make_recipe(), command="test")
+    err = capsys.readouterr().err
+    assert "model qwen3-moe-tiny:" in err and "N = 190,464 active per token" in err
+    assert "1 process(es), layout TP1 PP1 EP1 DP1" in err and "48 rows of 64 tokens" in err
+    assert "cover 0.50 epoch(s)" in err and "warning" not in err
+    # 30 steps x 4 rows = 120 rows of 48: each row 2.5 times
+    train(make_recipe(steps=30, checkpoint__at_end=False, run_dir=str(make_recipe().run_dir) + "-long"),
+          command="test")
+    assert "warning: 30 steps x global_batch 4 = 120 rows, but the data has 48" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_says_it_is_finished(make_recipe, capsys):
+    recipe = make_recipe(steps=2)
+    run_dir = train(recipe, command="test")
+    before = (run_dir / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert train(recipe, command="test", resume=True) == run_dir
+    assert "is finished: its last save is step 1 of its 2 steps" in capsys.readouterr().err
+    assert (run_dir / "metrics.jsonl").read_text() == before

@@ -56,3 +56,17 @@ def test_example_recipe_loads():
     example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
     recipe = load_recipe(example)
     assert recipe.optimizer_master() == "remainder"
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("optimzer.lr=1e-3", "optimzer: Extra inputs are not permitted (did you mean 'optimizer'?)"),
+    ("checkpoint.evry=2", "checkpoint.evry: Extra inputs are not permitted (did you mean 'every'?)"),
+    ("data.build.row_token=8", "data.build.row_token: Extra inputs are not permitted (did you mean 'row_tokens'?)"),
+])
+def test_an_unknown_key_suggests_the_closest_valid_one(override, hint):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+    with pytest.raises(ValueError) as error:
+        load_recipe(example, [override])
+    assert str(error.value).endswith(hint)

@@ -52,10 +52,11 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
                      help="the reference run the candidate's loss curve and recipe are checked against")
     new.add_argument("--out", type=Path, required=True, metavar="PATH",
                      help="card file to write, e.g. recipes/<model>/<gpu>/<name>.yaml")
-    new.add_argument("--author", required=True, metavar="NAME")
-    new.add_argument("--author-url", metavar="URL")
-    new.add_argument("--window", type=int, nargs=2, default=(5, 19), metavar=("FIRST", "LAST"),
-                     help="measurement window, steps inclusive (default: 5 19)")
+    new.add_argument("--author", required=True, metavar="NAME", help="who measured the run (the card's author)")
+    new.add_argument("--author-url", metavar="URL", help="a link for the author (http or https)")
+    new.add_argument("--window", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
+                     help="measurement window, steps inclusive (default: 5 19, or 5 to the last step of a run "
+                          "shorter than 20 steps)")
     new.add_argument("--gpu-type", metavar="TYPE", help="GPU type instead of run.json's gpu.type, e.g. H200")
     new.add_argument("--gpu-memory-gb", type=float, metavar="GB",
                      help="memory of one GPU (known for H100 and H200; needed for other types, CPU included)")
@@ -80,7 +81,7 @@ def _new(args: argparse.Namespace) -> int:
         raise ValueError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
     options = NewCardOptions(
         run_dir=args.run_dir, reference=args.reference, out=args.out, author=args.author,
-        author_url=args.author_url, window=tuple(args.window), gpu_type=args.gpu_type,
+        author_url=args.author_url, window=tuple(args.window) if args.window else None, gpu_type=args.gpu_type,
         gpu_memory_gb=args.gpu_memory_gb, gpus_per_node=args.gpus_per_node, instance=args.instance,
         usd_per_gpu_hour=args.usd_per_gpu_hour, status=args.status,
         component_tests=tuple(args.component_test), model_name=args.model_name, overwrite=args.overwrite)

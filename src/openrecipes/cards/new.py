@@ -29,7 +29,7 @@ class NewCardOptions:
     out: Path
     author: str
     author_url: str | None = None
-    window: tuple[int, int] = (5, 19)
+    window: tuple[int, int] | None = None  # None: the window the run has (measure's default)
     gpu_type: str | None = None
     gpu_memory_gb: float | None = None
     gpus_per_node: int | None = None
@@ -278,6 +278,7 @@ def _model_name(recipe: Any, given: str | None) -> str:
 
 def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     """Every field of the card, from the two run directories and the options."""
+    from openrecipes.cards.reference_run import check_reference_run
     from openrecipes.measure import measure_run_dir
     from openrecipes.config.rundir import RUN_FILE, read_run_info
     from openrecipes.config.recipe import dump_recipe, load_recipe
@@ -293,6 +294,8 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     measured = measure_run_dir(run_dir, window=options.window, gpu_type=options.gpu_type,
                                usd_per_gpu_hour=options.usd_per_gpu_hour, instance=options.instance)
     manifest = read_rows_manifest(_rows_dir(recipe, run_dir))
+    check_reference_run(run_dir, ref_dir, candidate_rows_sha256=manifest["rows_sha256"],
+                        reference_recipe=reference_recipe)
     row_tokens = int(manifest["row_tokens"])
     versions = run.versions
     started = str(run.require("started", run_origin))
@@ -327,8 +330,8 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                          else "it differs in numerics-affecting fields: "
                          + ", ".join(d.path for d in rules.numerics)))
 
-    notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement window "
-             f"steps {options.window[0]}-{options.window[1]}."]
+    notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement "
+             f"window steps {measured.window[0]}-{measured.window[1]}."]
     if measured.price_source:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]

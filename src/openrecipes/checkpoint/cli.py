@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -12,21 +13,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "torch.distributed.checkpoint directories, and audit checkpoints.")
     verbs = parser.add_subparsers(dest="convert_verb", metavar="ACTION", required=True)
 
-    imp = verbs.add_parser("import", help="HF safetensors directory -> native DCP directory")
-    imp.add_argument("hf_dir")
-    imp.add_argument("ckpt_dir")
+    imp = verbs.add_parser("import", help="HF safetensors directory -> native DCP directory",
+                           description="Read a Hugging Face directory (config.json, safetensors) into a native "
+                                       "torch.distributed.checkpoint directory, tensor by tensor.")
+    imp.add_argument("hf_dir", help="Hugging Face checkpoint directory")
+    imp.add_argument("ckpt_dir", help="native checkpoint directory to write")
     imp.add_argument("--overwrite", action="store_true", help="replace CKPT_DIR if it exists")
     imp.set_defaults(func=_import)
 
-    exp = verbs.add_parser("export", help="native DCP directory -> HF safetensors directory")
-    exp.add_argument("ckpt_dir")
-    exp.add_argument("hf_dir")
+    exp = verbs.add_parser("export", help="native or training checkpoint -> HF safetensors directory",
+                           description="Write a Hugging Face directory (config.json, safetensors shards) from a "
+                                       "native checkpoint (`convert import` output) or from a training save "
+                                       "(RUN_DIR/checkpoints/step-NNNNNN, any layout); a training save's export "
+                                       "also gets the tokenizer files its rows were built with and the source "
+                                       "model's generation_config.json.")
+    exp.add_argument("ckpt_dir", help="native checkpoint directory, or a training save RUN_DIR/checkpoints/step-N")
+    exp.add_argument("hf_dir", help="Hugging Face directory to write")
     exp.add_argument("--max-shard-gib", type=float, default=5.0, help="largest safetensors shard (default 5)")
     exp.add_argument("--overwrite", action="store_true", help="replace HF_DIR if it exists")
     exp.add_argument("--dtypes", choices=("source", "native"), default="source",
                      help="source (default): each tensor in the dtype the imported checkpoint had, so tensors "
-                          "promoted to fp32 on import go back bitwise; native: the native checkpoint's dtypes "
-                          "(promoted tensors stay fp32)")
+                          "promoted to fp32 on import go back bitwise; for a training save, the dtype the recipe "
+                          "trains it in (bf16 recipes: bf16 except the fp32-pinned tensors); native: the dtypes "
+                          "the checkpoint holds (promoted tensors, and the fp32 masters of multi-process runs, "
+                          "stay fp32)")
     exp.add_argument("--expert-layout", choices=("fused", "per_expert"), default=None,
                      help="fused: two 3-D tensors per layer (gate_up_proj, down_proj); per_expert: one tensor per "
                           "expert and projection (default: the layout the imported checkpoint had, else the "
@@ -36,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
                            description="Exit status 0 only when both hold the same keys, shapes and dtypes and "
                                        "every value agrees within --atol.")
-    aud.add_argument("a_dir")
-    aud.add_argument("b_dir")
+    aud.add_argument("a_dir", help="first Hugging Face directory")
+    aud.add_argument("b_dir", help="second Hugging Face directory")
     aud.add_argument("--atol", type=float, default=0.0, help="allowed max abs difference (default 0: bitwise)")
-    aud.add_argument("--json", action="store_true")
+    aud.add_argument("--json", action="store_true", help="print JSON instead of a table")
     aud.set_defaults(func=_audit)
 
     merge = verbs.add_parser("merge-lora", help="HF base + PEFT LoRA adapter -> merged HF safetensors directory",
@@ -70,8 +80,14 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from openrecipes.checkpoint.native import export_hf
+    from openrecipes.checkpoint.native import MANIFEST, export_hf
+    from openrecipes.checkpoint.training_export import export_training_checkpoint, run_dir_of
 
+    if not (Path(args.ckpt_dir) / MANIFEST).is_file() and run_dir_of(args.ckpt_dir) is not None:
+        export_training_checkpoint(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30),
+                                   overwrite=args.overwrite, dtypes=args.dtypes, expert_layout=args.expert_layout)
+        print(f"wrote Hugging Face checkpoint to {args.hf_dir}")
+        return 0
     export_hf(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30), overwrite=args.overwrite,
               dtypes=args.dtypes, expert_layout=args.expert_layout)
     print(f"wrote Hugging Face checkpoint to {args.hf_dir}")

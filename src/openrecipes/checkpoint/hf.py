@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +22,29 @@ def read_config(checkpoint: HFCheckpoint) -> tuple[ModelFamily, Any]:
     source = str(checkpoint.path / "config.json")
     family = family_for_model_type(checkpoint.config.get("model_type"), source=source)
     return family, family.config_from_hf(checkpoint.config, source)
+
+
+def recipe_model_config(recipe: Any) -> Any:
+    """The model config a recipe (``config/recipe.py``) names, a registry name or an HF directory, with its
+    ``model_overrides`` applied: what ``train`` builds and what a training checkpoint's export describes."""
+    from openrecipes.models.registry import get_config, names
+
+    if recipe.model in names():
+        if recipe.init == "checkpoint":
+            raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {recipe.model!r}")
+        config = get_config(recipe.model)
+    elif Path(recipe.model).is_dir():
+        _, config = read_config(HFCheckpoint(recipe.model))
+    else:
+        raise ValueError(f"model: {recipe.model!r} is neither a registered model ({', '.join(names())}) "
+                         "nor a checkpoint directory")
+    if recipe.model_overrides:
+        known = {f.name for f in dataclasses.fields(config)}
+        unknown = sorted(set(recipe.model_overrides) - known)
+        if unknown:
+            raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
+        config = dataclasses.replace(config, **recipe.model_overrides)
+    return config
 
 
 # safetensors dtype codes a weight may have; integers, bools and fp8 would be cast or misread silently

@@ -68,7 +68,8 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     ckpt_dir = Path(ckpt_dir)
     manifest_path = ckpt_dir / MANIFEST
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint")
+        raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint "
+                                "(`convert import` output) nor a training save (RUN_DIR/checkpoints/step-NNNNNN)")
     state = _empty_state(read_json(manifest_path), manifest_path)
     load_dcp(state, ckpt_dir, no_dist=True)  # checksums checked; restricted: a checkpoint's pickles cannot run code
     config = read_json(ckpt_dir / "config.json")

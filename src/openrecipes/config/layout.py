@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
            "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
-           "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason"]
+           "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason", "with_world_size"]
 
 
 class ParallelSizes(BaseModel):
@@ -179,6 +179,16 @@ def layout_problems(layout: LayoutConfig, *, world_size: int, num_layers: int | 
         found.append(LayoutProblem("rows_per_microbatch", f"{layout.rows_per_microbatch} rows cannot fit in "
                                    f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens"))
     return found
+
+
+def with_world_size(layout: LayoutConfig, world_size: int) -> LayoutConfig:
+    """``layout`` with dp worked out from the world size when the recipe leaves it unset: world / (tp·pp·cp), as
+    torchtitan's ``dp: -1``. A dp the recipe sets is kept, and so is the default when the other sizes do not divide
+    the world size: ``layout_problems`` then names the mismatch."""
+    rest = layout.tp * layout.pp * layout.cp
+    if "dp" in layout.model_fields_set or world_size < 1 or world_size % rest:
+        return layout
+    return layout.model_copy(update={"dp": world_size // rest})
 
 
 def validate_layout(layout: LayoutConfig, *, world_size: int, num_layers: int, num_experts: int) -> list[int]:

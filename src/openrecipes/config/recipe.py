@@ -6,6 +6,8 @@ to the run directory as ``recipe.yaml`` and embedded in the recipe card.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -131,6 +133,13 @@ class Checkpoint(BaseModel):
     every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
     keep: int = Field(2, ge=1)               # newest checkpoints kept
     at_end: bool = True                      # save after the last step (benchmarks turn it off)
+    export_hf: bool = False                  # after the last step, export that save to RUN_DIR/hf (Hugging Face)
+
+    @model_validator(mode="after")
+    def _export_reads_the_last_save(self) -> "Checkpoint":
+        if self.export_hf and not self.at_end:
+            raise ValueError("export_hf needs at_end: true (the export reads the save of the last step)")
+        return self
 
 
 class Logging(BaseModel):
@@ -210,11 +219,29 @@ class Recipe(BaseModel):
         return "remainder" if self.optimizer.precision_aware and self.optimizer.param_remainders else "fp32"
 
 
+def _section_keys(loc: tuple) -> list[str]:
+    """The keys the recipe section at ``loc`` (a path of field names) accepts; [] when it is not a section."""
+    model: Any = Recipe
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        candidates = [field.annotation, *typing.get_args(field.annotation)]  # X, or X | None
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
 def _format_error(error: ValidationError, source: str) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"{source}: {where}: {item['msg']}")
+        hint = ""
+        if item["type"] == "extra_forbidden":  # a misspelt key: name the closest one the section has
+            close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        lines.append(f"{source}: {where}: {item['msg']}{hint}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ METRICS_FILE = "metrics.jsonl"    # one JSON line per step
 CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` pointer
 ROWS_DIR = "rows"                 # rows built at the start of the run (data.build)
 PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
+HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 
 
 def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:

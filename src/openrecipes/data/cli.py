@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
     build.add_argument("--tokenizer", default=str(bundled.TOKENIZER),
                        help="Hugging Face tokenizer directory (default: the bundled 1,024-token tokenizer)")
     build.add_argument("--loss-mask", default=None, choices=["qwen3", "muse_spark"],
-                       help="the loss-mask format (required with --format sft)")
+                       help="which tokens are supervised, by chat format (assistant turns only; docs/data.md); "
+                            "required with --format sft")
     build.add_argument("--row-tokens", type=int, required=True, help="tokens per row")
     build.add_argument("--rows", type=int, default=None,
                        help="rows to keep (default: every full row the input yields); too few is an error")

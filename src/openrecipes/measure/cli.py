@@ -16,8 +16,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by openrecipes train")
     parser.add_argument(
-        "--window", nargs=2, type=int, metavar=("FIRST", "LAST"), default=[5, 19],
-        help="first and last step of the window, inclusive, 0-based (default: 5 19)",
+        "--window", nargs=2, type=int, metavar=("FIRST", "LAST"), default=None,
+        help="first and last step of the window, inclusive, 0-based (default: 5 19, or 5 to the last step of a run "
+             "shorter than 20 steps)",
     )
     parser.add_argument("--gpu", metavar="TYPE", help="GPU type for the peak FLOP/s (default: run.json gpu.type)")
     price = parser.add_mutually_exclusive_group()
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = measure_run_dir(
         args.run_dir,
-        window=(args.window[0], args.window[1]),
+        window=tuple(args.window) if args.window else None,
         gpu_type=args.gpu,
         usd_per_gpu_hour=args.usd_per_gpu_hour,
         instance=args.instance,

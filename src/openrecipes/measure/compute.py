@@ -94,11 +94,23 @@ def resolve_price(
 
 
 
+def default_window(records: list[StepRecord], metrics_origin: str = METRICS_FILE) -> tuple[int, int]:
+    """The window a run has: steps 5-19 (the seeds' window; steps 0-4 are warm-up) when it reached step 19, else
+    steps 5 to its last step; a run that never reached step 5 needs an explicit window."""
+    first, last = DEFAULT_WINDOW
+    reached = max((record.step for record in records), default=-1)
+    if reached >= first:
+        return first, min(last, reached)
+    raise ValueError(f"{metrics_origin}: the run recorded steps up to {reached}, and the default window starts at "
+                     f"step {first} (steps 0-{first - 1} are warm-up); give --window FIRST LAST (0-based, "
+                     "inclusive) to measure it")
+
+
 def compute_metrics(
     run: RunInfo,
     records: list[StepRecord],
     *,
-    window: tuple[int, int] = DEFAULT_WINDOW,
+    window: tuple[int, int] | None = None,
     gpu_type: str | None = None,
     hardware: HardwareTable | None = None,
     price: Price | None = None,
@@ -108,9 +120,11 @@ def compute_metrics(
     """Window metrics of a run from its parsed run.json and metrics records.
 
     ``gpu_type`` overrides run.json's ``gpu.type``; ``hardware`` supplies the peak FLOP/s
-    (MFU is left out when the GPU type is not in it, e.g. ``cpu``); ``price`` the cost.
+    (MFU is left out when the GPU type is not in it, e.g. ``cpu``); ``price`` the cost. ``window`` None: the window
+    the run has (``default_window``).
     """
-    first, last = window
+    shorter = window is None and default_window(records, metrics_origin) != DEFAULT_WINDOW
+    first, last = window or default_window(records, metrics_origin)
     if first < 0 or last < first:
         raise ValueError(f"window {first} {last}: need 0 <= first <= last")
     by_step = {record.step: record for record in records}
@@ -119,13 +133,17 @@ def compute_metrics(
     if missing:
         shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise ValueError(
-            f"{metrics_origin}: window {first}-{last} is incomplete: missing step(s) {shown}"
+            f"{metrics_origin}: window {first}-{last} is incomplete: missing step(s) {shown}; choose the steps "
+            "with --window FIRST LAST"
         )
     window_records = [by_step[step] for step in wanted]
 
     gpus = run.gpu.count
     gpu_name = gpu_type or run.gpu.type
     notes: list[str] = []
+    if shorter:
+        notes.append(f"window steps {first}-{last}: the run has fewer than {DEFAULT_WINDOW[1] + 1} steps, so the "
+                     f"window runs from step {first} to its last step (--window sets it)")
 
     step_times = []
     for record in window_records:
@@ -249,7 +267,7 @@ def _model_tflops(
 def measure_run_dir(
     run_dir: str | os.PathLike,
     *,
-    window: tuple[int, int] = DEFAULT_WINDOW,
+    window: tuple[int, int] | None = None,
     gpu_type: str | None = None,
     usd_per_gpu_hour: float | None = None,
     instance: str | None = None,
@@ -263,6 +281,11 @@ def measure_run_dir(
     hardware = load_hardware(hardware_files)
     gpu_name = gpu_type or run.gpu.type
     price = resolve_price(hardware, gpu_name, usd_per_gpu_hour=usd_per_gpu_hour, instance=instance)
+    if instance is not None and gpu_name.strip().lower() == "cpu" and hardware.instance(instance).gpu is not None:
+        spec = hardware.instance(instance)
+        raise ValueError(f"--instance {spec.name}: its price is for a {spec.gpu} GPU-hour, but {run_dir / RUN_FILE} "
+                         "records a CPU run (gpu.type cpu); give your machine's rate with --usd-per-gpu-hour, or "
+                         "leave the price out")
     return compute_metrics(
         run, records, window=window, gpu_type=gpu_type, hardware=hardware, price=price,
         run_origin=str(run_dir / RUN_FILE), metrics_origin=str(metrics_path),

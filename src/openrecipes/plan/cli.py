@@ -18,13 +18,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpus", required=True, help="COUNTxTYPE, e.g. 8xH200")
     p.add_argument("--gpu-memory-gib", type=float, help="override the GPU memory in GiB")
     for name in _LAYOUT_OPTIONS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
-    p.add_argument("--sequence-parallel", action="store_true", default=None)
-    p.add_argument("--max-tokens-per-gpu", type=int)
-    p.add_argument("--rows-per-microbatch", type=int)
-    p.add_argument("--recompute", choices=["none", "selective", "full"])
-    p.add_argument("--optimizer", choices=["adam", "precision-aware"])
-    p.add_argument("--offload-fraction", type=float)
+        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
+                       help=f"layout {name}; any layout flag plans that one layout (the others default to 1 or an "
+                            "even split), none ranks every layout that fits")
+    p.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="sequence parallelism with tp > 1 (plans one layout)")
+    p.add_argument("--max-tokens-per-gpu", type=int,
+                   help="tokens per GPU per microbatch (default: 8192 for one layout; a ranking tries "
+                        f"{', '.join(map(str, _SWEEP_TOKENS))})")
+    p.add_argument("--rows-per-microbatch", type=int,
+                   help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
+    p.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="activation recompute (default: full for one layout; a ranking tries all three)")
+    p.add_argument("--optimizer", choices=["adam", "precision-aware"],
+                   help="optimizer state (default: adam for one layout; a ranking tries both)")
+    p.add_argument("--offload-fraction", type=float,
+                   help="share of the optimizer state kept on the CPU (default: 0 for one layout; a ranking tries "
+                        f"{', '.join(map(str, _SWEEP_OFFLOAD))})")
     p.add_argument("--global-batch-tokens", type=int, default=128 * 8192,
                    help="tokens per optimizer step (default 128 rows x 8192)")
     p.add_argument("--engine", choices=["megatron", "openrecipes"], default="megatron",

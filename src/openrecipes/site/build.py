@@ -117,10 +117,21 @@ def _metrics(loaded: LoadedCard) -> dict[str, object]:
     }
 
 
+def other_framework(loaded: LoadedCard) -> str | None:
+    """The framework a card was measured with when it is not openrecipes (the seed cards: miles on Megatron-LM),
+    whose run command is theirs and does not run with `openrecipes train`; None for openrecipes' own cards."""
+    stack = loaded.card.stack
+    if stack.framework.strip().lower().startswith("openrecipes"):
+        return None
+    name = stack.framework.split()[0].strip("'\",;()")
+    return f"{name}/Megatron-LM" if stack.megatron_lm else name
+
+
 def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
     card = loaded.card
     metrics = _metrics(loaded)
     return {
+        "name": loaded.path.stem, "correctness": card.correctness.result,
         "model": card.model, "gpu": card.gpu.type, "status": card.status,
         "workflow": card.workload.workflow or "", "href": href,
         "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
@@ -146,6 +157,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
             author_url=_safe_url(loaded.card.author.url), yaml_text=loaded.text,
             plot=loss_plot_svg(loaded.card.curves) if loaded.card.curves else None,
             tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
+            name=loaded.path.stem, other_framework=other_framework(loaded),
         )
         rows.append(_index_row(loaded, _href(relative)))
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(

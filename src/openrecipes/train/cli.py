@@ -28,7 +28,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _world_size(args: argparse.Namespace) -> int:
+    """The processes of the job: torchrun's WORLD_SIZE in a worker, else what the launcher will start."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", args.nproc * args.nnodes))
+
+
 def _load(args: argparse.Namespace):
+    """The recipe of RECIPE or the run being resumed, its dp worked out from the world size when it sets none."""
+    from openrecipes.config.layout import with_world_size
+
+    recipe = _load_recipe(args)
+    return recipe.model_copy(update={"layout": with_world_size(recipe.layout, _world_size(args))})
+
+
+def _check_layout(recipe, world_size: int) -> None:
+    """Refuse a layout the job cannot run before any worker starts (one line, naming the field)."""
+    from openrecipes.config.layout import LayoutError, layout_problems, unsupported_reason
+    from openrecipes.train.engine import model_config
+
+    config = model_config(recipe)
+    problems = layout_problems(recipe.layout, world_size=world_size, num_layers=config.num_hidden_layers,
+                               num_experts=config.num_experts)
+    if problems:
+        error = LayoutError(problems[0])
+        raise ValueError(f"layout.{error} (--nproc x --nnodes = {world_size} processes)")
+    reason = unsupported_reason(recipe.layout)
+    if reason:
+        raise ValueError(reason)
+
+
+def _load_recipe(args: argparse.Namespace):
     from pathlib import Path
 
     from openrecipes.config.recipe import load_recipe
@@ -49,11 +80,13 @@ def _load(args: argparse.Namespace):
     raise ValueError("give a RECIPE file or --resume RUN_DIR")
 
 
-def _build_rows(args: argparse.Namespace) -> None:
+def _prepare(args: argparse.Namespace) -> None:
+    """Before any training process starts: check the layout against the job, then build the rows (once)."""
     from openrecipes.config.rundir import rows_directory
     from openrecipes.data.build import build_recipe_rows
 
     recipe = _load(args)
+    _check_layout(recipe, _world_size(args))
     if recipe.data.build is not None:
         build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
 
@@ -63,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if "WORLD_SIZE" not in os.environ and args.node_rank == 0:
-        _build_rows(args)  # once, before any training process starts
+        _prepare(args)
     if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
         from openrecipes.train.launch import run_torchrun
 
@@ -84,9 +117,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"openrecipes train: writing to {Path(recipe.run_dir).resolve()}", file=sys.stderr)
     try:
         run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
-    except TrainingStopped as stopped:
-        print(f"openrecipes train: stopped: {stopped}", file=sys.stderr)
-        return 1
+    except BaseException as error:
+        from openrecipes.train.launch import record_worker_error
+
+        record_worker_error(error)  # a worker started by the launcher: its own message, for the summary
+        if isinstance(error, TrainingStopped):
+            print(f"openrecipes train: stopped: {error}", file=sys.stderr)
+            return 1
+        raise
     if os.environ.get("RANK", "0") == "0":
         print(f"run directory: {run_dir}")
     return 0

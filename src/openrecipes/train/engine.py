@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,27 +18,9 @@ from openrecipes.parallel.gradients import GradientSync
 
 def model_config(recipe: Recipe) -> Any:
     """The model config named by the recipe (registry name or HF directory), with its overrides applied."""
-    from openrecipes.models.registry import get_config, names
+    from openrecipes.checkpoint.hf import recipe_model_config
 
-    if recipe.model in names():
-        if recipe.init == "checkpoint":
-            raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {recipe.model!r}")
-        config = get_config(recipe.model)
-    elif Path(recipe.model).is_dir():
-        from openrecipes.checkpoint.hf import read_config
-        from openrecipes.checkpoint.safetensors_io import HFCheckpoint
-
-        _, config = read_config(HFCheckpoint(recipe.model))
-    else:
-        raise ValueError(f"model: {recipe.model!r} is neither a registered model ({', '.join(names())}) "
-                         "nor a checkpoint directory")
-    if recipe.model_overrides:
-        known = {f.name for f in dataclasses.fields(config)}
-        unknown = sorted(set(recipe.model_overrides) - known)
-        if unknown:
-            raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
-        config = dataclasses.replace(config, **recipe.model_overrides)
-    return config
+    return recipe_model_config(recipe)
 
 
 def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn.Module, GradientSync]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,8 +22,8 @@ from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo, RunModelInfo,
-                                       rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo,
+                                       RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -93,6 +94,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     engine.check_aux_loss(recipe, config, parallel)
     if not resume and (run_dir / METRICS_FILE).exists():
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
+    if resume and _finished(run_dir, recipe.steps):
+        if rank == 0:
+            print(f"openrecipes train: {run_dir} is finished: its last save is step {recipe.steps - 1} of its "
+                  f"{recipe.steps} steps, so there is nothing to resume (--set steps=N trains further)",
+                  file=sys.stderr)
+        return run_dir
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
@@ -103,6 +110,15 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
                        rows_per_microbatch=rows_per_microbatch)
+    if rank == 0:
+        from openrecipes.train.banner import coverage_warning, start_banner
+
+        print(start_banner(model=recipe.model, config=config, world_size=world, layout_label=recipe.layout.label(),
+                           rows=len(dataset), row_tokens=row_tokens, steps=recipe.steps,
+                           global_batch=recipe.global_batch, run_dir=run_dir), file=sys.stderr, flush=True)
+        warning = coverage_warning(steps=recipe.steps, global_batch=recipe.global_batch, rows=len(dataset))
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
 
     model, grads = engine.build_model(recipe, device, parallel)
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
@@ -180,7 +196,25 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     finally:
         gc.enable()
         metrics.close()
+    if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
+        _export_hf(run_dir)
     return run_dir
+
+
+def _export_hf(run_dir: Path) -> None:
+    """checkpoint.export_hf: the save of the last step as a Hugging Face directory, RUN_DIR/hf (replacing an earlier
+    export of this run). Rank 0 alone reads the save whole; the other ranks have finished."""
+    from openrecipes.checkpoint.training_export import export_training_checkpoint
+
+    saved = latest_checkpoint(run_dir)
+    out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
+    print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    """Whether the newest save of ``run_dir`` is of its last step (a resume would train nothing)."""
+    saved = latest_checkpoint(run_dir)
+    return saved is not None and int(saved.name.removeprefix("step-")) >= steps - 1
 
 
 def _sequence_slices(parallel) -> tuple:

@@ -17,7 +17,7 @@ def register(checks: Any) -> None:
         "tensor relative L2 error after the checked steps against bound = 2 x the default optimizer's error + "
         "1e-3; three negative controls must fail; remainder masters must equal explicit FP32 masters bitwise. " + EXIT_STATUS,
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the candidate arms run")
     for name, help_text in (("hidden", "hidden size"), ("experts", "expert count"), ("top-k", "experts per token"),
                             ("ffn", "expert FFN width"), ("tokens", "tokens per step")):
         parser.add_argument(f"--{name}", type=int, default=None, metavar="N",
@@ -31,7 +31,7 @@ def register(checks: Any) -> None:
     parser.add_argument("--weight-decay", type=float, default=None, help="decoupled weight decay (default: 0.1)")
     parser.add_argument("--compute", choices=("fp64", "bf16"), default="fp64",
                         help="precision of the mixed-precision arms' forward and backward (default: fp64)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the layer's weights and tokens")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the report")
     parser.set_defaults(func=run)
 

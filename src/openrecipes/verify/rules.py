@@ -89,6 +89,8 @@ FIELD_RULES: dict[str, FieldRule] = {
              "its error", "offload.fraction", "offload.overlap"),
     **_rules(PERFORMANCE, "when and how many checkpoints are saved; saving reads the state, never changes it",
              "checkpoint.every", "checkpoint.keep", "checkpoint.at_end"),
+    **_rules(PERFORMANCE, "the Hugging Face export reads the last save after training; it changes no trained value",
+             "checkpoint.export_hf"),
     **_rules(PERFORMANCE, "what is reported, not what is computed", "logging.progress", "logging.tensorboard",
              "logging.wandb", "logging.wandb_project"),
     **_rules(PERFORMANCE, "labels and paths of the run", "name", "run_dir"),

@@ -1,0 +1,156 @@
+"""A training checkpoint (RUN_DIR/checkpoints/step-NNNNNN) as a Hugging Face directory.
+
+A training save holds ``model``, ``optimizer`` and ``trainer`` state (``train/checkpointing.py``), written under
+whatever layout the run had; DCP reshards on load, so only the model's tensors are read, whole, in one process.
+What the directory needs besides the weights comes from the run: the model config from ``RUN_DIR/recipe.yaml``
+(registry name or HF directory, with ``model_overrides``), the tokenizer files the rows were built with (the rows'
+manifest names them and their sha256), the rows' chat template when it was not the tokenizer's own, and the source
+HF directory's ``generation_config.json`` when the recipe started from one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from openrecipes.checkpoint.hf import hf_tensors_from_native, recipe_model_config
+from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
+from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER, write_hf_dir
+from openrecipes.config.rundir import CHECKPOINTS_DIR, RECIPE_FILE, RUN_FILE, read_run_info, rows_directory
+from openrecipes.utils import check_output_dir, sha256_file
+
+MODEL_PREFIX = "model."  # the model's part of a training save (its other parts: optimizer., trainer.)
+EXPORT_DTYPES = ("source", "native")
+GENERATION_CONFIG = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def run_dir_of(ckpt_dir: str | Path) -> Path | None:
+    """The run directory a training save sits in (``RUN_DIR/checkpoints/step-NNNNNN``), or None when ``ckpt_dir``
+    is not one."""
+    ckpt_dir = Path(ckpt_dir)
+    run_dir = ckpt_dir.parent.parent
+    if ckpt_dir.parent.name != CHECKPOINTS_DIR or not (ckpt_dir / METADATA_FILE).is_file():
+        return None
+    return run_dir if (run_dir / RECIPE_FILE).is_file() else None
+
+
+def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
+                               overwrite: bool = False, dtypes: str = "source",
+                               expert_layout: str | None = None) -> Path:
+    """Write the model of the training save ``ckpt_dir`` as a Hugging Face directory ``hf_dir``; returns it.
+
+    ``dtypes="source"``: each tensor in the dtype the recipe trains it in (a bf16 recipe: bf16, except the tensors
+    the model pins to fp32), whatever the layout stored (several processes keep fp32 masters); ``"native"``: the
+    dtypes the save holds. ``expert_layout``: "fused" or "per_expert" (None: the family's default).
+    """
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.models.families import family_for_config
+
+    if dtypes not in EXPORT_DTYPES:
+        raise ValueError(f"dtypes must be one of {EXPORT_DTYPES}, got {dtypes!r}")
+    ckpt_dir = Path(ckpt_dir)
+    run_dir = run_dir_of(ckpt_dir)
+    if run_dir is None:
+        raise FileNotFoundError(f"{ckpt_dir} is not a training save (expected RUN_DIR/{CHECKPOINTS_DIR}/step-NNNNNN "
+                                f"holding {METADATA_FILE}, with RUN_DIR/{RECIPE_FILE})")
+    check_output_dir(hf_dir, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=[ckpt_dir],
+                     option="HF_DIR")  # before any tensor is read: a refusal costs nothing
+    recipe = load_recipe(run_dir / RECIPE_FILE)
+    config = recipe_model_config(recipe)
+    _check_run_model(run_dir, config)
+    family = family_for_config(config)
+    # the model as the recipe trains it: names, shapes, and each tensor's dtype (KeepFP32 modules stay fp32)
+    trained_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    expected = {name: param for name, param in
+                family.build(config, device="meta", dtype=trained_dtype, seed=None).named_parameters()}
+    state = _empty_model_state(ckpt_dir, expected)
+    load_dcp({"model": state}, ckpt_dir, no_dist=True)  # checksums checked; its pickles cannot run code
+    if dtypes == "source":
+        state = {name: tensor.to(expected[name].dtype) for name, tensor in state.items()}
+    extra = {**_tokenizer_files(recipe, run_dir), **_generation_config(recipe.model)}
+    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, expert_layout), family.config_to_hf(config),
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, extra_files=extra, inputs=[ckpt_dir])
+    return Path(hf_dir)
+
+
+def _check_run_model(run_dir: Path, config: Any) -> None:
+    """The recipe's model must be the one the run trained (a registry entry or HF directory may have changed)."""
+    if not (run_dir / RUN_FILE).is_file():
+        return
+    recorded = read_run_info(run_dir).model.total_params
+    if recorded is not None and recorded != config.total_params():
+        raise ValueError(f"{run_dir / RUN_FILE}: the run trained a model of {recorded:,} parameters, but "
+                         f"{run_dir / RECIPE_FILE} now resolves to one of {config.total_params():,}; the model it "
+                         "names has changed since the run")
+
+
+def _empty_model_state(ckpt_dir: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Empty CPU tensors for every model tensor of the save, in the shapes and dtypes the save records (what DCP
+    loads into); the save must hold exactly the model's parameters."""
+    metadata = read_dcp_metadata(ckpt_dir / METADATA_FILE).state_dict_metadata
+    stored = {key.removeprefix(MODEL_PREFIX): item for key, item in metadata.items() if key.startswith(MODEL_PREFIX)}
+    missing = [name for name in expected if name not in stored]
+    unknown = [name for name in stored if name not in expected]
+    if missing or unknown:
+        raise ValueError(f"{ckpt_dir}: the save does not hold this model's parameters (missing: {missing[:3]}, "
+                         f"unknown: {unknown[:3]}); was RUN_DIR/{RECIPE_FILE} edited after the run?")
+    state = {}
+    for name, param in expected.items():
+        item = stored[name]
+        if not isinstance(item, TensorStorageMetadata) or tuple(item.size) != tuple(param.shape):
+            shape = tuple(item.size) if isinstance(item, TensorStorageMetadata) else type(item).__name__
+            raise ValueError(f"{ckpt_dir}: {MODEL_PREFIX}{name} is stored as {shape}, the model has "
+                             f"{tuple(param.shape)}")
+        state[name] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+    return state
+
+
+def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:
+    """The tokenizer files the run's rows were built with (checked against the sha256 the manifest recorded), and
+    the rows' chat template when it was not the tokenizer's own, so the export formats chats as the model learnt."""
+    from openrecipes.data.manifest import read_manifest
+    from openrecipes.data.templates import load_template_text
+
+    rows = rows_directory(recipe.data.rows, run_dir)
+    manifest = read_manifest(rows, require=("tokenizer",))
+    source = rows / "manifest.json"
+    tokenizer = manifest["tokenizer"]
+    directory = Path(tokenizer.get("directory", ""))
+    files: dict[str, str] = {}
+    for name, digest in sorted(tokenizer.get("files_sha256", {}).items()):
+        path = directory / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{source}: tokenizer file {path} is missing (the rows were built with it)")
+        if sha256_file(path) != digest:
+            raise ValueError(f"{source}: tokenizer file {path} has changed since the rows were built "
+                             "(its sha256 differs from the manifest's)")
+        files[name] = path.read_text(encoding="utf-8")
+    template_source = manifest.get("template_source") or ""
+    if template_source.endswith("(chat_template)") or template_source == str(directory / CHAT_TEMPLATE_FILE):
+        return files  # the tokenizer's own template, already among its files
+    text, _ = load_template_text(template_source.removeprefix("built-in "))
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != manifest.get("template_sha256"):
+        raise ValueError(f"{source}: chat template {template_source} has changed since the rows were built")
+    files[CHAT_TEMPLATE_FILE] = text
+    return files
+
+
+def _generation_config(model: str) -> dict[str, str]:
+    """The source HF directory's generation_config.json (sampling defaults, stop tokens), when it has one."""
+    from openrecipes.models.registry import names
+
+    path = Path(model) / GENERATION_CONFIG
+    if model in names() or not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    return {GENERATION_CONFIG: text}

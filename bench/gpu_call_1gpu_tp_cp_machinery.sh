@@ -1,4 +1,4 @@
-# Issue 18 item 1 on nvidia-h200 (no machine of two GPUs was lent): the CUDA paths' checks, then the TP and CP code paths
+# On nvidia-h200 (no machine of two GPUs was lent): the CUDA paths' checks, then the TP and CP code paths
 # over a group of one rank beside the plain run (bench/tp_cp_machinery_1gpu.py), after and before the change.
 # Run from a copy of the repository holding src/ (after), before/src + before/bench (the branch point's src with this
 # tree's bench scripts), tests/ and .whl/ (pydantic and its three dependencies for Python 3.12):

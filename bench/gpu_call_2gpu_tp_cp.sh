@@ -1,4 +1,4 @@
-# Issue 18 item 1 on nvidia-h200-x2: TP2 (SP) and CP2 before and after the host-overhead work, beside DP2, in one call.
+# On nvidia-h200-x2: TP2 (SP) and CP2 before and after the host-overhead work, beside DP2, in one call.
 # Run from a copy of the repository holding src/ (after), before/src + before/bench (the branch point's src with this
 # engine_speed.py), tests/ and .whl/ (pydantic and its three dependencies for Python 3.12):
 #   cd .wt18 && bash bench/gpu_call_2gpu_tp_cp.sh

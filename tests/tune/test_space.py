@@ -10,7 +10,8 @@ from openrecipes.config.recipe import load_recipe
 from openrecipes.tune import space
 from openrecipes.tune.space import (ModelFacts, candidate_recipe, check_performance_only, first_ranking_space,
                                     neighbours, start_settings)
-from openrecipes.verify.rules import PERFORMANCE, classify, compare_recipes
+from openrecipes.config.numerics import PERFORMANCE, classify
+from openrecipes.verify.rules import compare_recipes
 
 FACTS = ModelFacts(num_layers=4, num_experts=8, kv_heads=2, row_tokens=256, world_size=2)
 

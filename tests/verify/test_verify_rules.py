@@ -11,15 +11,15 @@ from pydantic import BaseModel
 
 from openrecipes.cli import main
 from openrecipes.config.recipe import Recipe, recipe_from_dict
-from openrecipes.verify.rules import (
+from openrecipes.config.numerics import (
     FIELD_RULES,
     NUMERICS,
     PERFORMANCE,
-    compare_recipes,
     field_paths,
     numerics_fields,
     performance_only_fields,
 )
+from openrecipes.verify.rules import compare_recipes
 
 
 def _tree(**changes) -> dict:

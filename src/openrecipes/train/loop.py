@@ -21,6 +21,7 @@ from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scal
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
+from openrecipes.train.resume import record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
 from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo,
                                        RunModelInfo, rows_directory, write_run_info)
@@ -94,6 +95,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     engine.check_aux_loss(recipe, config, parallel)
     if not resume and (run_dir / METRICS_FILE).exists():
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
+    resume_changes = resumed_changes(run_dir, recipe) if resume else {}
     if resume and _finished(run_dir, recipe.steps):
         if rank == 0:
             print(f"openrecipes train: {run_dir} is finished: its last save is step {recipe.steps - 1} of its "
@@ -148,6 +150,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         start = load_checkpoint(checkpoint, model, optimizer) + 1
         if rank == 0:
             truncate_after(run_dir, start - 1)
+            record_resume(run_dir, recipe, resume_changes, start)
     elif rank == 0:
         atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
         write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 from openrecipes.config.layout import LayoutConfig, divisors, enumerate_layouts, layout_problems
 from openrecipes.config.layout import rows_per_microbatch
 from openrecipes.config.recipe import Kernels, Recipe, recipe_from_dict
-from openrecipes.verify.rules import PERFORMANCE, classify, compare_recipes
+from openrecipes.config.numerics import PERFORMANCE, classify
+from openrecipes.verify.rules import compare_recipes
 
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "sequence_parallel", "pp_first_stage_layers",
                  "pp_last_stage_layers")

@@ -12,7 +12,7 @@ def register(checks: Any) -> None:
         "rules",
         help="list the numerics-affecting differences between two recipes",
         description="Compare two recipes field by field. Every recipe field is classified as "
-        "numerics-affecting or performance-only (openrecipes.verify.rules.FIELD_RULES); any "
+        "numerics-affecting or performance-only (openrecipes.config.numerics.FIELD_RULES); any "
         "numerics-affecting difference fails, performance-only differences are listed for information. "
         "Each side is a recipe YAML file or a run directory (its recipe.yaml). "
         "Exit status: 0 pass, 1 a numerics-affecting difference, 2 bad input.",

@@ -1,0 +1,38 @@
+"""A resume may change performance-only fields and steps; a numerics field is refused by name, and what changed is
+recorded in the run directory."""
+
+import json
+
+import pytest
+
+from openrecipes.config.recipe import load_recipe
+from openrecipes.train.loop import train
+
+
+def _metrics(run_dir):
+    return (run_dir / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("field, value", [("optimizer__lr", 1e-3), ("global_batch", 2), ("seed", 7),
+                                          ("precision", "bf16")])
+def test_a_numerics_change_on_resume_is_refused_by_name(make_recipe, tmp_path, field, value):
+    run_dir = tmp_path / "run"
+    train(make_recipe(run_dir=str(run_dir)), command="t", stop_after=1)
+    before = _metrics(run_dir)
+    changed = make_recipe(run_dir=str(run_dir), **{field: value})
+    with pytest.raises(ValueError, match=field.replace("__", r"\.")):
+        train(changed, command="t", resume=True)
+    assert _metrics(run_dir) == before and not (run_dir / "resumes.jsonl").exists()
+
+
+def test_performance_changes_and_more_steps_are_recorded(make_recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    train(make_recipe(run_dir=str(run_dir)), command="t", stop_after=2)
+    resumed = make_recipe(run_dir=str(run_dir), steps=8, layout__max_tokens_per_gpu=64)
+    train(resumed, command="t", resume=True)
+    [record] = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert record["step"] == 3
+    assert record["changes"] == {"steps": [6, 8], "layout.max_tokens_per_gpu": [128, 64]}
+    recorded = load_recipe(run_dir / "recipe.yaml")
+    assert recorded.steps == 8 and recorded.layout.max_tokens_per_gpu == 64
+    assert [json.loads(line)["step"] for line in _metrics(run_dir).splitlines()] == list(range(8))

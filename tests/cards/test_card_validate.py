@@ -172,3 +172,26 @@ def test_cli_passes_on_the_catalog(capsys):
 def test_cli_missing_path_is_a_user_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         _validate(argparse.Namespace(paths=[tmp_path / "nope"], quiet=False))
+
+
+def test_a_throughput_above_the_peak_is_an_error(qwen, write_card):
+    qwen["result"]["tokens_per_s_per_gpu"] *= 10  # ten times the seed card's: an MFU of over 100 %
+    qwen["result"].pop("mfu", None)
+    qwen["result"].pop("usd_per_million_tokens", None)
+    problems = [p for p in errors_of(write_card(qwen)) if p.path == "result.tokens_per_s_per_gpu"]
+    assert problems and "above 100 %" in problems[0].message
+
+
+def test_a_verified_card_on_an_unknown_gpu_states_its_peak(qwen, write_card):
+    qwen["status"] = "verified"
+    qwen["gpu"]["type"] = "X900"
+    qwen["gpu"]["instance"] = None
+    assert "gpu.type" in [p.path for p in errors_of(write_card(qwen))]
+    qwen["gpu"]["peak_bf16_dense_flops"] = 989e12
+    assert "gpu.type" not in [p.path for p in errors_of(write_card(qwen))]
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.patch", "patches/../../x.patch", "C:/x.patch"])
+def test_a_patch_outside_the_repository_is_an_error(qwen, write_card, path):
+    qwen["patches"] = [{"path": path, "sha256": "0" * 64, "description": "a patch"}]
+    assert "patches[0].path" in [p.path for p in errors_of(write_card(qwen))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Literal
 
 from openrecipes.cards import reference
@@ -43,7 +44,7 @@ def half_unit(value: float) -> float:
 def check_card(card: RecipeCard) -> list[Finding]:
     findings: list[Finding] = []
     for check in (_check_layout, _check_window, _check_mfu, _check_price, _check_correctness,
-                  _check_curves):
+                  _check_curves, _check_patches):
         findings.extend(check(card))
     if card.status == "verified":
         findings.extend(_check_verified(card))
@@ -101,11 +102,21 @@ def _check_window(card: RecipeCard) -> list[Finding]:
     return out
 
 
+def _peak(card: RecipeCard) -> float | None:
+    return card.gpu.peak_bf16_dense_flops or reference.peak_flops(card.gpu.type)
+
+
 def _check_mfu(card: RecipeCard) -> list[Finding]:
     res = card.result
+    peak = _peak(card)
+    if peak is not None:
+        implied = 6 * res.active_params.count * res.tokens_per_s_per_gpu / peak
+        if implied > 1:  # faster than the GPU's peak: the throughput (or N, or the GPU) is wrong
+            return [Finding(loc=("result", "tokens_per_s_per_gpu"), message=(
+                f"{res.tokens_per_s_per_gpu} tokens/s/GPU implies an MFU of {implied:.1%} (6 x N "
+                f"{res.active_params.count} / peak {peak:.4g}): above 100 %"))]
     if res.mfu is None:
         return []
-    peak = reference.peak_flops(card.gpu.type)
     if peak is None:
         return [Finding(loc=("result", "mfu"), severity="note", message=(
             f"no peak FLOP/s known for GPU {card.gpu.type!r}; MFU not checked"))]
@@ -221,4 +232,19 @@ def _check_verified(card: RecipeCard) -> list[Finding]:
                            message="a verified card needs a passing convergence check"))
     if not card.run.strip():
         out.append(Finding(loc=("run",), message="a verified card needs the run script"))
+    # tokens/s must be checkable against a peak (the MFU check); a CPU run states no MFU
+    if _peak(card) is None and card.gpu.type.strip().lower() != "cpu":
+        out.append(Finding(loc=("gpu", "type"), message=(
+            f"GPU {card.gpu.type!r} is not in the hardware table: a verified card states gpu.peak_bf16_dense_flops")))
+    return out
+
+
+def _check_patches(card: RecipeCard) -> list[Finding]:
+    """A patch is a file beside the card in the repository: never an absolute path or one leading out of it."""
+    out = []
+    for index, patch in enumerate(card.patches):
+        path = PurePosixPath(patch.path.replace("\\", "/"))
+        if path.is_absolute() or ".." in path.parts or ":" in patch.path:
+            out.append(Finding(loc=("patches", index, "path"), message=(
+                f"{patch.path!r} leaves the repository; give a path relative to the card, inside it")))
     return out

@@ -33,6 +33,8 @@ class Gpu(_Strict):
     count: PosInt = Field(description="GPUs of the run; must equal tp·pp·cp·dp")
     per_node: PosInt
     instance: str | None = Field(default=None, description="cloud instance type; keys the price table")
+    peak_bf16_dense_flops: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="peak dense bf16 FLOP/s of one GPU, for a GPU the hardware table does not know")
 
 
 class Author(_Strict):

@@ -220,3 +220,16 @@ def test_cli_names_nan_and_missing_steps(tmp_path, run_cli, capsys):
     data = json.loads(capsys.readouterr().out, parse_constant=reject_constant)
     assert "step 3: missing on the candidate (present on the reference)" in data["problems"]
     assert "step 8: candidate loss is nan" in data["problems"]
+
+
+def test_a_nan_the_trainer_wrote_fails_naming_its_step(tmp_path):
+    from openrecipes.config.rundir import encode_metric
+    from openrecipes.verify.curves import read_loss_curve
+
+    for name, bad in (("cand", 6), ("ref", None)):
+        lines = [json.dumps({"step": s, "loss": encode_metric(float("nan") if s == bad else 2.0 - 0.01 * s)})
+                 for s in range(10)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    candidate = read_loss_curve(tmp_path / "cand.jsonl")
+    report = check_convergence(candidate, read_loss_curve(tmp_path / "ref.jsonl"), Thresholds())
+    assert not report.passed and any("step 6" in problem for problem in report.problems)

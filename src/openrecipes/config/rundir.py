@@ -6,6 +6,7 @@ Errors name the file and, for metrics, the line, so a broken run is easy to find
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,22 @@ HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (c
 def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
     """The rows a run trains on: the recipe's ``data.rows``, or those built into the run directory."""
     return Path(data_rows) if data_rows is not None else Path(run_dir) / ROWS_DIR
+
+
+# strict JSON has no NaN or infinity: metrics.jsonl writes them as these strings, and readers take them back as floats
+NONFINITE_TEXT = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def encode_metric(value: Any) -> Any:
+    """A metrics.jsonl value: non-finite floats as "nan", "inf" or "-inf", visible and valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def decode_metric(value: Any) -> Any:
+    """The inverse of ``encode_metric``: the non-finite strings back as floats, anything else as it is."""
+    return NONFINITE_TEXT.get(value, value) if isinstance(value, str) else value
 
 
 class RunModelInfo(BaseModel):

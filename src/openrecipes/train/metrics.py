@@ -4,20 +4,13 @@ TensorBoard / Weights & Biases when asked for."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from openrecipes.config.rundir import METRICS_FILE
+from openrecipes.config.rundir import METRICS_FILE, encode_metric
 from openrecipes.utils import atomic_write_text
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # strict JSON has no NaN/inf; keep them visible as "nan", "inf"
-    return value
 
 
 def truncate_after(run_dir: Path, step: int) -> None:
@@ -58,7 +51,7 @@ class MetricsStream:
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps({k: encode_metric(v) for k, v in record.items()}) + "\n")
         self._file.flush()
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tensorboard is not None:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrecipes.config.rundir import METRICS_FILE, read_metrics
+from openrecipes.config.rundir import METRICS_FILE, decode_metric, read_metrics
 from openrecipes.utils import iter_json_lines
 
 
@@ -50,6 +50,7 @@ def _parse_step(value: object, where: str) -> int:
 
 
 def _json_loss(value: object, where: str) -> float | None:
+    value = decode_metric(value)  # the trainer writes a non-finite loss as "nan" / "inf": a failing step, not bad input
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):

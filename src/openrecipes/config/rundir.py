@@ -22,6 +22,7 @@ METRICS_FILE = "metrics.jsonl"    # one JSON line per step
 CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` pointer
 ROWS_DIR = "rows"                 # rows built at the start of the run (data.build)
 PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
+LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
 RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the step it took effect and the changes
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 

@@ -93,6 +93,21 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import os
+
+    from openrecipes.train.run_lock import exit_with_launcher, run_dir_lock
+
+    if "WORLD_SIZE" in os.environ:  # a training process torchrun started: it ends with its launcher
+        exit_with_launcher()
+        return _run(args)
+    if args.node_rank != 0:  # the first node's launcher holds the run directory for the whole job
+        return _run(args)
+    launcher = "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else "openrecipes train"
+    with run_dir_lock(_load(args).run_dir, launcher):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     if "WORLD_SIZE" not in os.environ and args.node_rank == 0:

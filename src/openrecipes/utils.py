@@ -37,6 +37,8 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 data = json.loads(text)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{line_no}: malformed JSON: {error.msg}") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{line_no}: JSON nested too deeply to read") from None
             if not isinstance(data, dict):
                 raise ValueError(f"{path}:{line_no}: expected a JSON object")
             yield line_no, data

@@ -43,8 +43,22 @@ def recipe_model_config(recipe: Any) -> Any:
         unknown = sorted(set(recipe.model_overrides) - known)
         if unknown:
             raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
+        for key, value in recipe.model_overrides.items():
+            _check_override(key, value, getattr(config, key))
         config = dataclasses.replace(config, **recipe.model_overrides)
     return config
+
+
+def _check_override(key: str, value: Any, default: Any) -> None:
+    """An override must have the type of the value it replaces (an int for a size, a float for a rate, ...)."""
+    for kind, name in ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string")):
+        if isinstance(default, kind):
+            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if kind is float:
+                fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not fits:
+                raise ValueError(f"model_overrides.{key}: expected {name} (like {default!r}), got {value!r}")
+            return
 
 
 # safetensors dtype codes a weight may have; integers, bools and fp8 would be cast or misread silently

@@ -197,6 +197,8 @@ class Recipe(BaseModel):
         # '' and '.' would write rows, checkpoints and metrics straight into the working directory
         if not value.strip() or Path(value) == Path("."):
             raise ValueError("must name a directory for the run (it is created), not '' or the working directory")
+        if len(value) > 4000 or any(len(part.encode()) > 255 for part in Path(value).parts):
+            raise ValueError("too long for a path (at most 255 bytes a name, 4,000 characters in all)")
         return value
 
     @model_validator(mode="after")

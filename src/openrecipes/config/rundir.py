@@ -156,4 +156,7 @@ def require_number(record: StepRecord, key: str, path: str | os.PathLike, *, all
         raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' is null")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' is too large a number") from None

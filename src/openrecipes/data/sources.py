@@ -63,6 +63,8 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as error:
                     raise ValueError(f"{path} line {number}: malformed JSON: {error}") from None
+                except RecursionError:
+                    raise ValueError(f"{path} line {number}: JSON nested too deeply to read") from None
                 offsets.append(offset)
                 numbers.append(number)
                 yield f"{path} line {number}", record
@@ -256,4 +258,9 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
         raise InvalidConversation(f"{where}: empty conversation (no messages)")
     if not any(m["role"] == "assistant" for m in messages):
         raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise")
+    try:  # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it
+        json.dumps([messages, tools], ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidConversation(f"{where}: text holds {error.object[error.start:error.end]!r}, which is not valid "
+                                  "Unicode (a lone surrogate)") from None
     return messages, tools

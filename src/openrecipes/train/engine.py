@@ -72,6 +72,26 @@ def lora_spec(recipe: Recipe):
                     seed=recipe.seed)
 
 
+def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, parallel=None) -> None:
+    """Refuse a model whose weights alone cannot fit this rank's memory (an override of a size by mistake, say)
+    before trying to allocate them. A lower bound: gradients, optimizer state and activations come on top."""
+    distributed = parallel is not None and parallel.distributed
+    bytes_per_param = torch.finfo(parameter_dtype(recipe, distributed)).bits // 8
+    ranks = parallel.world_size if distributed else 1  # sharded by the layout at best
+    needed = config.total_params() * bytes_per_param / ranks
+    if device.type == "cuda":
+        available = torch.cuda.get_device_properties(device).total_memory
+    else:
+        import os
+
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available:
+        raise ValueError(f"model_overrides: {config.total_params():,} parameters need {needed / 2**30:,.1f} GiB of "
+                         f"weights per rank before any gradient or optimizer state, more than this "
+                         f"{device.type} device's {available / 2**30:,.1f} GiB (`openrecipes plan` estimates the "
+                         "whole footprint)")
+
+
 def parameter_dtype(recipe: Recipe, distributed: bool) -> torch.dtype:
     """How parameters are stored. One process: in the compute dtype. Several processes: fp32 masters sharded by
     FSDP2, except with the precision-aware optimizer, which keeps bf16 parameters (+ int16 remainders) there too."""

@@ -122,6 +122,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         if warning:
             print(warning, file=sys.stderr, flush=True)
 
+    engine.check_weights_fit(recipe, config, device, parallel)
     model, grads = engine.build_model(recipe, device, parallel)
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer

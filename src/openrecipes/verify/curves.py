@@ -55,7 +55,10 @@ def _json_loss(value: object, where: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: 'loss' must be a number or null, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ValueError(f"{where}: 'loss' is too large a number") from None
 
 
 def _add(losses: dict[int, float | None], lines: dict[int, int], step: int, loss: float | None,

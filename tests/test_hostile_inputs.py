@@ -1,0 +1,69 @@
+"""Inputs that used to end in a traceback get one clear line naming the file, line or field."""
+
+import json
+
+import pytest
+import torch
+
+from openrecipes.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def test_a_lone_surrogate_names_the_line(tmp_path, capsys):
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps({"messages": [{"role": "user", "content": "a\udc80b"},
+                                               {"role": "assistant", "content": "x"}]}) + "\n")
+    code, err = _run(capsys, "data", "build", str(source), "--loss-mask", "qwen3", "--row-tokens", "64",
+                     "--out", str(tmp_path / "rows"), "--no-progress")
+    assert code == 2 and "line 1" in err and "surrogate" in err
+
+
+def test_deeply_nested_json_names_the_line(tmp_path, capsys):
+    source = tmp_path / "c.jsonl"
+    source.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    code, err = _run(capsys, "data", "build", str(source), "--loss-mask", "qwen3", "--row-tokens", "64",
+                     "--out", str(tmp_path / "rows"), "--no-progress")
+    assert code == 2 and "line 1" in err and "nested too deeply" in err
+
+
+def test_a_400_digit_loss_names_the_file_and_line(tmp_path, capsys):
+    big, ok = tmp_path / "big.jsonl", tmp_path / "ok.jsonl"
+    big.write_text('{"step": 0, "loss": 1' + "0" * 400 + '}\n{"step": 1, "loss": 2.0}\n')
+    ok.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 2.0}\n')
+    code, err = _run(capsys, "verify", "convergence", str(big), str(ok))
+    assert code == 2 and "big.jsonl:1" in err and "too large" in err
+
+
+def test_an_override_of_the_wrong_type_names_the_field():
+    from openrecipes.checkpoint.hf import recipe_model_config
+    from openrecipes.config.recipe import recipe_from_dict
+
+    tree = {"model": "qwen3-moe-tiny", "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 64},
+            "steps": 1, "global_batch": 1, "model_overrides": {"num_hidden_layers": "abc"}}
+    with pytest.raises(ValueError, match=r"model_overrides\.num_hidden_layers: expected an integer"):
+        recipe_model_config(recipe_from_dict(tree))
+
+
+def test_a_run_dir_too_long_for_a_path_is_refused():
+    from openrecipes.config.recipe import recipe_from_dict
+
+    tree = {"model": "qwen3-moe-tiny", "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 64},
+            "steps": 1, "global_batch": 1, "run_dir": "x" * 5000}
+    with pytest.raises(ValueError, match="run_dir.*too long"):
+        recipe_from_dict(tree)
+
+
+def test_weights_that_cannot_fit_are_refused_before_allocating():
+    from openrecipes.checkpoint.hf import recipe_model_config
+    from openrecipes.config.recipe import recipe_from_dict
+    from openrecipes.train.engine import check_weights_fit
+
+    tree = {"model": "qwen3-moe-tiny", "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 64},
+            "steps": 1, "global_batch": 1, "model_overrides": {"num_experts": 1_000_000_000}}
+    recipe = recipe_from_dict(tree)
+    with pytest.raises(ValueError, match=r"model_overrides: [\d,]+ parameters need"):
+        check_weights_fit(recipe, recipe_model_config(recipe), torch.device("cpu"))

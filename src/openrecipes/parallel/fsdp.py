@@ -21,10 +21,26 @@ def _sum_gradients(module: nn.Module) -> None:
         force_sum(True)
 
 
+def _shard_pinned_modules(layer: nn.Module, dense_mesh, ignored: set[nn.Parameter]) -> None:
+    """Modules whose parameters the model pins to fp32 (Muse Spark's router and residual gates) among bf16 ones: each
+    becomes its own FSDP unit that gathers and computes in fp32, since one unit holds one dtype."""
+    dtypes = {p.dtype for p in layer.parameters() if p not in ignored}
+    if len(dtypes) < 2:
+        return
+    keep_fp32 = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    for module in list(layer.modules()):
+        own = [p for p in module.parameters(recurse=False) if p not in ignored]
+        if module is not layer and own and all(p.dtype == torch.float32 for p in own):
+            fully_shard(module, mesh=dense_mesh, mp_policy=keep_fp32,
+                        ignored_params={p for p in module.parameters() if p in ignored})
+            _sum_gradients(module)
+
+
 def apply_fsdp(model: nn.Module, layers: list[nn.Module], dense_mesh, *, compute_dtype: torch.dtype,
                ignored: set[nn.Parameter]) -> None:
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in layers:
+        _shard_pinned_modules(layer, dense_mesh, ignored)
         fully_shard(layer, mesh=dense_mesh, mp_policy=policy,
                     ignored_params={p for p in layer.parameters() if p in ignored})
         _sum_gradients(layer)

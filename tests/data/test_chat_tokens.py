@@ -61,3 +61,15 @@ def test_token_mask_overlap_rule():
     offsets = np.array([[0, 5], [4, 6], [6, 10], [10, 12], [12, 20], [19, 21], [21, 25], [22, 23], [7, 7]])
     assert token_mask(offsets, spans).tolist() == [0, 1, 1, 0, 0, 1, 1, 0, 1]
     assert token_mask(offsets, []).tolist() == [0] * 9
+
+
+def test_the_miles_mask_also_supervises_the_newline_after_each_turn(tmp_path):
+    two_turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                 {"role": "user", "content": "More?"}, {"role": "assistant", "content": "Yes."}]
+    ((ids, ours),), bundle = tokenize([two_turns], tmp_path / "qwen3")
+    ((miles_ids, miles),), _ = tokenize([two_turns], tmp_path / "miles", loss_mask="qwen3_miles")
+    assert miles_ids == ids  # the same tokens; only the mask differs
+    extra = [i for i in range(len(ids)) if miles[i] and not ours[i]]
+    assert len(extra) == 2 and not any(ours[i] and not miles[i] for i in range(len(ids)))
+    assert all(bundle.tokenizer.decode([ids[i]]) == "\n" and bundle.tokenizer.decode([ids[i - 1]], skip_special_tokens=False) == "<|im_end|>"
+               for i in extra)

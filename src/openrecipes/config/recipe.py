@@ -30,7 +30,7 @@ class DataBuild(BaseModel):
     format: Literal["sft", "pretrain"] = "sft"
     input: str = "bundled"          # "bundled": the conversations (sft) or documents (pretrain) that ship with openrecipes
     tokenizer: str = "bundled"
-    loss_mask: Literal["qwen3", "muse_spark"] = "qwen3"  # sft only
+    loss_mask: Literal["qwen3", "qwen3_miles", "muse_spark"] = "qwen3"  # sft only
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42

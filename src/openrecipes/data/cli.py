@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.data import bundled
+from openrecipes.data.templates import LOSS_MASKS
 
 
 
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
                        help="sft: conversations with a loss mask; pretrain: documents, every target supervised")
     build.add_argument("--tokenizer", default=str(bundled.TOKENIZER),
                        help="Hugging Face tokenizer directory (default: the bundled 1,024-token tokenizer)")
-    build.add_argument("--loss-mask", default=None, choices=["qwen3", "muse_spark"],
+    build.add_argument("--loss-mask", default=None, choices=list(LOSS_MASKS),
                        help="which tokens are supervised, by chat format (assistant turns only; docs/data.md); "
                             "required with --format sft")
     build.add_argument("--row-tokens", type=int, required=True, help="tokens per row")

@@ -53,6 +53,9 @@ LOSS_MASKS: dict[str, LossMaskFormat] = {
     # unsupervised text that follows.
     "qwen3": LossMaskFormat(name="qwen3", header="<|im_start|>assistant\n", end="<|im_end|>",
                             separator="<|endoftext|>"),
+    # miles' qwen3 loss-mask generator: the same, and the "\n" after <|im_end|> supervised too
+    "qwen3_miles": LossMaskFormat(name="qwen3_miles", header="<|im_start|>assistant\n", end="<|im_end|>\n",
+                                  separator="<|endoftext|>"),
     # The project's own Muse Spark format (templates/muse_spark.jinja).
     "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
                                  end="<|eot|>", separator="<|end_of_text|>"),

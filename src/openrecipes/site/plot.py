@@ -11,6 +11,22 @@ LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
 TICKS = 5
 
 
+
+def _frame(css_class: str, title_id: str, title: str, y_low: float, y_high: float, sy) -> list[str]:
+    """The opening of a plot: the svg element, its title, the frame and the y-axis ticks."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    parts = [
+        f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-labelledby="{title_id}">',
+        f'<title id="{title_id}">{title}</title>',
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#d9dee5"/>',
+    ]
+    for value in _ticks(y_low, y_high):
+        y = sy(value)
+        parts.append(f'<line x1="{LEFT - 4}" x2="{LEFT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#999"/>')
+        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+    return parts
+
 def _ticks(low: float, high: float) -> list[float]:
     if high == low:
         return [low]
@@ -38,16 +54,7 @@ def loss_plot_svg(curves: Curves) -> Markup:
     def sy(loss: float) -> float:
         return TOP + plot_h * (1 - (loss - y_low) / (y_high - y_low))
 
-    parts = [
-        f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-labelledby="plot-title">',
-        '<title id="plot-title">Training loss per step</title>',
-        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#d9dee5"/>',
-    ]
-    for value in _ticks(y_low, y_high):
-        y = sy(value)
-        parts.append(f'<line x1="{LEFT - 4}" x2="{LEFT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#999"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+    parts = _frame("plot", "plot-title", "Training loss per step", y_low, y_high, sy)
     steps = sorted({round(v) for v in _ticks(x_low, x_high)})
     for step in steps:
         x = sx(step)
@@ -86,16 +93,8 @@ def tuning_plot_svg(tuning: Tuning) -> Markup:
     def sy(value: float) -> float:
         return TOP + plot_h * (1 - (value - y_low) / (y_high - y_low))
 
-    parts = [
-        f'<svg class="plot tuning" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-labelledby="tuning-title">',
-        '<title id="tuning-title">Tuner trials: predicted and measured tokens/s per GPU</title>',
-        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#d9dee5"/>',
-    ]
-    for value in _ticks(y_low, y_high):
-        y = sy(value)
-        parts.append(f'<line x1="{LEFT - 4}" x2="{LEFT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#999"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+    parts = _frame("plot tuning", "tuning-title", "Tuner trials: predicted and measured tokens/s per GPU", y_low,
+                   y_high, sy)
     for trial in trials:
         parts.append(f'<text x="{sx(trial.trial):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">'
                      f'{trial.trial}</text>')

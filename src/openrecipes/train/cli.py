@@ -101,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     if args.node_rank != 0:  # the first node's launcher holds the run directory for the whole job
         return _run(args)
+    recipe = _load(args)
+    _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written
     launcher = "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else "openrecipes train"
-    with run_dir_lock(_load(args).run_dir, launcher):
+    with run_dir_lock(recipe.run_dir, launcher):
         return _run(args)
 
 

@@ -142,8 +142,8 @@ class ReplicatedGradSum:
         self._armed, self._next, self._ready = armed, 0, [False] * len(self._order)
 
     def _on_grad(self, index: int, _param: nn.Parameter) -> None:
-        # installed at the first arm, inside the first step, so after the fp32 accumulators' hooks
-        # (engine.attach_fp32_grad_accumulators) on the same weights: the gradient read here is the step's whole one
+        # installed at the first arm, after the fp32 accumulators' hooks on the same weights (GradientSync attaches
+        # those first): the gradient read here is the step's whole one
         if not self._armed:
             return
         self._ready[index] = True

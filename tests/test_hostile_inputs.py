@@ -67,3 +67,55 @@ def test_weights_that_cannot_fit_are_refused_before_allocating():
     recipe = recipe_from_dict(tree)
     with pytest.raises(ValueError, match=r"model_overrides: [\d,]+ parameters need"):
         check_weights_fit(recipe, recipe_model_config(recipe), torch.device("cpu"))
+
+
+def _conversation(tmp_path, record):
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps(record) + "\n")
+    return source
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": "no"}]},
+     "'tool_calls' must be a list of objects"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}], "tools": "no"},
+     "'tools' must be a list of objects"),
+])
+def test_tool_fields_of_the_wrong_type_name_the_line(tmp_path, capsys, record, message):
+    code, err = _run(capsys, "data", "build", str(_conversation(tmp_path, record)), "--loss-mask", "qwen3",
+                     "--row-tokens", "64", "--out", str(tmp_path / "rows"), "--no-progress")
+    assert code == 2 and "line 1" in err and message in err
+
+
+@pytest.mark.parametrize("template, message", [("{% for x in %}\n", "chat template line 1"),
+                                               ('{{ "".__class__.__mro__ }}\n', "unsafe")])
+def test_a_broken_or_escaping_template_is_a_clear_error(tmp_path, capsys, template, message):
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    code, err = _run(capsys, "data", "build", "--loss-mask", "qwen3", "--row-tokens", "64", "--out",
+                     str(tmp_path / "rows"), "--no-progress", "--chat-template", str(path))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_list_as_a_yaml_key_names_the_line(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: x\n? [a, b]\n: 1\n")
+    code, err = _run(capsys, "train", str(recipe))
+    assert code == 2 and "r.yaml:2: a mapping key must be a plain scalar" in err
+
+
+def test_an_invalid_date_names_its_card_and_line_and_the_others_are_still_checked(tmp_path, capsys):
+    from pathlib import Path
+
+    catalog = Path(__file__).resolve().parents[1] / "recipes"
+    cards = sorted(catalog.rglob("*.yaml"))[:2]
+    for index, card in enumerate(cards):
+        text = card.read_text()
+        if index == 0:
+            text = text.replace(next(line for line in text.splitlines() if line.strip().startswith("measured:")),
+                                "  measured: 2026-02-31")
+        (tmp_path / f"card{index}.yaml").write_text(text)
+    code = main(["card", "validate", str(tmp_path)])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code != 0 and "card0.yaml:" in text and "2026-02-31" in text and "2 card(s) checked" in text

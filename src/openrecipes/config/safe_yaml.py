@@ -68,6 +68,15 @@ class _PlainDataLoader(yaml.SafeLoader):
                 self._fail(key_node.start_mark, "merge key '<<' is not allowed in a card")
         super().flatten_mapping(node)
 
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except UnsafeYamlError:
+            raise
+        except (ValueError, OverflowError) as error:  # a value YAML resolves but cannot build: 2026-02-31
+            self._fail(node.start_mark, f"invalid value {node.value!r}: {error}" if isinstance(node, ScalarNode)
+                       else f"invalid value: {error}")
+
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -90,7 +99,9 @@ def _check_depth(node: Node, source: str, depth: int = 0) -> None:
         for child in node.value:
             _check_depth(child, source, depth + 1)
     elif isinstance(node, MappingNode):
-        for _, child in node.value:
+        for key_node, child in node.value:
+            if not isinstance(key_node, ScalarNode):  # a list or mapping as a key: no field is named so
+                raise UnsafeYamlError(source, key_node.start_mark.line + 1, "a mapping key must be a plain scalar")
             _check_depth(child, source, depth + 1)
 
 
@@ -141,6 +152,10 @@ def load_plain_yaml(text: str | bytes, source: str = "<string>") -> tuple[Any, d
         raise UnsafeYamlError(source, mark.line + 1 if mark else None, f"YAML syntax: {problem}") from None
     except yaml.YAMLError as error:
         raise UnsafeYamlError(source, None, f"YAML error: {error}") from None
+    except ValueError as error:  # a value YAML resolves but cannot build, such as the date 2026-02-31
+        if isinstance(error, UnsafeYamlError):
+            raise
+        raise UnsafeYamlError(source, None, f"invalid value: {error}") from None
     finally:
         loader.dispose()
     return data, lines

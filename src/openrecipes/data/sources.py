@@ -239,7 +239,11 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
         if role not in ROLES:
             raise InvalidConversation(f"{where}: message {position}: unknown role {role!r} "
                                       f"(expected one of {', '.join(ROLES)})")
-        if role == "assistant" and message.get("tool_calls") and "content" not in message:
+        calls = message.get("tool_calls")
+        if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
+            raise InvalidConversation(f"{where}: message {position}: 'tool_calls' must be a list of objects, got "
+                                      f"{type(calls).__name__}")
+        if role == "assistant" and calls and "content" not in message:
             message["content"] = ""
         for key in ("content", "reasoning_content"):
             if key == "content" or key in message:
@@ -252,6 +256,8 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
         if role == "system" and position != 1:
             raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first")
         messages.append(message)
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise InvalidConversation(f"{where}: 'tools' must be a list of objects, got {type(tools).__name__}")
     if forbidden is not None and tools is not None and (forged := _forged_token(tools, "tools", forbidden)):
         raise InvalidConversation(f"{where}: {forged[0]} contains the special token {forged[1]!r}")
     if not messages:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import numpy as np
 
 from openrecipes.data import bundled
@@ -92,7 +93,10 @@ def compile_template(source: str) -> Any:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"chat template line {error.lineno}: {error.message}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,8 +110,13 @@ class ChatRenderer:
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
         compiled = compile_template(self.template)
-        return compiled.render(messages=messages, tools=tools, add_generation_prompt=False,
-                               **self.special_tokens, **self.template_kwargs)
+        try:
+            return compiled.render(messages=messages, tools=tools, add_generation_prompt=False,
+                                   **self.special_tokens, **self.template_kwargs)
+        except jinja2.exceptions.SecurityError as error:  # the sandbox refused an attribute: never run it
+            raise ValueError(f"chat template: {error}") from None
+        except jinja2.TemplateError as error:  # an undefined field and the like: the data or the template
+            raise ValueError(f"chat template: {type(error).__name__}: {error}") from None
 
     def supervised_spans(self, messages: list[dict[str, Any]],
                          tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:

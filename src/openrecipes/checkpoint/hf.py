@@ -49,14 +49,16 @@ def recipe_model_config(recipe: Any) -> Any:
     return config
 
 
+_OVERRIDE_TYPES = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"),
+                   (str, (str,), "a string"))
+
+
 def _check_override(key: str, value: Any, default: Any) -> None:
     """An override must have the type of the value it replaces (an int for a size, a float for a rate, ...)."""
-    for kind, name in ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string")):
+    for kind, accepted, name in _OVERRIDE_TYPES:
         if isinstance(default, kind):
-            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-            if kind is float:
-                fits = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not fits:
+            # a bool is an int to Python, never to a config
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted):
                 raise ValueError(f"model_overrides.{key}: expected {name} (like {default!r}), got {value!r}")
             return
 

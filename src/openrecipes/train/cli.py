@@ -80,15 +80,12 @@ def _load_recipe(args: argparse.Namespace):
     raise ValueError("give a RECIPE file or --resume RUN_DIR")
 
 
-def _prepare(args: argparse.Namespace) -> None:
-    """Before any training process starts: check the layout against the job, then build the rows (once)."""
-    from openrecipes.config.rundir import rows_directory
-    from openrecipes.data.build import build_recipe_rows
-
-    recipe = _load(args)
-    _check_layout(recipe, _world_size(args))
-    if recipe.data.build is not None:
-        build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+def _typed_command(args: argparse.Namespace) -> str:
+    """The command the user typed (the launcher hands it to its workers for run.json)."""
+    if args.launch_command:
+        return args.launch_command
+    return ("openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"]
+            else f"openrecipes train {args.recipe or '--resume ' + str(args.resume)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,24 +93,26 @@ def run(args: argparse.Namespace) -> int:
 
     from openrecipes.train.run_lock import exit_with_launcher, run_dir_lock
 
+    recipe = _load(args)
     if "WORLD_SIZE" in os.environ:  # a training process torchrun started: it ends with its launcher
         exit_with_launcher()
-        return _run(args)
-    if args.node_rank != 0:  # the first node's launcher holds the run directory for the whole job
-        return _run(args)
-    recipe = _load(args)
+        return _launch_or_train(args, recipe)
+    if args.node_rank != 0:  # the first node's launcher checks, builds the rows and holds the run directory
+        return _launch_or_train(args, recipe)
     _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written
-    launcher = "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else "openrecipes train"
-    with run_dir_lock(recipe.run_dir, launcher):
-        return _run(args)
+    with run_dir_lock(recipe.run_dir, _typed_command(args)):
+        if recipe.data.build is not None:  # once, before any training process starts
+            from openrecipes.config.rundir import rows_directory
+            from openrecipes.data.build import build_recipe_rows
+
+            build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+        return _launch_or_train(args, recipe)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _launch_or_train(args: argparse.Namespace, recipe) -> int:
     import os
     from pathlib import Path
 
-    if "WORLD_SIZE" not in os.environ and args.node_rank == 0:
-        _prepare(args)
     if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
         from openrecipes.train.launch import run_torchrun
 
@@ -127,9 +126,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.stop_after is not None and args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0, got {args.stop_after}")
-    recipe = _load(args)
-    command = args.launch_command or (
-        "openrecipes " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["train"] else f"openrecipes train {args.recipe}")
+    command = _typed_command(args)
     if os.environ.get("RANK", "0") == "0":  # say where files go before anything is written there
         print(f"openrecipes train: writing to {Path(recipe.run_dir).resolve()}", file=sys.stderr)
     try:

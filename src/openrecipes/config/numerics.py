@@ -74,6 +74,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(PERFORMANCE, "every attention kernel computes the same causal, document-masked softmax "
              "attention; they differ only in blocking and accumulation order, i.e. in rounding",
              "kernels.attention"),
+    **_rules(PERFORMANCE, "torch.compile fuses the same element-wise operations into fewer kernels; only the "
+             "rounding of intermediate values kept in registers instead of memory can differ", "kernels.compile"),
     **_rules(PERFORMANCE, _LAYOUT_REASON, "layout.tp", "layout.pp", "layout.cp", "layout.ep", "layout.etp",
              "layout.dp", "layout.vpp", "layout.sequence_parallel", "layout.pp_first_stage_layers",
              "layout.pp_last_stage_layers"),
@@ -82,8 +84,9 @@ FIELD_RULES: dict[str, FieldRule] = {
              "layout.max_tokens_per_gpu", "layout.rows_per_microbatch"),
     **_rules(PERFORMANCE, "recomputation repeats the same forward pass to save memory",
              "recompute.granularity", "recompute.method", "recompute.num_layers"),
-    **_rules(PERFORMANCE, "the same Adam step run on the CPU for part of the state; the component test bounds "
-             "its error", "offload.fraction", "offload.overlap"),
+    **_rules(PERFORMANCE, "the same Adam step for part of the state kept in host memory, run on the CPU or "
+             "streamed through the GPU; the component test bounds its error", "offload.fraction", "offload.overlap",
+             "offload.update"),
     **_rules(PERFORMANCE, "when and how many checkpoints are saved; saving reads the state, never changes it",
              "checkpoint.every", "checkpoint.keep", "checkpoint.at_end"),
     **_rules(PERFORMANCE, "the Hugging Face export reads the last save after training; it changes no trained value",

@@ -126,6 +126,8 @@ class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)
     overlap: bool = True
+    # where the offloaded state is updated: streamed through the GPU (device) or by the CPU (host)
+    update: Literal["device", "host"] = "device"
 
 
 class Checkpoint(BaseModel):
@@ -154,6 +156,8 @@ class Kernels(BaseModel):
     model_config = _STRICT
     attention: Literal["auto", "reference", "sdpa", "varlen"] = "auto"
     experts: Literal["auto", "grouped_mm", "loop"] = "auto"
+    # torch.compile of each layer's attention and MoE blocks (fused element-wise work, fewer launches)
+    compile: bool = False
 
 
 class Debug(BaseModel):
@@ -211,6 +215,9 @@ class Recipe(BaseModel):
             split = [f"layout.{k}={getattr(self.layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self.layout, k) > 1]
             if split:
                 raise ValueError(f"lora: runs with data parallelism only for now, not {', '.join(split)}")
+        if self.kernels.compile and (self.layout.tp > 1 or self.layout.cp > 1):
+            raise ValueError("kernels.compile: not supported with tensor or context parallelism yet (their hooks and "
+                             "collectives run inside the attention block); set it to false")
         if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
         return self

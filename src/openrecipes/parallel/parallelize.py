@@ -7,7 +7,8 @@ The order (each step relies on the ones before it):
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
 6. activation recompute;
-7. FSDP2 over the data-parallel ranks (dense weights; experts are left to expert parallelism).
+7. torch.compile of the attention and MoE blocks below the recompute boundary (``kernels.compile``);
+8. FSDP2 over the data-parallel ranks (dense weights; experts are left to expert parallelism).
 
 The model is pure PyTorch and declares its parts through its family's sharding plan
 (``openrecipes.models.families.ShardingPlan``); nothing here looks for attributes by name.
@@ -35,6 +36,7 @@ class ParallelizeOptions:
     recompute_granularity: str = "none"
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    compile: bool = False                   # kernels.compile
 
 
 def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
@@ -71,9 +73,15 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         from openrecipes.parallel.context import apply_context_parallel
 
         apply_context_parallel(model, plan, layers, parallel.cp_mesh)
-    apply_recompute([plan.attention_of(layer) for layer in layers] if options.recompute_granularity == "selective"
-                    else layers, granularity=options.recompute_granularity, method=options.recompute_method,
-                    num_layers=options.recompute_num_layers)
+    recomputed = apply_recompute([plan.attention_of(layer) for layer in layers]
+                                 if options.recompute_granularity == "selective" else layers,
+                                 granularity=options.recompute_granularity, method=options.recompute_method,
+                                 num_layers=options.recompute_num_layers)
+    if options.compile:
+        from openrecipes.parallel.compile import apply_compile
+
+        apply_compile([block for layer in layers for block in (plan.attention_of(layer), plan.moe_of(layer))],
+                      recomputed=recomputed)
     if distributed and parallel.dense_mesh is not None:
         from openrecipes.parallel.expert import expert_parameters
         from openrecipes.parallel.fsdp import apply_fsdp

@@ -14,14 +14,14 @@ from torch.distributed._composable import checkpoint
 
 
 def apply_recompute(modules: list[nn.Module], *, granularity: str, method: str = "uniform",
-                    num_layers: int = 1) -> int:
+                    num_layers: int = 1) -> list[nn.Module]:
     """Recompute the chosen ``modules`` (decoder layers, or their attention blocks for ``selective``), in order.
-    Returns how many were chosen."""
+    Returns the chosen modules."""
     if granularity == "none":
-        return 0
+        return []
     if granularity not in ("selective", "full"):
         raise ValueError(f"recompute.granularity: unknown value {granularity!r}")
     chosen = modules if granularity == "selective" or method == "uniform" else modules[:num_layers]
     for module in chosen:
         checkpoint(module)
-    return len(chosen)
+    return list(chosen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -59,7 +60,8 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     grads = parallelize(model, parallel, ParallelizeOptions(
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32, parameter_dtype=dtype,
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
-        recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers))
+        recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
+        compile=recipe.kernels.compile))
     return model, grads
 
 
@@ -108,11 +110,11 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target_slice=None, *,
-                        input_slice=None) -> torch.Tensor:
+                        input_slice=None, loss_fn=None) -> torch.Tensor:
     """Sum of the masked next-token cross entropies of one microbatch (fp32). ``target_slice`` picks this rank's
     part of the targets when the model returns logits for a slice of the sequence (sequence and context
     parallelism); ``input_slice`` cuts the tokens and positions fed to the model (context parallelism: the documents
-    stay whole, attention needs the whole row's mask)."""
+    stay whole, attention needs the whole row's mask). ``loss_fn``: ``token_loss_sum`` or ``loss_function``'s."""
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
@@ -125,13 +127,24 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     weights = F.pad(loss_weights(batch), (0, 1))
     if target_slice is not None:
         targets, weights = target_slice(targets), target_slice(weights)
-    return token_loss_sum(logits, targets, weights)
+    return (loss_fn or token_loss_sum)(logits, targets, weights)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Σ weight · cross entropy over the tokens, in fp32: the one loss of the plain and the pipelined step."""
     per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none")
     return (per_token * weights.reshape(-1).to(per_token.dtype)).sum()
+
+
+def loss_function(compiled: bool):
+    """``token_loss_sum``, or with ``kernels.compile`` its compiled form: the fp32 cast, log-softmax and weighted sum
+    fused into passes that read the bf16 logits without writing an fp32 copy of them."""
+    return _compiled_token_loss_sum() if compiled else token_loss_sum
+
+
+@functools.cache
+def _compiled_token_loss_sum():
+    return torch.compile(token_loss_sum)
 
 
 def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:

@@ -131,7 +131,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
         master="param" if engine.parameter_dtype(recipe, parallel.distributed) == torch.float32
         else recipe.optimizer_master(),
-        moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap))
+        moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap,
+        offload_update=recipe.offload.update))
 
     pipeline = None
     if parallel.pp_size > 1:
@@ -268,13 +269,15 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     # context parallelism feeds each rank its chunk of the tokens and positions (documents stay whole); the loss
     # reads the rank's own slice of the targets
     cp_slice, target_slice = _sequence_slices(parallel)
+    loss_fn = engine.loss_function(recipe.kernels.compile)
     if pipeline is not None:
         loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice)
     for index, batch in enumerate(microbatches if pipeline is None else []):
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         with engine.router_statistics(model, aux_coef, batch) as routing:
-            micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice)
+            micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice,
+                                                    loss_fn=loss_fn)
         objective = micro_loss / supervised
         if routing is not None:  # the step's load-balancing loss is the mean of its rows' (RouterStatistics)
             micro_aux = routing.losses().sum() / recipe.global_batch

@@ -51,9 +51,35 @@ def test_offloaded_state_updates_on_the_cpu_with_overlap():
     a, b = params(torch.bfloat16, "cuda"), params(torch.bfloat16, "cuda")
     on_gpu = MixedPrecisionAdam(a, AdamConfig(master="remainder", moment_dtype="bf16", **HYPER))
     offloaded = MixedPrecisionAdam(b, AdamConfig(master="remainder", moment_dtype="bf16", offload_fraction=0.5,
-                                                 overlap=True, **HYPER))
+                                                 overlap=True, offload_update="host", **HYPER))
     assert any(s["exp_avg"].device.type == "cpu" for s in offloaded.state.values())
     run(on_gpu, a)
     run(offloaded, b)
     for x, y in zip(on_gpu.master_weights().values(), offloaded.master_weights().values()):
         torch.testing.assert_close(x.cpu(), y.cpu(), rtol=1e-4, atol=1e-5)  # bf16 moments, CPU vs GPU math
+
+
+@pytest.mark.parametrize("master,moments", [("remainder", "bf16"), ("fp32", "fp32")])
+def test_offloaded_state_streamed_through_the_gpu_is_bitwise_the_on_gpu_update(master, moments):
+    from openrecipes.optim.offload_stream import StreamedStateUpdate
+
+    def mixed(seed):  # an fp32 parameter among bf16 ones, as Muse Spark's router
+        ps = params(torch.bfloat16, "cuda", seed)
+        g = torch.Generator().manual_seed(seed + 7)
+        return ps + [torch.nn.Parameter(torch.randn(3001, generator=g).cuda())]
+
+    a, b = mixed(0), mixed(0)
+    on_gpu = MixedPrecisionAdam(a, AdamConfig(master=master, moment_dtype=moments, **HYPER))
+    streamed = MixedPrecisionAdam(b, AdamConfig(master=master, moment_dtype=moments, offload_fraction=1.0,
+                                                offload_update="device", **HYPER))
+    streamed._streamed = StreamedStateUpdate(chunk_elements=1000, slots=2)  # many chunks, slots reused
+    assert all(s["exp_avg"].device.type == "cpu" and s["exp_avg"].is_pinned() for s in streamed.state.values())
+    run(on_gpu, a)
+    run(streamed, b)
+    for x, y in zip(a, b):
+        assert torch.equal(x.detach(), y.detach())
+    for x, y in zip(on_gpu.master_weights().values(), streamed.master_weights().values()):
+        assert torch.equal(x.cpu().view(torch.int32), y.cpu().view(torch.int32))
+    for p, q in zip(a, b):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(on_gpu.state[p][key].cpu(), streamed.state[q][key])

@@ -11,9 +11,10 @@ Gradients are read from ``param.main_grad`` (an fp32 accumulation buffer the tra
 parameters) when present, else ``param.grad``. Weight decay applies to tensors of two or more dimensions.
 
 Offload: whole parameters, in order, have their optimizer state on (pinned) CPU memory until they hold
-``offload_fraction`` of all elements; their update runs on the CPU. With ``overlap`` on CUDA, gradient copies to
-the host run on a side stream while the on-GPU parameters update, and each updated parameter is copied back as
-soon as it is ready.
+``offload_fraction`` of all elements. ``offload_update``: ``device`` streams that state through the GPU in chunks
+during the step and updates it there with the same kernel as the rest (``offload_stream.py``); ``host`` runs the
+update on the CPU: with ``overlap`` on CUDA, gradient copies to the host run on a side stream while the on-GPU
+parameters update, and each updated parameter is copied back as soon as it is ready.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import torch
 from openrecipes.parallel.dtensor import is_sharded, shard_like
 from openrecipes.parallel.dtensor import local_tensor as _local
 from openrecipes.optim import fused_cuda
+from openrecipes.optim.offload_stream import StreamedStateUpdate
 from openrecipes.optim.remainders import join_master, split_master
 
 MASTER_MODES = ("param", "fp32", "remainder")
+OFFLOAD_UPDATES = ("device", "host")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -42,6 +45,7 @@ class AdamConfig:
     moment_dtype: str = "fp32"
     offload_fraction: float = 0.0
     overlap: bool = True
+    offload_update: str = "device"   # where offloaded state is updated: streamed through the GPU, or on the host
 
     def __post_init__(self) -> None:
         if self.master not in MASTER_MODES:
@@ -50,6 +54,8 @@ class AdamConfig:
             raise ValueError(f"optimizer.moment_dtype: {self.moment_dtype!r} is not one of {tuple(_DTYPES)}")
         if not 0.0 <= self.offload_fraction <= 1.0:
             raise ValueError(f"offload.fraction must be in [0, 1], got {self.offload_fraction}")
+        if self.offload_update not in OFFLOAD_UPDATES:
+            raise ValueError(f"offload.update: {self.offload_update!r} is not one of {OFFLOAD_UPDATES}")
         if not (0.0 <= self.betas[0] < 1.0 and 0.0 <= self.betas[1] < 1.0):
             raise ValueError(f"optimizer.betas must be in [0, 1), got {self.betas}")
 
@@ -93,6 +99,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
             raise ValueError(f"parameters of dtype {sorted(map(str, unsupported))} are not supported (bf16 or fp32)")
         self._offloaded = _choose_offloaded(all_params, config.offload_fraction)
         self._grad_scale = 1.0
+        self._streamed = StreamedStateUpdate()
         for p in all_params:
             self._init_state(p)
 
@@ -125,6 +132,11 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 if _grad(p) is None:
                     continue
                 (offloaded if p in self._offloaded else on_device).append((p, group))
+        if offloaded and self.config.offload_update == "device" and fused_cuda.available(_local(offloaded[0][0])):
+            for p, group in on_device:
+                self._update(p, group, _grad(p))
+            self._update_streamed(offloaded)
+            return None
         copy_stream = None
         host_grads = {}
         if offloaded:
@@ -136,6 +148,30 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         for p, group in offloaded:
             self._update(p, group, host_grads[p])
         return None
+
+    def _update_streamed(self, offloaded: list) -> None:
+        items, settings = [], []
+        for p, group in offloaded:
+            state = self.state[p]
+            state["step"] += 1
+            local = _local(p)
+            items.append((local, _local(_grad(p)), state))
+            settings.append(dict(step=int(state["step"]), lr=group["lr"], beta1=group["betas"][0],
+                                 beta2=group["betas"][1], eps=group["eps"],
+                                 weight_decay=group["weight_decay"] if local.dim() >= 2 else 0.0))
+
+        def update(param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], index: int) -> None:
+            # an offloaded fp32 parameter carries a master copy for the host update; here it is its own master,
+            # and its host copy is kept equal to it
+            fp32_param = param.dtype == torch.float32
+            fused_cuda.fused_adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"],
+                                         master=None if fp32_param else state.get("master"),
+                                         remainder=state.get("remainder"), grad_scale=self._grad_scale,
+                                         **settings[index])
+            if fp32_param and "master" in state:
+                state["master"].copy_(param)
+
+        self._streamed.run(items, update)
 
     def _start_grad_copies(self, offloaded):
         host_grads = {}
@@ -203,6 +239,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """As torch's, with the state of sharded (DTensor) parameters wrapped as DTensors of the same layout, so
         torch.distributed.checkpoint can save and reshard it."""
+        self.wait_for_host_state()
         saved = super().state_dict()
         params = [p for group in self.param_groups for p in group["params"]]
         for index, values in saved["state"].items():
@@ -216,6 +253,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Copy saved values into the existing state tensors. torch's default would cast fp32 masters and moments to
         the bf16 parameter dtype and move offloaded state to the parameter's device."""
+        self.wait_for_host_state()
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"optimizer state has {len(saved_groups)} parameter groups, expected {len(self.param_groups)}")
@@ -236,6 +274,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
 
     def master_weights(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         """The fp32 master of every parameter (rebuilt from remainders where they are used)."""
+        self.wait_for_host_state()
         out = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -247,6 +286,10 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 else:
                     out[p] = _local(p).detach().clone()
         return out
+
+    def wait_for_host_state(self) -> None:
+        """Block until offloaded state streamed through the GPU is back in host memory (before reading it there)."""
+        self._streamed.wait()
 
     def offloaded_fraction(self) -> float:
         total = sum(_local(p).numel() for g in self.param_groups for p in g["params"])

@@ -65,6 +65,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 def first_nonfinite(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
     """The name of this rank's first parameter (or optimizer state of one) holding inf or nan, or None."""
+    wait = getattr(optimizer, "wait_for_host_state", None)  # offloaded state still being copied back
+    if wait is not None:
+        wait()
     for name, param in model.named_parameters():
         if not bool(torch.isfinite(_local(param.detach())).all()):
             return name

@@ -59,7 +59,7 @@ def test_the_space_holds_every_kind_of_change(start_yaml):
     assert any(c.get("offload.fraction") == 0.5 for c in changes)
     assert any(c.get("layout.rows_per_microbatch") == 4 for c in changes)
     moves = {knob for knob, _ in neighbours(start_settings(start, FACTS), start, FACTS)}
-    assert moves == {"layout", "rows", "recompute", "offload", "attention", "experts"}
+    assert moves == {"layout", "rows", "recompute", "offload", "attention", "experts", "compile"}
 
 
 def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):

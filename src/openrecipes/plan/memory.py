@@ -39,6 +39,7 @@ class TrainingSetup:
     recompute: str = "full"
     optimizer: str = "adam"
     offload_fraction: float = 0.0
+    offload_update: str = "host"  # where offloaded state is updated: the CPU (host, Megatron's) or the GPU (device)
     grad_dtype: str = "fp32"
     global_batch_tokens: int = 128 * 8192
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
@@ -50,6 +51,8 @@ class TrainingSetup:
             raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if not 0.0 <= self.offload_fraction <= 1.0:
             raise ValueError(f"offload_fraction: must be within [0, 1], got {self.offload_fraction}")
+        if self.offload_update not in ("host", "device"):
+            raise ValueError(f"offload_update: {self.offload_update!r} is not one of host, device")
         if self.grad_dtype not in GRAD_BYTES:
             raise ValueError(f"grad_dtype: {self.grad_dtype!r} is not one of {', '.join(GRAD_BYTES)}")
         if self.engine not in ENGINES:

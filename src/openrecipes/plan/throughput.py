@@ -6,7 +6,8 @@ efficiency; causal attention FLOPs with sliding windows; TP collectives, EP all-
 sends over NVLink or the network depending on how far the group spans. A step is
 ``(m + pp/vpp - 1)`` times the slowest stage (1F1B bubble), plus the data-parallel gradient
 reduce-scatter and parameter all-gather (not overlapped) and the optimizer step (GPU part memory-bound;
-offloaded part at the CPU Adam rate, its PCIe copies overlapped with it).
+offloaded part at the CPU Adam rate, its PCIe copies overlapped with it; or, updated on the GPU, the time to stream
+its state over PCIe, both directions at once).
 """
 
 from __future__ import annotations
@@ -115,10 +116,14 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
             s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
         elements = dense / dp_group + experts / edp
         touched = (OPTIMIZERS[setup.optimizer] + grad_bytes + 2) * 2  # read and write
-        gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
         cpu_elems = elements * setup.offload_fraction
-        cpu_opt = max(cpu_elems / cpu_adam_rate,
-                      cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
+        if setup.offload_update == "device":
+            gpu_opt = elements * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
+            cpu_opt = cpu_elems * OPTIMIZERS[setup.optimizer] / (hw.gpu.pcie_gb_s * 1e9)
+        else:
+            gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
+            cpu_opt = max(cpu_elems / cpu_adam_rate,
+                          cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
         sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
     step = pipeline + sync + opt
     tokens = m * layout.dp * layout.cp * T

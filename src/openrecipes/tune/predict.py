@@ -176,7 +176,8 @@ class Planner:
             layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, self.row_tokens)})
         setup = TrainingSetup(recompute=recipe.recompute.granularity,
                               optimizer="precision-aware" if recipe.optimizer.precision_aware else "adam",
-                              offload_fraction=recipe.offload.fraction, engine="openrecipes",
+                              offload_fraction=recipe.offload.fraction, offload_update=recipe.offload.update,
+                              engine="openrecipes",
                               global_batch_tokens=recipe.global_batch * self.row_tokens)
         plan: Plan = evaluate(self.shape, layout, setup, self.hardware)
         t = plan.throughput

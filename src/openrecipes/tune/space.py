@@ -2,7 +2,8 @@
 
 A candidate is the starting recipe with some *knobs* turned. Each knob sets performance-only fields
 (``openrecipes.verify.rules``): the parallel layout, rows per microbatch (at the same global batch), recompute,
-optimizer offload and its overlap, and the attention and expert kernels. ``candidate_recipe`` builds the recipe and
+optimizer offload (its fraction, overlap and where the update runs), the attention and expert kernels and
+compiled blocks. ``candidate_recipe`` builds the recipe and
 refuses it unless ``compare_recipes`` against the start finds no numerics-affecting difference, so a candidate that
 changes what the run computes can never reach a trial.
 """
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 
 from openrecipes.config.layout import LayoutConfig, divisors, enumerate_layouts, layout_problems
 from openrecipes.config.layout import rows_per_microbatch
-from openrecipes.config.recipe import Kernels, Recipe, recipe_from_dict
+from openrecipes.config.recipe import Kernels, Offload, Recipe, recipe_from_dict
 from openrecipes.config.numerics import PERFORMANCE, classify
 from openrecipes.verify.rules import compare_recipes
 
@@ -50,12 +51,15 @@ class Settings:
     overlap: bool
     attention: str
     experts: str
+    compile: bool = False
+    offload_update: str = "device"
 
     def layout_dict(self) -> dict[str, Any]:
         return dict(self.layout)
 
 
-KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "attention", "experts")
+KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "offload_update", "attention", "experts", "compile")
+OFFLOAD_UPDATES = typing.get_args(Offload.model_fields["update"].annotation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +93,8 @@ def start_settings(start: Recipe, facts: ModelFacts) -> Settings:
                     rows=rows_per_microbatch(lay, facts.row_tokens),
                     recompute=(rec.granularity, rec.method, rec.num_layers),
                     offload=start.offload.fraction, overlap=start.offload.overlap,
-                    attention=start.kernels.attention, experts=start.kernels.experts)
+                    attention=start.kernels.attention, experts=start.kernels.experts,
+                    compile=start.kernels.compile, offload_update=start.offload.update)
 
 
 def check_performance_only(changes: dict[str, Any]) -> None:
@@ -115,8 +120,8 @@ def candidate_recipe(start: Recipe, settings: Settings, facts: ModelFacts) -> Ca
         layout["max_tokens_per_gpu"] = -(-settings.rows * facts.row_tokens // layout["cp"])
     granularity, method, num_layers = settings.recompute
     tree["recompute"].update(granularity=granularity, method=method, num_layers=num_layers)
-    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap)
-    tree["kernels"].update(attention=settings.attention, experts=settings.experts)
+    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap, update=settings.offload_update)
+    tree["kernels"].update(attention=settings.attention, experts=settings.experts, compile=settings.compile)
     recipe = recipe_from_dict(tree, source="tune candidate")
     report = compare_recipes(recipe, start, candidate_name="candidate", reference_name="start")
     if not report.passed:  # the one guarantee of the tuner: numerics never change
@@ -195,6 +200,12 @@ def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -
         return offload_options(start)
     if knob == "overlap":
         return [True, False] if around.offload else []
+    if knob == "offload_update":
+        return list(OFFLOAD_UPDATES) if around.offload else []
+    if knob == "compile":
+        # compiled blocks run with one process and data parallelism (config.recipe refuses tp and cp)
+        layout = around.layout_dict()
+        return [False, True] if layout["tp"] == 1 and layout["cp"] == 1 else [False]
     return list(ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS)
 
 

@@ -9,7 +9,7 @@ Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-18; p
   dp2ep2_bal   two GPUs, expert parallel 2 inside DP2 (all-to-all dispatch)
   *_pa_*       the precision-aware optimizer sharded by FSDP2 (bf16 params + int16 remainders, bf16 moments);
                _off: half of the optimizer on the CPU; tp2 / cp2: two GPUs share each row; dp4*, tp2dp2ep4: 4 GPUs
-Recipe: bf16, full recompute (uniform, 1 layer), precision-aware Adam (int16 remainders, bf16 moments; the
+Recipe: bf16, full recompute (uniform, 1 layer) unless the variant says otherwise, precision-aware Adam (int16 remainders, bf16 moments; the
 two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
 memory) go to --out as JSON.
 
@@ -34,6 +34,9 @@ from openrecipes.measure import measure_run_dir  # noqa: E402
 from openrecipes.train.loop import train  # noqa: E402
 from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
 
+MUSE_4L16E = {"num_hidden_layers": 4, "num_experts": 16,
+              "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]}
+
 VARIANTS = {
     "single_bal": dict(packed=False, rows_per_step=1, balanced=True),
     "single_nat": dict(packed=False, rows_per_step=1, balanced=False),
@@ -55,13 +58,37 @@ VARIANTS = {
     "dp4ep2_pa_bal": dict(packed=True, rows_per_step=4, balanced=True, nproc=4, ep=2, precision_aware=True),
     "tp2dp2ep4_pa_bal": dict(packed=True, rows_per_step=2, balanced=True, nproc=4, dp=2, tp=2, ep=4,
                              precision_aware=True),
+    # one GPU, the knobs of the tuner: compiled blocks (_c), recompute none / selective, optimizer state offloaded
+    # to host memory and streamed through the GPU for its update (_off05, _off10), or updated by the CPU (_hoff05)
+    "single_bal_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True),
+    "single_nat_c": dict(packed=False, rows_per_step=1, balanced=False, compile=True),
+    "packed_bal_c": dict(packed=True, rows_per_step=1, balanced=True, compile=True),
+    "single_bal_none": dict(packed=False, rows_per_step=1, balanced=True, recompute="none"),
+    "single_bal_c_none": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="none"),
+    "single_nat_c_none": dict(packed=False, rows_per_step=1, balanced=False, compile=True, recompute="none"),
+    "single_bal_c_sel": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="selective"),
+    "single_bal_off05": dict(packed=False, rows_per_step=1, balanced=True, offload=0.5),
+    "single_bal_off10": dict(packed=False, rows_per_step=1, balanced=True, offload=1.0),
+    "single_bal_c_off05": dict(packed=False, rows_per_step=1, balanced=True, compile=True, offload=0.5),
+    "single_bal_c_off10": dict(packed=False, rows_per_step=1, balanced=True, compile=True, offload=1.0),
+    "accum8_bal_c": dict(packed=False, rows_per_step=8, balanced=True, compile=True),
+    "accum8_bal_c_off05": dict(packed=False, rows_per_step=8, balanced=True, compile=True, offload=0.5),
+    "accum8_bal_c_off10": dict(packed=False, rows_per_step=8, balanced=True, compile=True, offload=1.0),
+    "single_bal_hoff05": dict(packed=False, rows_per_step=1, balanced=True, offload=0.5, offload_update="host",
+                              steps=8),
+    # Muse Spark Open at its real widths (hidden 8192, 64 heads of 128, latent 4096, expert FFN 4096, top-8), 4 layers
+    # (layer 0 full attention, 1-3 sliding) and 16 experts: every token's active work per layer is the full model's
+    "muse4l16e_bal": dict(packed=False, rows_per_step=1, balanced=True, model="muse-spark-open-816b-a42b",
+                          overrides=MUSE_4L16E),
+    "muse4l16e_bal_c": dict(packed=False, rows_per_step=1, balanced=True, model="muse-spark-open-816b-a42b",
+                            overrides=MUSE_4L16E, compile=True),
     # the 8-GPU seed layout's settings on 4 GPUs: all 48 layers, EP4 DP4, 16,384 tokens per GPU (2 rows)
     "seed48_dp4ep4_pa_bal": dict(packed=True, rows_per_step=8, rows_per_microbatch=2, balanced=True, nproc=4,
                                  ep=4, precision_aware=True, layers=48),
 }
 
 
-PROFILED = ("single_bal", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -95,22 +122,24 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
 
 def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
                 memory_trace: bool = False) -> dict:
+    steps = spec.get("steps", steps)  # slow variants run fewer steps (window 5..steps-2)
     tiny = device_type == "cpu"
     row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
-    vocab = 1024 if tiny else 151936
+    vocab = 1024 if tiny else (202048 if "model" in spec else 151936)
     rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
                           vocab=vocab, packed=spec["packed"])
     nproc = spec.get("nproc", 1)
     tree = {
         "name": f"engine-speed-{name}",
-        "model": "qwen3-moe-tiny" if tiny else "qwen3-30b-a3b",
-        "model_overrides": {} if tiny else {"num_hidden_layers": spec.get("layers", layers)},
+        "model": "qwen3-moe-tiny" if tiny else spec.get("model", "qwen3-30b-a3b"),
+        "model_overrides": {} if tiny else spec.get("overrides", {"num_hidden_layers": spec.get("layers", layers)}),
         "data": {"rows": str(rows_dir)},
         "layout": {"max_tokens_per_gpu": row_tokens * spec.get("rows_per_microbatch", 1) // spec.get("cp", 1),
                    "rows_per_microbatch": spec.get("rows_per_microbatch", 1), "dp": spec.get("dp", nproc), "ep": spec.get("ep", 1),
                    "tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "sequence_parallel": spec.get("tp", 1) > 1},
-        "offload": {"fraction": spec.get("offload", 0.0)},
-        "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
+        "offload": {"fraction": spec.get("offload", 0.0), "update": spec.get("offload_update", "device")},
+        "recompute": {"granularity": spec.get("recompute", "full"), "method": "uniform", "num_layers": 1},
+        "kernels": {"compile": spec.get("compile", False)},
         "optimizer": {"lr": 1e-5, "min_lr": 1e-6, "warmup_fraction": 0.1, "weight_decay": 0.1,
                       "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": spec.get("precision_aware", nproc == 1),
                       "moment_dtype": "bf16" if spec.get("precision_aware", nproc == 1) else "fp32"},
@@ -166,14 +195,30 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda, "layers": args.layers, "steps": args.steps,
               "results": results}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.variants.split(","):
+        names = args.variants.split(",")
+        for name in names:
             # the profiled step is the last one, outside the timing window (profiling slows the steps around it)
             try:
-                results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
-                                           workdir=Path(tmp), device_type=device_type,
-                                           memory_trace=args.memory_trace))
+                if device_type == "cuda" and len(names) > 1:
+                    # each variant in its own process: compiled code and the caching allocator keep an earlier
+                    # variant's memory, which a later variant's peak (or out-of-memory) would include
+                    part = Path(tmp) / f"{name}.json"
+                    import subprocess
+
+                    subprocess.run([sys.executable, __file__, "--out", str(part), "--variants", name,
+                                    "--layers", str(args.layers), "--steps", str(args.steps)]
+                                   + (["--memory-trace"] if args.memory_trace else []), check=False)
+                    results.append(json.loads(part.read_text())["results"][0] if part.is_file()
+                                   else {"variant": name, "error": "the variant's process wrote no result"})
+                else:
+                    results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
+                                               workdir=Path(tmp), device_type=device_type,
+                                               memory_trace=args.memory_trace))
+                if "error" in results[-1]:
+                    raise RuntimeError(results[-1]["error"])
             except Exception as error:  # keep what the other variants measured
-                results.append({"variant": name, "error": repr(error)})
+                if not results or results[-1].get("variant") != name:
+                    results.append({"variant": name, "error": repr(error)})
                 print(f"RESULT {name}: failed: {error!r}", flush=True)
                 continue
             finally:

@@ -37,11 +37,15 @@ class DataBuild(BaseModel):
     template_kwargs: dict[str, str] = Field(default_factory=dict)  # sft only
     chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
     eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
+    # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)
+    max_conversation_tokens: int | None = Field(None, ge=1)
+    too_long: Literal["skip", "truncate"] = "skip"
 
     @model_validator(mode="after")
     def _sft_fields_only_for_sft(self) -> "DataBuild":
         # by value, not by "was it written": the run directory's recipe.yaml spells out every default
-        given = [name for name in ("loss_mask", "template_kwargs", "chat_template")
+        given = [name for name in ("loss_mask", "template_kwargs", "chat_template", "max_conversation_tokens",
+                                                  "too_long")
                  if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from openrecipes.data.build import (MANIFEST_FILE, MAX_INVALID_EXAMPLES, BuildConfig, _counts, _output_guard,
-                                    file_fields, pack_rows, rows_fields)
+                                    chunked_pieces, file_fields, pack_rows, rows_fields)
 from openrecipes.data.megatron_indexed import IndexedDocuments, indexed_prefix, read_indexed
 from openrecipes.data.sources import ConversationSource, open_source
 from openrecipes.data.tokenizer import TokenizerBundle, load_tokenizer
@@ -130,7 +130,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid documents")
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        packed = pack_rows(config, order, tokenize, staging)
+        packed = pack_rows(config, chunked_pieces(order, config.chunk_conversations, tokenize), staging)
         T = config.row_tokens
         manifest = {
             **rows_fields(config, packed.writer),
@@ -147,7 +147,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
                           "vocab_size": vocab_size},
             **file_fields(packed.writer, staging),
             "source": source_fields,
-            "counts": _counts(n_total, len(invalid), packed.doc_lengths, packed.used_docs, packed.packer,
+            "counts": _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
                               noun="documents"),
             "invalid_examples": examples,
         }

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 ROLES = ("system", "user", "assistant", "tool")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SCAN_BATCH = 4096
 
 
@@ -149,6 +150,26 @@ class ConversationSource:
         return out
 
 
+    def iter_records(self, indices: np.ndarray) -> Iterator[tuple[int, Any]]:
+        """(global index, raw record) at ``indices``, in that order, one record in memory at a time."""
+        starts = np.cumsum([0] + [f.count for f in self.files])
+        handles: dict[int, Any] = {}
+        try:
+            for index in indices.tolist():
+                number = int(np.searchsorted(starts, index, side="right")) - 1
+                f, local = self.files[number], index - int(starts[number])
+                if f.kind == "jsonl":
+                    if number not in handles:
+                        handles[number] = open(f.path, "rb")
+                    handles[number].seek(int(f.line_offsets[local]))
+                    yield index, json.loads(handles[number].readline())
+                else:
+                    yield index, _drop_nulls(f.table.slice(local, 1).to_pylist()[0])
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+
 def open_source(path: str | Path, column: str = "messages") -> tuple[ConversationSource,
                                                                     Iterator[tuple[int, str, Any]]]:
     """Open an input whose tables hold ``column``; return it and an iterator over (global index, where, record).
@@ -264,9 +285,8 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
         raise InvalidConversation(f"{where}: empty conversation (no messages)")
     if not any(m["role"] == "assistant" for m in messages):
         raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise")
-    try:  # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it
-        json.dumps([messages, tools], ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InvalidConversation(f"{where}: text holds {error.object[error.start:error.end]!r}, which is not valid "
-                                  "Unicode (a lone surrogate)") from None
+    # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it. Searched for in place:
+    # encoding a 50 MB conversation to find one would copy it twice
+    if bad := _forged_token([messages, tools], "", _SURROGATE):
+        raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)")
     return messages, tools

@@ -1,0 +1,114 @@
+"""Big inputs: bounded memory, long conversations in windows, the per-conversation token limit."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openrecipes.data import manifest as manifest_module
+from openrecipes.data import stream
+from openrecipes.data.build import BuildConfig, _prepare
+from openrecipes.data.sources import normalize
+from openrecipes.data.templates import token_mask
+
+from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, read_rows, run_build, write_jsonl
+
+# the rows of the bundled conversations (tests/data/conftest.py's build) before the builder streamed its work
+BUNDLED_ROWS_SHA256 = "29915a108409ca3fd27d1ad828dad90e4e28bfff727d541ed95f08ccb9f3bc56"
+T = 64
+
+
+def _long_conversation(chars: int, seed: int) -> dict:
+    """Several turns of plain words (assistant-heavy, so every row holds a target) and ``chars`` characters."""
+    rng = np.random.default_rng(seed)
+    words = np.array("the model reads rows of tokens and learns from each target in turn".split())
+    messages = []
+    for turn in range(4):
+        text = " ".join(words[rng.integers(words.size, size=chars // 20)])
+        messages += [{"role": "user", "content": f"part {turn}"}, {"role": "assistant", "content": text}]
+    return {"messages": messages}
+
+
+def _expected_rows(config: BuildConfig, limit: int | None, too_long: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rows by the plain definition: each conversation encoded whole, limited, followed by the separator."""
+    bundle, renderer, eos_id, _, _ = _prepare(config)
+    records = [json.loads(line) for line in config.input.read_text().splitlines()]
+    ids, mask, over = [], [], 0
+    for index in np.random.default_rng(config.seed).permutation(len(records)).tolist():
+        text, spans = renderer.supervised_spans(*normalize(records[index], "", None))
+        encoding = bundle.tokenizer.encode(text, add_special_tokens=False)
+        conv_ids, conv_mask = list(encoding.ids), token_mask(np.asarray(encoding.offsets), spans).tolist()
+        if limit is not None and len(conv_ids) > limit:
+            over += 1
+            if too_long == "skip":
+                continue
+            conv_ids, conv_mask = conv_ids[:limit], conv_mask[:limit]
+        ids += conv_ids + [eos_id]
+        mask += conv_mask + [0]
+    n = len(ids) // T
+    ids_RT, mask_RT = np.array(ids[:n * T]).reshape(n, T), np.array(mask[:n * T]).reshape(n, T)
+    mask_RT[:, 0] = 0
+    keep = mask_RT.any(axis=1)  # rows without a target are skipped
+    return ids_RT[keep], mask_RT[keep], over
+
+
+@pytest.mark.parametrize("limit, too_long", [(None, "skip"), (300, "skip"), (300, "truncate")])
+def test_windows_and_token_limit_match_the_plain_definition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            limit: int | None, too_long: str) -> None:
+    # tiny windows, so the long conversations are stitched from many windows (special tokens among the cuts)
+    monkeypatch.setattr(stream, "WINDOW_CHARS", 2048)
+    monkeypatch.setattr(stream, "MARGIN_CHARS", 128)
+    bundled = BUNDLED_CONVERSATIONS.read_text().splitlines()[:30]
+    records = [json.loads(line) for line in bundled] + [_long_conversation(12_000, 1), _long_conversation(900, 2)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    options = dict(input=source, row_tokens=T, max_conversation_tokens=limit, too_long=too_long)
+    manifest = run_build(tmp_path / "out", **options)
+    rows = read_rows(tmp_path / "out")
+    config = BuildConfig(tokenizer=Path(manifest["tokenizer"]["directory"]), loss_mask="qwen3", out=tmp_path / "x",
+                         **options)
+    ids_RT, mask_RT, over = _expected_rows(config, limit, too_long)
+    assert ids_RT.shape == rows["input_ids"].shape
+    np.testing.assert_array_equal(rows["input_ids"], ids_RT)
+    np.testing.assert_array_equal(rows["loss_mask"], mask_RT)
+    if limit is None:
+        assert manifest["conversation_token_limit"] is None
+        assert "conversations_over_token_limit" not in manifest["counts"]
+    else:
+        assert over >= 2 and manifest["counts"]["conversations_over_token_limit"] == over  # the long one and others
+        assert manifest["conversation_token_limit"] == {"max_tokens": limit, "too_long": too_long}
+        assert manifest["counts"]["conversations_used"] == (32 - over if too_long == "skip" else 32)
+
+
+def test_bundled_rows_unchanged(tiny_rows: Path) -> None:
+    manifest = json.loads((tiny_rows / "manifest.json").read_text())
+    assert manifest["rows_sha256"] == BUNDLED_ROWS_SHA256
+
+
+def test_memory_is_bounded_by_a_window_not_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peak Python memory: the same for one long conversation and for four, and far below an encoding of one whole.
+
+    A whole-text encoding costs over 100 bytes of Python objects per token (the offsets as tuples of ints): encoded
+    whole, these conversations peaked at ~6-8 MB; in windows at ~1.1 MB, one or four alike."""
+    monkeypatch.setattr(stream, "WINDOW_CHARS", 4096)
+    monkeypatch.setattr(stream, "MARGIN_CHARS", 256)
+    monkeypatch.setattr(manifest_module, "ROW_GROUP_TOKENS", 1 << 14)  # one row group: 16 Ki tokens
+    chars = 60_000
+    warm = write_jsonl(tmp_path / "warm.jsonl", [_long_conversation(2_000, 9)])
+    run_build(tmp_path / "warm", input=warm, row_tokens=256)  # one-time costs (the compiled template) not counted
+    peaks = []
+    for copies in (1, 4):
+        source = write_jsonl(tmp_path / f"in{copies}.jsonl", [_long_conversation(chars, c) for c in range(copies)])
+        tracemalloc.start()
+        try:
+            run_build(tmp_path / f"out{copies}", input=source, row_tokens=256)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    conversation_bytes = len(json.dumps(_long_conversation(chars, 0)))
+    print(f"peak {peaks[0] / 1e6:.2f} MB for one, {peaks[1] / 1e6:.2f} MB for four conversations")
+    assert peaks[1] < 1.25 * peaks[0]
+    assert peaks[1] < 8 * conversation_bytes + 2_000_000

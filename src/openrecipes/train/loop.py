@@ -19,12 +19,12 @@ from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
-from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.resume import record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo,
-                                       RunModelInfo, rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RUN_FILE, RunGpuInfo,
+                                       RunInfo, RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -93,7 +93,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                     num_experts=config.num_experts)
     parallel = build_parallel_state(recipe.layout, device)
     engine.check_aux_loss(recipe, config, parallel)
-    if not resume and (run_dir / METRICS_FILE).exists():
+    if not resume and (run_dir / METRICS_FILE).exists() and not _never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}
     if resume and _finished(run_dir, recipe.steps):
@@ -144,15 +144,20 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                   loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
 
     start = 0
+    if rank == 0:
+        remove_stale_staging(run_dir)  # a save cut short by a kill: written by this tool, never complete
     if resume:
         checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise ValueError(f"--resume: {run_dir} has no complete checkpoint")
-        start = load_checkpoint(checkpoint, model, optimizer) + 1
+        if checkpoint is not None:
+            start = load_checkpoint(checkpoint, model, optimizer) + 1
+        elif rank == 0:  # killed before (or during) its first save: the run starts again from the seed
+            print(f"openrecipes train: {run_dir} has no complete checkpoint; resuming from step 0",
+                  file=sys.stderr, flush=True)
         if rank == 0:
             truncate_after(run_dir, start - 1)
             record_resume(run_dir, recipe, resume_changes, start)
     elif rank == 0:
+        truncate_after(run_dir, -1)  # a fresh start over a run that never saved (_never_saved) drops its lines
         atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
         write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
 
@@ -213,6 +218,13 @@ def _export_hf(run_dir: Path) -> None:
     saved = latest_checkpoint(run_dir)
     out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
     print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
+
+
+def _never_saved(run_dir: Path) -> bool:
+    """A run of this tool (its run.json and recipe.yaml) killed before its first checkpoint was complete: nothing in
+    it is worth keeping, so a fresh start may write over it (its metrics lines and records, nothing else)."""
+    return ((run_dir / RUN_FILE).is_file() and (run_dir / RECIPE_FILE).is_file()
+            and latest_checkpoint(run_dir) is None)
 
 
 def _finished(run_dir: Path, steps: int) -> bool:

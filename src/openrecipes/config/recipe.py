@@ -168,6 +168,7 @@ class Debug(BaseModel):
     profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
     memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
     fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
+    stall_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank hangs after that step (tests of the heartbeat)
     max_consecutive_skips: int = Field(3, ge=1)  # with skip_nonfinite_steps: stop after this many skips in a row
 
 
@@ -189,6 +190,8 @@ class Recipe(BaseModel):
     global_batch: int = Field(..., ge=1)       # rows per optimizer step
     seed: int = 0
     distributed_timeout_minutes: float = Field(10.0, gt=0)  # a collective waiting longer ends the job
+    # a rank that makes no progress between two steps for longer ends the job (train/heartbeat.py); null: never
+    heartbeat_timeout_seconds: float | None = Field(300.0, gt=0)
     run_dir: str = "runs/run"
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     logging: Logging = Field(default_factory=Logging)

@@ -19,6 +19,7 @@ from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
+from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.resume import record_resume, resumed_changes
@@ -169,8 +170,11 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     build_peak = _build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     skipped_in_a_row = 0  # with debug.skip_nonfinite_steps: a run that stays non-finite stops instead of idling on
+    # only where other ranks would wait for a stalled one (heartbeat.py)
+    heartbeat = Heartbeat(rank=rank, timeout_s=recipe.heartbeat_timeout_seconds, enabled=world > 1)
     try:
         for step in range(start, last + 1):
+            heartbeat.step_begins()
             if debug.fail_at == (rank, step):
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
             if step == debug.profile_step:
@@ -178,6 +182,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                                                grads, parallel, pipeline))
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
+            heartbeat.step_done(step)
             if build_peak is not None and step == start:
                 record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
@@ -196,13 +201,18 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             every = recipe.checkpoint.every
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
-                save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+                with heartbeat.paused():  # its barriers wait for the other ranks
+                    save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
             if recipe.lora is not None and step == recipe.steps - 1:
                 from openrecipes.checkpoint.lora import save_peft_adapter
 
-                save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
-                                  write=parallel.rank == 0)
+                with heartbeat.paused():
+                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
+                                      write=parallel.rank == 0)
+            if debug.stall_at == (rank, step):
+                _stall(rank, step)
     finally:
+        heartbeat.close()
         gc.enable()
         metrics.close()
     if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
@@ -218,6 +228,13 @@ def _export_hf(run_dir: Path) -> None:
     saved = latest_checkpoint(run_dir)
     out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
     print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
+
+
+def _stall(rank: int, step: int) -> None:
+    """debug.stall_at: hang in Python between steps, as a stuck rank would (the heartbeat ends the job)."""
+    print(f"openrecipes train: rank {rank} stalls after step {step} (debug.stall_at)", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(60)
 
 
 def _never_saved(run_dir: Path) -> bool:

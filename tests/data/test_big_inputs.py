@@ -112,3 +112,20 @@ def test_memory_is_bounded_by_a_window_not_the_input(tmp_path: Path, monkeypatch
     print(f"peak {peaks[0] / 1e6:.2f} MB for one, {peaks[1] / 1e6:.2f} MB for four conversations")
     assert peaks[1] < 1.25 * peaks[0]
     assert peaks[1] < 8 * conversation_bytes + 2_000_000
+
+
+def test_a_parquet_input_is_memory_mapped_not_read_into_memory(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from openrecipes.data.sources import open_source
+
+    records = [json.loads(line) for line in BUNDLED_CONVERSATIONS.read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "in.parquet", row_group_size=100)
+    before = pa.total_allocated_bytes()
+    source, scan = open_source(tmp_path / "in.parquet")
+    assert sum(1 for _ in scan) == len(records)
+    table = source.files[0].table
+    assert table.nbytes > 100_000 and pa.total_allocated_bytes() - before < table.nbytes // 10
+    index, record = next(source.iter_records(np.array([len(records) - 1])))
+    assert record == records[-1]

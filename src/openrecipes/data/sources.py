@@ -75,24 +75,50 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
     f.count = len(offsets)
 
 
-def _read_table(path: Path, column: str) -> Any:
+def _columns(path: Path, names: list[str], column: str) -> list[str]:
+    if column not in names:
+        raise ValueError(f"{path}: no {column!r} column (columns: {', '.join(names)})")
+    # the conversation's tools may sit beside its messages; a text document is its text alone
+    extra = ("metadata", "tools") if column == "messages" else ()
+    return [name for name in (column, *extra) if name in names]
+
+
+def _mapped_parquet(path: Path, column: str) -> Any:
+    """A Parquet file's columns as a memory-mapped table: decompressed one row group at a time into an uncompressed
+    Arrow file in the temporary directory (removed at once; the mapping keeps it readable), so the records are read
+    from the page cache by index, never all held in the process's memory."""
+    import os
+    import tempfile
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    parquet = pq.ParquetFile(path)
+    keep = _columns(path, parquet.schema_arrow.names, column)
+    schema = pa.schema([parquet.schema_arrow.field(name) for name in keep])
+    handle, spill = tempfile.mkstemp(prefix="openrecipes-input-", suffix=".arrow")
+    os.close(handle)
+    try:
+        with pa.OSFile(spill, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for group in range(parquet.num_row_groups):
+                writer.write_table(parquet.read_row_group(group, columns=keep).cast(schema))
+        return pa.ipc.open_file(pa.memory_map(spill)).read_all()
+    finally:
+        os.unlink(spill)
+
+
+def _read_table(path: Path, column: str) -> Any:
+    import pyarrow as pa
+
     if path.suffix == ".parquet":
-        table = pq.read_table(path)
-    else:  # .arrow files of a saved Hugging Face dataset (IPC stream, or IPC file)
-        with pa.memory_map(str(path)) as source:
-            try:
-                table = pa.ipc.open_stream(source).read_all()
-            except pa.ArrowInvalid:
-                table = pa.ipc.open_file(source).read_all()
-    if column not in table.column_names:
-        raise ValueError(f"{path}: no {column!r} column (columns: {', '.join(table.column_names)})")
-    # the conversation's tools may sit beside its messages; a text document is its text alone
-    extra = ("metadata", "tools") if column == "messages" else ()
-    keep = [name for name in (column, *extra) if name in table.column_names]
-    return table.select(keep)
+        return _mapped_parquet(path, column)
+    # .arrow files of a saved Hugging Face dataset (IPC stream, or IPC file), memory-mapped
+    with pa.memory_map(str(path)) as source:
+        try:
+            table = pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_file(source).read_all()
+    return table.select(_columns(path, table.column_names, column))
 
 
 def _dataset_files(directory: Path) -> list[Path]:

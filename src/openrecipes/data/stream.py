@@ -26,7 +26,7 @@ from openrecipes.data.templates import token_mask
 
 WINDOW_CHARS = 1 << 16  # characters per tokenizer call for a long text (read at each call)
 MARGIN_CHARS = 1 << 10  # the look-ahead's context on each side of a window's cut
-BATCH_CHARS = 1 << 22  # rendered characters per encode_batch call of ordinary conversations
+BATCH_CHARS = 1 << 20  # rendered characters per encode_batch call of ordinary conversations
 TOO_LONG = ("skip", "truncate")
 
 

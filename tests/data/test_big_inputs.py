@@ -92,11 +92,11 @@ def test_memory_is_bounded_by_a_window_not_the_input(tmp_path: Path, monkeypatch
     """Peak Python memory: the same for one long conversation and for four, and far below an encoding of one whole.
 
     A whole-text encoding costs over 100 bytes of Python objects per token (the offsets as tuples of ints): encoded
-    whole, these conversations peaked at ~6-8 MB; in windows at ~1.1 MB, one or four alike."""
+    whole, these conversations peaked at 3.4 MB (one) and 4.3 MB (four); in windows at ~1.1 MB, one or four alike."""
     monkeypatch.setattr(stream, "WINDOW_CHARS", 4096)
     monkeypatch.setattr(stream, "MARGIN_CHARS", 256)
     monkeypatch.setattr(manifest_module, "ROW_GROUP_TOKENS", 1 << 14)  # one row group: 16 Ki tokens
-    chars = 60_000
+    chars = 40_000
     warm = write_jsonl(tmp_path / "warm.jsonl", [_long_conversation(2_000, 9)])
     run_build(tmp_path / "warm", input=warm, row_tokens=256)  # one-time costs (the compiled template) not counted
     peaks = []
@@ -129,3 +129,29 @@ def test_a_parquet_input_is_memory_mapped_not_read_into_memory(tmp_path: Path) -
     assert table.nbytes > 100_000 and pa.total_allocated_bytes() - before < table.nbytes // 10
     index, record = next(source.iter_records(np.array([len(records) - 1])))
     assert record == records[-1]
+
+
+def test_the_limit_from_the_cli_and_the_recipe(tmp_path: Path) -> None:
+    import argparse
+
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data import cli as data_cli
+    from openrecipes.data.build import build_recipe_rows
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(line + "\n" for line in BUNDLED_CONVERSATIONS.read_text().splitlines()[:24]))
+    parser = argparse.ArgumentParser()
+    data_cli.register(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["data", "build", str(small), "--loss-mask", "qwen3", "--row-tokens", "128", "--rows", "4",
+                              "--max-conversation-tokens", "100", "--too-long", "truncate", "--no-progress",
+                              "--out", str(tmp_path / "cli")])
+    assert args.func(args) == 0
+    manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
+    assert manifest["conversation_token_limit"] == {"max_tokens": 100, "too_long": "truncate"}
+    assert manifest["counts"]["conversations_over_token_limit"] > 0
+    build_recipe_rows(DataBuild(input=str(small), row_tokens=128, rows=4, max_conversation_tokens=100),
+                      tmp_path / "recipe")
+    manifest = json.loads((tmp_path / "recipe" / "manifest.json").read_text())
+    assert manifest["conversation_token_limit"] == {"max_tokens": 100, "too_long": "skip"}
+    with pytest.raises(ValueError, match="max_conversation_tokens"):
+        DataBuild(format="pretrain", row_tokens=128, max_conversation_tokens=100)

@@ -6,7 +6,7 @@ come from the same three kinds of input; ``column`` names the one a build needs.
 Every record is read and checked once up front (``scan``), so a malformed JSON line stops the
 build with its file and line number before anything is written, and the counts in the
 manifest cover the whole input. The build then reads the records it needs again, by index,
-in the order of its seeded permutation (``load``).
+in the order of its seeded permutation, one at a time (``iter_records``).
 """
 
 from __future__ import annotations
@@ -153,28 +153,6 @@ class ConversationSource:
                 return f.where(index)
             index -= f.count
         raise IndexError(index)
-
-    def load(self, indices: np.ndarray) -> list[dict[str, Any]]:
-        """Raw records at global ``indices``, in that order (each file opened once per call)."""
-        out: list[Any] = [None] * len(indices)
-        starts = np.cumsum([0] + [f.count for f in self.files])
-        file_of = np.searchsorted(starts, indices, side="right") - 1
-        for number, f in enumerate(self.files):
-            positions = np.flatnonzero(file_of == number)
-            if positions.size == 0:
-                continue
-            local = indices[positions] - starts[number]
-            if f.kind == "jsonl":
-                with open(f.path, "rb") as handle:
-                    for position, offset in zip(positions.tolist(), f.line_offsets[local].tolist()):
-                        handle.seek(offset)
-                        out[position] = json.loads(handle.readline())
-            else:
-                rows = _drop_nulls(f.table.take(local).to_pylist())
-                for position, row in zip(positions.tolist(), rows):
-                    out[position] = row
-        return out
-
 
     def iter_records(self, indices: np.ndarray) -> Iterator[tuple[int, Any]]:
         """(global index, raw record) at ``indices``, in that order, one record in memory at a time."""

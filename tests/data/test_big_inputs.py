@@ -155,3 +155,7 @@ def test_the_limit_from_the_cli_and_the_recipe(tmp_path: Path) -> None:
     assert manifest["conversation_token_limit"] == {"max_tokens": 100, "too_long": "skip"}
     with pytest.raises(ValueError, match="max_conversation_tokens"):
         DataBuild(format="pretrain", row_tokens=128, max_conversation_tokens=100)
+    with pytest.raises(ValueError, match="too_long: truncate needs max_conversation_tokens"):
+        DataBuild(row_tokens=128, too_long="truncate")
+    with pytest.raises(ValueError, match="--too-long truncate needs --max-conversation-tokens"):
+        run_build(tmp_path / "none", too_long="truncate")

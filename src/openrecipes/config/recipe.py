@@ -50,6 +50,8 @@ class DataBuild(BaseModel):
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "
                              "target within a document")
+        if self.too_long != "skip" and self.max_conversation_tokens is None:
+            raise ValueError(f"too_long: {self.too_long} needs max_conversation_tokens (the limit it applies to)")
         return self
 
 

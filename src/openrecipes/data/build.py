@@ -79,6 +79,8 @@ def _check_config(config: BuildConfig) -> None:
         raise ValueError(f"--max-conversation-tokens must be positive, got {config.max_conversation_tokens}")
     if config.too_long not in TOO_LONG:
         raise ValueError(f"--too-long must be one of {', '.join(TOO_LONG)}, got {config.too_long!r}")
+    if config.too_long != "skip" and config.max_conversation_tokens is None:
+        raise ValueError(f"--too-long {config.too_long} needs --max-conversation-tokens N (the limit it applies to)")
     if config.format == "pretrain" and config.max_conversation_tokens is not None:
         raise ValueError("--max-conversation-tokens applies to --format sft only")
 

@@ -160,7 +160,9 @@ def test_a_kill_during_the_first_save_leaves_a_run_that_resumes_or_starts_again(
         first = [r["loss"] for r in losses(run_dir)]
         assert (run_dir / "checkpoints" / ".step-000001.partial").is_dir() and latest_checkpoint(run_dir) is None
         (run_dir / "notes.txt").write_text("mine")  # not the tool's: kept
+        (run_dir / "resumes.jsonl").write_text('{"step": 0, "changes": {}}\n')  # an earlier resume's record
         train(recipe, command="t", resume=restart == "resume")
+        assert (run_dir / "resumes.jsonl").exists() == (restart == "resume")  # a fresh start is a new run
         assert latest_checkpoint(run_dir).name == "step-000001"
         assert not (run_dir / "checkpoints" / ".step-000001.partial").exists()
         assert [r["loss"] for r in losses(run_dir)] == first  # from step 0 again: the same two steps, once each

@@ -45,7 +45,7 @@ class DataBuild(BaseModel):
     def _sft_fields_only_for_sft(self) -> "DataBuild":
         # by value, not by "was it written": the run directory's recipe.yaml spells out every default
         given = [name for name in ("loss_mask", "template_kwargs", "chat_template", "max_conversation_tokens",
-                                                  "too_long")
+                                   "too_long")
                  if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "

@@ -24,8 +24,8 @@ from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, 
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.resume import record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RUN_FILE, RunGpuInfo,
-                                       RunInfo, RunModelInfo, rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RESUMES_FILE,
+                                       RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -158,7 +158,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             truncate_after(run_dir, start - 1)
             record_resume(run_dir, recipe, resume_changes, start)
     elif rank == 0:
-        truncate_after(run_dir, -1)  # a fresh start over a run that never saved (_never_saved) drops its lines
+        # a fresh start over a run that never saved (_never_saved): its metrics lines and resume records go
+        truncate_after(run_dir, -1)
+        (run_dir / RESUMES_FILE).unlink(missing_ok=True)
         atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
         write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
 

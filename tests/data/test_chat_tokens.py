@@ -10,6 +10,7 @@ import pytest
 
 from openrecipes.data import build
 from openrecipes.data.bundled import ASSETS
+from openrecipes.data.stream import LimitCounter
 from openrecipes.data.templates import token_mask
 
 TOKENIZER = ASSETS / "tokenizer"
@@ -22,16 +23,18 @@ def tokenize(conversations, tmp_path, loss_mask="qwen3"):
                                row_tokens=64, out=tmp_path / "out", progress=False)
     bundle, renderer, eos_id, _, _ = build._prepare(config)
     records = [{"messages": messages} for messages in conversations]
-    source = types.SimpleNamespace(where=lambda index: f"conversation {index}")
-    ids, mask, doc, count = build._tokenize_chunk(records, np.arange(len(records)), source, renderer,
-                                                  bundle.tokenizer, eos_id, bundle.special_token_pattern(),
-                                                  False, [], [])
-    assert count == len(conversations)
+    source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
+                                   iter_records=lambda order: ((i, records[i]) for i in order.tolist()))
+    pieces = list(build._sft_pieces(config, np.arange(len(records)), source, renderer, bundle.tokenizer, eos_id,
+                                    bundle.special_token_pattern(), [], [], LimitCounter(max_tokens=None)))
+    assert not any(piece.continues for piece in pieces)
+    ids, mask = np.concatenate([p.ids for p in pieces]), np.concatenate([p.mask for p in pieces])
+    lengths = np.concatenate([p.lengths for p in pieces])
+    assert lengths.size == len(conversations)
     out = []
-    for index in range(count):
-        rows = doc == index
-        assert ids[rows][-1] == eos_id and mask[rows][-1] == 0
-        out.append((ids[rows][:-1].tolist(), mask[rows][:-1]))
+    for conv_ids, conv_mask in zip(np.split(ids, np.cumsum(lengths)[:-1]), np.split(mask, np.cumsum(lengths)[:-1])):
+        assert conv_ids[-1] == eos_id and conv_mask[-1] == 0
+        out.append((conv_ids[:-1].tolist(), conv_mask[:-1]))
     return out, bundle
 
 

@@ -51,7 +51,13 @@ def _tokenized(texts: list[str]) -> list[np.ndarray]:
     return [np.array(bundle.tokenizer.encode(t, add_special_tokens=False).ids + [eos_id]) for t in texts]
 
 
-def test_text_rows_follow_the_definition(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window", [None, 128])
+def test_text_rows_follow_the_definition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
+    if window:  # most documents longer than a window: encoded in windows, stitched, and still the definition's ids
+        from openrecipes.data import stream
+
+        monkeypatch.setattr(stream, "WINDOW_CHARS", window)
+        monkeypatch.setattr(stream, "MARGIN_CHARS", 16)
     texts = _texts()
     manifest = _build(tmp_path / "out", _write_jsonl(tmp_path / "d.jsonl", texts))
     ids, mask = _expected_rows(_tokenized(texts), seed=7, T=64)

@@ -138,6 +138,43 @@ def test_leftover_staging_directories_are_removed_and_nothing_else(short_run, ma
     assert not (root / ".step-000007.partial").exists() and (root / "notes.partial").is_dir()
 
 
+def test_a_kill_during_the_first_save_leaves_a_run_that_resumes_or_starts_again(make_recipe, monkeypatch):
+    from pathlib import Path
+
+    from openrecipes.train import checkpointing
+    from tests.train.test_loop import losses
+
+    recipe = make_recipe(steps=2)
+    run_dir = Path(recipe.run_dir)
+    real_save = checkpointing.dcp.save
+
+    def killed(state, checkpoint_id):  # what a kill mid-write leaves: part of the files, no rename, no `latest`
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half")
+        raise OSError("killed during the first save")
+
+    for restart in ("resume", "fresh"):
+        monkeypatch.setattr(checkpointing.dcp, "save", killed)
+        with pytest.raises(OSError):
+            train(recipe, command="t")
+        monkeypatch.setattr(checkpointing.dcp, "save", real_save)
+        first = [r["loss"] for r in losses(run_dir)]
+        assert (run_dir / "checkpoints" / ".step-000001.partial").is_dir() and latest_checkpoint(run_dir) is None
+        (run_dir / "notes.txt").write_text("mine")  # not the tool's: kept
+        (run_dir / "resumes.jsonl").write_text('{"step": 0, "changes": {}}\n')  # an earlier resume's record
+        train(recipe, command="t", resume=restart == "resume")
+        assert (run_dir / "resumes.jsonl").exists() == (restart == "resume")  # a fresh start is a new run
+        assert latest_checkpoint(run_dir).name == "step-000001"
+        assert not (run_dir / "checkpoints" / ".step-000001.partial").exists()
+        assert [r["loss"] for r in losses(run_dir)] == first  # from step 0 again: the same two steps, once each
+        assert (run_dir / "notes.txt").read_text() == "mine"
+        (run_dir / "checkpoints" / "step-000001").rename(run_dir / "checkpoints" / f"kept-{restart}")
+        (run_dir / "checkpoints" / "latest").unlink()  # the next round starts from a run that never saved again
+    # a run that did save is still never started over
+    (run_dir / "checkpoints" / "kept-fresh").rename(run_dir / "checkpoints" / "step-000001")
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(recipe, command="t")
+
+
 @pytest.mark.parametrize("content", ["../../outside", "/etc", "step-000000/../../x", "rows"])
 def test_latest_naming_anything_outside_the_run_is_refused(short_run, content, capsys):
     (short_run / "checkpoints" / "latest").write_text(content + "\n")

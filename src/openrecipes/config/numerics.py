@@ -49,7 +49,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "how the rows are built from conversations: a different value gives different rows",
              "data.build.input", "data.build.tokenizer", "data.build.loss_mask", "data.build.row_tokens",
              "data.build.rows", "data.build.seed", "data.build.template_kwargs", "data.build.chat_template",
-             "data.build.format", "data.build.eos_token"),
+             "data.build.format", "data.build.eos_token", "data.build.max_conversation_tokens",
+             "data.build.too_long"),
     **_rules(NUMERICS, "the dtype of weights and activations, and so the math of every step", "precision"),
     **_rules(NUMERICS, "the update rule, its hyperparameters and schedule",
              "optimizer.name", "optimizer.lr", "optimizer.min_lr", "optimizer.betas", "optimizer.eps",
@@ -68,7 +69,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "replaces the router's choice of experts with round-robin routing", "debug.force_load_balance"),
     **_rules(NUMERICS, "skipping a non-finite step changes which updates are applied", "debug.skip_nonfinite_steps"),
     **_rules(PERFORMANCE, "observing a step (profiler, memory counters) or stopping a run changes no value computed",
-             "debug.profile_step", "debug.profile_sort", "debug.memory_trace", "debug.fail_at"),
+             "debug.profile_step", "debug.profile_sort", "debug.memory_trace", "debug.fail_at",
+             "debug.stall_at"),
     **_rules(PERFORMANCE, "grouped_mm and the per-expert loop compute the same products; they differ only "
              "in how the matrix multiplies are blocked, i.e. in rounding", "kernels.experts"),
     **_rules(PERFORMANCE, "every attention kernel computes the same causal, document-masked softmax "
@@ -95,6 +97,8 @@ FIELD_RULES: dict[str, FieldRule] = {
              "logging.wandb", "logging.wandb_project"),
     **_rules(PERFORMANCE, "labels and paths of the run", "name", "run_dir"),
     **_rules(PERFORMANCE, "how long a collective may wait before the job ends", "distributed_timeout_minutes"),
+    **_rules(PERFORMANCE, "how long a rank may make no progress between steps before the job ends",
+             "heartbeat_timeout_seconds"),
     **_rules(PERFORMANCE, "when a run of skipped non-finite steps ends the job; a finished run applied the same "
              "updates", "debug.max_consecutive_skips"),
 }

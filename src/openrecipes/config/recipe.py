@@ -37,15 +37,21 @@ class DataBuild(BaseModel):
     template_kwargs: dict[str, str] = Field(default_factory=dict)  # sft only
     chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
     eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
+    # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)
+    max_conversation_tokens: int | None = Field(None, ge=1)
+    too_long: Literal["skip", "truncate"] = "skip"
 
     @model_validator(mode="after")
     def _sft_fields_only_for_sft(self) -> "DataBuild":
         # by value, not by "was it written": the run directory's recipe.yaml spells out every default
-        given = [name for name in ("loss_mask", "template_kwargs", "chat_template")
+        given = [name for name in ("loss_mask", "template_kwargs", "chat_template", "max_conversation_tokens",
+                                   "too_long")
                  if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "
                              "target within a document")
+        if self.too_long != "skip" and self.max_conversation_tokens is None:
+            raise ValueError(f"too_long: {self.too_long} needs max_conversation_tokens (the limit it applies to)")
         return self
 
 
@@ -168,6 +174,7 @@ class Debug(BaseModel):
     profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
     memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
     fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
+    stall_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank hangs after that step (tests of the heartbeat)
     max_consecutive_skips: int = Field(3, ge=1)  # with skip_nonfinite_steps: stop after this many skips in a row
 
 
@@ -189,6 +196,8 @@ class Recipe(BaseModel):
     global_batch: int = Field(..., ge=1)       # rows per optimizer step
     seed: int = 0
     distributed_timeout_minutes: float = Field(10.0, gt=0)  # a collective waiting longer ends the job
+    # a rank that makes no progress between two steps for longer ends the job (train/heartbeat.py); null: never
+    heartbeat_timeout_seconds: float | None = Field(300.0, gt=0)
     run_dir: str = "runs/run"
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     logging: Logging = Field(default_factory=Logging)

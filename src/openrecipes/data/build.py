@@ -1,12 +1,14 @@
 """``openrecipes data build``: conversations -> fixed-length packed rows + manifest.
 
 Algorithm (docs/data.md): scan and check every input record; shuffle record indices with
-``numpy.random.default_rng(seed).permutation``; in that order render each valid conversation
+``numpy.random.default_rng(seed).permutation``; in that order read and render each valid conversation
 with the chat template, tokenize the rendered text at once (the mask from the supervised
-character spans: templates.py), append the EOS token; cut the stream into rows of exactly
+character spans: templates.py; a text longer than a window in windows, stream.py), apply the
+per-conversation token limit if one is set, append the EOS token; cut the stream into rows of exactly
 ``row_tokens`` (packing.py); skip rows without a supervised token; stop after
 ``rows`` kept rows (or at the end of the input); write rows.parquet and manifest.json into a
-staging directory that becomes the output directory only on success.
+staging directory that becomes the output directory only on success. Memory stays bounded by one
+conversation, one batch and one row group (docs/data.md, "Memory").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -24,7 +26,9 @@ from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SH
                                        RowsWriter)
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
-from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text, token_mask
+from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
+                                     is_long, long_pieces)
+from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
@@ -53,6 +57,8 @@ class BuildConfig:
     overwrite: bool = False
     progress: bool = True
     chunk_conversations: int = 2048
+    max_conversation_tokens: int | None = None  # sft: a longer conversation (separator not counted) is ...
+    too_long: str = "skip"  # ... skipped (counted) or truncated to its first max_conversation_tokens tokens
 
 
 def _check_config(config: BuildConfig) -> None:
@@ -69,6 +75,14 @@ def _check_config(config: BuildConfig) -> None:
         raise ValueError(f"--rows must be positive, got {config.rows}")
     if config.chunk_conversations <= 0:
         raise ValueError("chunk_conversations must be positive")
+    if config.max_conversation_tokens is not None and config.max_conversation_tokens <= 0:
+        raise ValueError(f"--max-conversation-tokens must be positive, got {config.max_conversation_tokens}")
+    if config.too_long not in TOO_LONG:
+        raise ValueError(f"--too-long must be one of {', '.join(TOO_LONG)}, got {config.too_long!r}")
+    if config.too_long != "skip" and config.max_conversation_tokens is None:
+        raise ValueError(f"--too-long {config.too_long} needs --max-conversation-tokens N (the limit it applies to)")
+    if config.format == "pretrain" and config.max_conversation_tokens is not None:
+        raise ValueError("--max-conversation-tokens applies to --format sft only")
 
 
 def _prepare(config: BuildConfig) -> tuple[Any, ChatRenderer, int, str, str]:
@@ -119,44 +133,45 @@ def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[in
     return invalid, examples
 
 
-def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, renderer: ChatRenderer,
-                    tokenizer: Any, eos_id: int, forbidden: Any, skip_invalid: bool,
-                    invalid: list[int], examples: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Render and tokenize a chunk.
+def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: ChatRenderer, tokenizer: Any,
+                eos_id: int, forbidden: Any, invalid: list[int], examples: list[str],
+                limit: LimitCounter) -> Iterator[Piece]:
+    """Render the conversations at ``order`` one at a time; yield their tokens in bounded pieces (stream.py).
 
-    Returns per-token ids, masks, chunk-local document numbers, and the number of documents.
-    """
+    Ordinary conversations are encoded in batches (``chunk_conversations`` of them or ``BATCH_CHARS`` characters),
+    each whole, so its ids are the tokenizer's own for the text; one longer than a window goes alone, window by
+    window."""
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
-    for record, index in zip(records, indices.tolist()):
+    chars = 0
+    for index, record in source.iter_records(order):
         where = source.where(index)
         try:
             messages, tools = normalize(record, where, forbidden)
             text, supervised = renderer.supervised_spans(messages, tools)
         except ValueError as error:  # template errors (raise_exception, wrong format) included
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
-            if not skip_invalid:
+            if not config.skip_invalid:
                 raise InvalidConversation(message) from None
             invalid.append(index)
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(message)
             continue
+        del record, messages, tools  # the rendered text is all that is needed from here on
+        if is_long(text):
+            if texts:
+                yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
+                texts, spans, chars = [], [], 0
+            yield from long_pieces(text, supervised, tokenizer, eos_id, limit)
+            continue
         texts.append(text)
         spans.append(supervised)
-    # the whole rendered conversation at once: its ids are the tokenizer's own for that text
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
-    id_parts: list[np.ndarray] = []
-    mask_parts: list[np.ndarray] = []
-    for encoding, supervised in zip(encodings, spans):
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        id_parts += [np.asarray(encoding.ids, dtype=np.int32), np.array([eos_id], dtype=np.int32)]
-        mask_parts += [token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]  # the EOS is unsupervised
-    if not texts:
-        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), 0
-    conv_lengths = np.array([len(e.ids) + 1 for e in encodings], dtype=np.int64)
-    ids, mask = np.concatenate(id_parts), np.concatenate(mask_parts)
-    doc = np.repeat(np.arange(len(texts)), conv_lengths)
-    return ids, mask, doc, len(texts)
+        chars += len(text)
+        if len(texts) >= config.chunk_conversations or chars >= BATCH_CHARS:
+            yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
+            texts, spans, chars = [], [], 0
+    if texts:
+        yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
 
 
 def _output_guard(config: BuildConfig) -> dict[str, Any]:
@@ -186,15 +201,17 @@ def build(config: BuildConfig) -> dict[str, Any]:
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid conversations")
 
-    def tokenize(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        return _tokenize_chunk(source.load(indices), indices, source, renderer, bundle.tokenizer, eos_id,
-                               forbidden, config.skip_invalid, invalid, examples)
-
+    limit = LimitCounter(max_tokens=config.max_conversation_tokens, too_long=config.too_long)
+    pieces = _sft_pieces(config, order, source, renderer, bundle.tokenizer, eos_id, forbidden, invalid, examples,
+                         limit)
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        packed = pack_rows(config, order, tokenize, staging)
-        counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used_docs, packed.packer)
+        packed = pack_rows(config, pieces, staging)
+        counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
+                         skipped=limit.over_limit if limit.too_long == "skip" else 0)
+        if limit.max_tokens is not None:
+            counts["conversations_over_token_limit"] = limit.over_limit
         manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, packed.writer,
-                             staging, counts, examples)
+                             staging, counts, examples, limit)
         atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
@@ -204,39 +221,57 @@ class Packed:
     writer: RowsWriter
     packer: RowPacker
     doc_lengths: np.ndarray  # per reached document, its tokens (separator included), in stream order
-    used_docs: list[np.ndarray]  # per written row, the stream index of each document piece
+    used: int  # documents with a token in a written row
 
 
-def pack_rows(config: BuildConfig, order: np.ndarray,
-              tokenize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray, int]],
-              staging: Path) -> Packed:
-    """Tokenize the records at ``order`` chunk by chunk, cut the stream into rows, write them to ``staging``.
+def chunked_pieces(order: np.ndarray, chunk: int,
+                   tokenize: Any) -> Iterator[Piece]:
+    """Pieces from a ``tokenize(indices) -> (ids, masks, chunk-local document numbers, count)`` per chunk."""
+    for start in range(0, order.size, chunk):
+        ids, mask, doc, n_docs = tokenize(order[start:start + chunk])
+        if n_docs:
+            yield Piece(ids=ids, mask=mask, lengths=np.bincount(doc, minlength=n_docs).astype(np.int64))
 
-    ``tokenize(indices)`` gives per-token ids, masks and chunk-local document numbers, and the document count;
-    the same for every format, so SFT and pretraining rows are packed, hashed and written by one piece of code.
+
+def pack_rows(config: BuildConfig, pieces: Iterable[Piece], staging: Path) -> Packed:
+    """Cut the stream of ``pieces`` into rows and write them to ``staging``, holding at most one row group.
+
+    The same for every format, so SFT and pretraining rows are packed, hashed and written by one piece of code.
+    Documents are numbered in stream order; a piece that ``continues`` extends the previous piece's last one.
     """
     from tqdm import tqdm
 
     T = config.row_tokens
     packer = RowPacker(row_tokens=T, max_rows=config.rows)
     doc_lengths: list[np.ndarray] = [np.zeros(0, np.int64)]
-    used_docs: list[np.ndarray] = []
+    started = 0  # documents begun so far
+    used, last_used = 0, -1  # documents in written rows are in stream order: count each new one once
     writer = RowsWriter(staging / ROWS_FILE, T)
     bar = tqdm(total=config.rows * T if config.rows else None, unit="tok", unit_scale=True,
                disable=not config.progress, file=sys.stderr, mininterval=1.0, desc="data build")
     try:
-        docs_before = 0
-        for start in range(0, order.size, config.chunk_conversations):
-            ids, mask, doc, n_docs = tokenize(order[start:start + config.chunk_conversations])
-            doc_lengths.append(np.bincount(doc, minlength=n_docs))
-            block = packer.push(ids, mask, doc + docs_before)
-            docs_before += n_docs
+        for piece in pieces:
+            first = started - 1 if piece.continues else started
+            doc = np.repeat(np.arange(first, first + piece.lengths.size), piece.lengths)
+            new = piece.lengths.astype(np.int64)  # a copy: the last entry may grow
+            if piece.continues:
+                doc_lengths[-1][-1] += new[0]
+                new = new[1:]
+            if new.size:
+                doc_lengths.append(new)
+            started = first + piece.lengths.size
+            block = packer.push(piece.ids, piece.mask, doc)
             writer.add(block.input_ids, block.loss_mask, block.doc_lens)
-            used_docs.extend(block.doc_index)
+            if block.doc_index:
+                in_rows = np.unique(np.concatenate(block.doc_index))
+                used += int(np.count_nonzero(in_rows > last_used))
+                last_used = int(in_rows[-1])
             bar.update(block.input_ids.size)
             if packer.done:
                 break
     finally:
+        if hasattr(pieces, "close"):
+            pieces.close()  # a generator stopped early closes its input files now
         writer.close()
         bar.close()
     if config.rows is not None and packer.rows_kept < config.rows:
@@ -244,25 +279,26 @@ def pack_rows(config: BuildConfig, order: np.ndarray,
                          f"with a supervised token; --rows asks for {config.rows}")
     if packer.rows_kept == 0:
         raise ValueError(f"{config.input}: the input yields no row of {T} tokens with a supervised token")
-    return Packed(writer=writer, packer=packer, doc_lengths=np.concatenate(doc_lengths), used_docs=used_docs)
+    return Packed(writer=writer, packer=packer, doc_lengths=np.concatenate(doc_lengths), used=used)
 
 
-def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: list[np.ndarray],
-            packer: RowPacker, noun: str = "conversations") -> dict[str, int]:
-    """How the input's records (``noun``: conversations or documents) fell into the rows (docs/data.md)."""
+def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used: int, packer: RowPacker,
+            noun: str = "conversations", skipped: int = 0) -> dict[str, int]:
+    """How the input's records (``noun``: conversations or documents) fell into the rows (docs/data.md).
+
+    ``skipped``: valid records left out of the stream (over the token limit)."""
     T = packer.row_tokens
     ends = np.cumsum(doc_lengths)
     starts = ends - doc_lengths
     stop = packer.last_kept_end  # stream position after the last kept row
     first_cut = (starts // T + 1) * T  # first row boundary after a document's start
-    used = np.unique(np.concatenate(used_docs)) if used_docs else np.zeros(0, np.int64)
     return {
         f"{noun}_total": n_total,
         f"{noun}_invalid": n_invalid,
-        f"{noun}_used": int(used.size),
+        f"{noun}_used": used,
         f"{noun}_split": int(np.count_nonzero((first_cut < ends) & (first_cut < stop))),
         f"{noun}_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
-        f"{noun}_unused": int(n_total - n_invalid - np.count_nonzero(starts < stop)),
+        f"{noun}_unused": int(n_total - n_invalid - skipped - np.count_nonzero(starts < stop)),
         "rows_skipped_unsupervised": int(packer.rows_skipped),
         "tokens_dropped_after_last_row": int(ends[-1] - stop) if ends.size else 0,
     }
@@ -270,7 +306,7 @@ def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: li
 
 def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str, eos_id: int,
               template_source: str, source: Any, writer: RowsWriter, staging: Path,
-              counts: dict[str, int], examples: list[str]) -> dict[str, Any]:
+              counts: dict[str, int], examples: list[str], limit: LimitCounter) -> dict[str, Any]:
     T = config.row_tokens
     return {
         **rows_fields(config, writer),
@@ -287,6 +323,7 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
         "template_source": template_source,
         "template_sha256": hashlib.sha256(renderer.template.encode("utf-8")).hexdigest(),
         "template_kwargs": dict(renderer.template_kwargs),
+        "conversation_token_limit": limit.manifest_field(),
         **file_fields(writer, staging),
         "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
         "counts": counts,
@@ -337,5 +374,6 @@ def build_recipe_rows(spec: Any, out: Path) -> Path:
             tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER), format=spec.format,
             loss_mask=spec.loss_mask if sft else None, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
             template_kwargs=dict(spec.template_kwargs) if sft else {}, chat_template=spec.chat_template if sft else None,
-            eos_token=spec.eos_token, out=out, progress=False))
+            eos_token=spec.eos_token, max_conversation_tokens=spec.max_conversation_tokens if sft else None,
+            too_long=spec.too_long, out=out, progress=False))
     return out

@@ -45,6 +45,12 @@ def register(subparsers: Any) -> None:
     build.add_argument("--eos-token", default=None,
                        help="token appended after each conversation or document (default: the loss-mask "
                             "format's for sft, the tokenizer's eos_token for pretrain)")
+    build.add_argument("--max-conversation-tokens", type=int, default=None, metavar="N",
+                       help="sft: a conversation of more than N tokens (its separator not counted) is skipped or "
+                            "truncated (--too-long); the manifest records the limit and counts them")
+    build.add_argument("--too-long", default="skip", choices=["skip", "truncate"],
+                       help="with --max-conversation-tokens: skip such a conversation (default) or keep its first "
+                            "N tokens")
     build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")
     build.add_argument("--skip-invalid", action="store_true",
                        help="count and skip invalid conversations instead of failing on the first")
@@ -71,7 +77,8 @@ def _build(args: argparse.Namespace) -> int:
         format=args.format, loss_mask=args.loss_mask,
         row_tokens=args.row_tokens, rows=args.rows, seed=args.seed,
         template_kwargs=parse_template_kwargs(args.template_kwargs), chat_template=args.chat_template,
-        eos_token=args.eos_token, name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,
+        eos_token=args.eos_token, max_conversation_tokens=args.max_conversation_tokens, too_long=args.too_long,
+        name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,
         progress=not args.no_progress, out=out)
     manifest = build(config)
     summary = {key: manifest[key] for key in ("name", "rows", "row_tokens", "supervised_token_ratio",

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from openrecipes.data.build import (MANIFEST_FILE, MAX_INVALID_EXAMPLES, BuildConfig, _counts, _output_guard,
-                                    file_fields, pack_rows, rows_fields)
+                                    chunked_pieces, file_fields, pack_rows, rows_fields)
 from openrecipes.data.megatron_indexed import IndexedDocuments, indexed_prefix, read_indexed
 from openrecipes.data.sources import ConversationSource, open_source
+from openrecipes.data.stream import BATCH_CHARS, Piece, encode_windows, is_long
 from openrecipes.data.tokenizer import TokenizerBundle, load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
 
@@ -65,16 +66,42 @@ def _stream(id_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ids, mask, np.repeat(np.arange(lengths.size), lengths), int(lengths.size)
 
 
-def _text_chunks(config: BuildConfig, bundle: TokenizerBundle, eos_id: int, source: ConversationSource,
-                 forbidden: re.Pattern[str] | None) -> Any:
-    def tokenize(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        texts = [record["text"] for record in source.load(indices)]  # checked by the scan
+def _text_pieces(config: BuildConfig, bundle: TokenizerBundle, eos_id: int, source: ConversationSource,
+                 order: np.ndarray) -> Iterator[Piece]:
+    """Text documents read one at a time in ``order``, encoded in bounded batches, a long one in windows (as SFT
+    conversations are: stream.py), each followed by the end token."""
+    end = np.array([eos_id], dtype=np.int32)
+
+    def batch(texts: list[str]) -> Piece:
         # encode_batch_fast: no character offsets, which only SFT masks need; the ids are the same
         encodings = bundle.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        end = np.array([eos_id], dtype=np.int32)
-        return _stream([np.concatenate([np.asarray(e.ids, dtype=np.int32), end]) for e in encodings])
+        ids, mask, doc, count = _stream([np.concatenate([np.asarray(e.ids, dtype=np.int32), end]) for e in encodings])
+        return Piece(ids=ids, mask=mask, lengths=np.bincount(doc, minlength=count).astype(np.int64))
 
-    return tokenize
+    texts: list[str] = []
+    chars = 0
+    for _, record in source.iter_records(order):
+        text = record["text"]  # checked by the scan
+        if is_long(text):
+            if texts:
+                yield batch(texts)
+                texts, chars = [], 0
+            first = True
+            for ids, _ in encode_windows(bundle.tokenizer, text):
+                mask = np.ones(ids.size, dtype=np.int8)
+                if first:
+                    mask[:1] = 0  # a document's first token is not a target
+                yield Piece(ids=ids, mask=mask, lengths=np.array([ids.size]), continues=not first)
+                first = False
+            yield Piece(ids=end, mask=np.ones(1, dtype=np.int8), lengths=np.array([1]), continues=True)
+            continue
+        texts.append(text)
+        chars += len(text)
+        if len(texts) >= config.chunk_conversations or chars >= BATCH_CHARS:
+            yield batch(texts)
+            texts, chars = [], 0
+    if texts:
+        yield batch(texts)
 
 
 def _indexed_chunks(documents: IndexedDocuments, eos_id: int, vocab_size: int) -> Any:
@@ -108,6 +135,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
         documents = read_indexed(prefix)
         n_total = len(documents)
         tokenize = _indexed_chunks(documents, eos_id, vocab_size)
+        pieces = lambda order: chunked_pieces(order, config.chunk_conversations, tokenize)  # noqa: E731
         source_fields = {"description": f"Megatron indexed dataset {prefix} ({n_total} documents)",
                          "files": [f"{prefix}.idx", f"{prefix}.bin"]}
     else:
@@ -123,14 +151,14 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
                 if len(examples) < MAX_INVALID_EXAMPLES:
                     examples.append(str(error))
         n_total = len(source)
-        tokenize = _text_chunks(config, bundle, eos_id, source, forbidden)
+        pieces = lambda order: _text_pieces(config, bundle, eos_id, source, order)  # noqa: E731
         source_fields = {"description": source.description, "files": [str(f.path) for f in source.files]}
     order = np.random.default_rng(config.seed).permutation(n_total)
     order = order[~np.isin(order, invalid)]
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid documents")
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        packed = pack_rows(config, order, tokenize, staging)
+        packed = pack_rows(config, pieces(order), staging)
         T = config.row_tokens
         manifest = {
             **rows_fields(config, packed.writer),
@@ -147,7 +175,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
                           "vocab_size": vocab_size},
             **file_fields(packed.writer, staging),
             "source": source_fields,
-            "counts": _counts(n_total, len(invalid), packed.doc_lengths, packed.used_docs, packed.packer,
+            "counts": _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
                               noun="documents"),
             "invalid_examples": examples,
         }

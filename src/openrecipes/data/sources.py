@@ -6,7 +6,7 @@ come from the same three kinds of input; ``column`` names the one a build needs.
 Every record is read and checked once up front (``scan``), so a malformed JSON line stops the
 build with its file and line number before anything is written, and the counts in the
 manifest cover the whole input. The build then reads the records it needs again, by index,
-in the order of its seeded permutation (``load``).
+in the order of its seeded permutation, one at a time (``iter_records``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 ROLES = ("system", "user", "assistant", "tool")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SCAN_BATCH = 4096
 
 
@@ -74,24 +75,50 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
     f.count = len(offsets)
 
 
-def _read_table(path: Path, column: str) -> Any:
+def _columns(path: Path, names: list[str], column: str) -> list[str]:
+    if column not in names:
+        raise ValueError(f"{path}: no {column!r} column (columns: {', '.join(names)})")
+    # the conversation's tools may sit beside its messages; a text document is its text alone
+    extra = ("metadata", "tools") if column == "messages" else ()
+    return [name for name in (column, *extra) if name in names]
+
+
+def _mapped_parquet(path: Path, column: str) -> Any:
+    """A Parquet file's columns as a memory-mapped table: decompressed one row group at a time into an uncompressed
+    Arrow file in the temporary directory (removed at once; the mapping keeps it readable), so the records are read
+    from the page cache by index, never all held in the process's memory."""
+    import os
+    import tempfile
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    parquet = pq.ParquetFile(path)
+    keep = _columns(path, parquet.schema_arrow.names, column)
+    schema = pa.schema([parquet.schema_arrow.field(name) for name in keep])
+    handle, spill = tempfile.mkstemp(prefix="openrecipes-input-", suffix=".arrow")
+    os.close(handle)
+    try:
+        with pa.OSFile(spill, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for group in range(parquet.num_row_groups):
+                writer.write_table(parquet.read_row_group(group, columns=keep).cast(schema))
+        return pa.ipc.open_file(pa.memory_map(spill)).read_all()
+    finally:
+        os.unlink(spill)
+
+
+def _read_table(path: Path, column: str) -> Any:
+    import pyarrow as pa
+
     if path.suffix == ".parquet":
-        table = pq.read_table(path)
-    else:  # .arrow files of a saved Hugging Face dataset (IPC stream, or IPC file)
-        with pa.memory_map(str(path)) as source:
-            try:
-                table = pa.ipc.open_stream(source).read_all()
-            except pa.ArrowInvalid:
-                table = pa.ipc.open_file(source).read_all()
-    if column not in table.column_names:
-        raise ValueError(f"{path}: no {column!r} column (columns: {', '.join(table.column_names)})")
-    # the conversation's tools may sit beside its messages; a text document is its text alone
-    extra = ("metadata", "tools") if column == "messages" else ()
-    keep = [name for name in (column, *extra) if name in table.column_names]
-    return table.select(keep)
+        return _mapped_parquet(path, column)
+    # .arrow files of a saved Hugging Face dataset (IPC stream, or IPC file), memory-mapped
+    with pa.memory_map(str(path)) as source:
+        try:
+            table = pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_file(source).read_all()
+    return table.select(_columns(path, table.column_names, column))
 
 
 def _dataset_files(directory: Path) -> list[Path]:
@@ -127,26 +154,24 @@ class ConversationSource:
             index -= f.count
         raise IndexError(index)
 
-    def load(self, indices: np.ndarray) -> list[dict[str, Any]]:
-        """Raw records at global ``indices``, in that order (each file opened once per call)."""
-        out: list[Any] = [None] * len(indices)
+    def iter_records(self, indices: np.ndarray) -> Iterator[tuple[int, Any]]:
+        """(global index, raw record) at ``indices``, in that order, one record in memory at a time."""
         starts = np.cumsum([0] + [f.count for f in self.files])
-        file_of = np.searchsorted(starts, indices, side="right") - 1
-        for number, f in enumerate(self.files):
-            positions = np.flatnonzero(file_of == number)
-            if positions.size == 0:
-                continue
-            local = indices[positions] - starts[number]
-            if f.kind == "jsonl":
-                with open(f.path, "rb") as handle:
-                    for position, offset in zip(positions.tolist(), f.line_offsets[local].tolist()):
-                        handle.seek(offset)
-                        out[position] = json.loads(handle.readline())
-            else:
-                rows = _drop_nulls(f.table.take(local).to_pylist())
-                for position, row in zip(positions.tolist(), rows):
-                    out[position] = row
-        return out
+        handles: dict[int, Any] = {}
+        try:
+            for index in indices.tolist():
+                number = int(np.searchsorted(starts, index, side="right")) - 1
+                f, local = self.files[number], index - int(starts[number])
+                if f.kind == "jsonl":
+                    if number not in handles:
+                        handles[number] = open(f.path, "rb")
+                    handles[number].seek(int(f.line_offsets[local]))
+                    yield index, json.loads(handles[number].readline())
+                else:
+                    yield index, _drop_nulls(f.table.slice(local, 1).to_pylist()[0])
+        finally:
+            for handle in handles.values():
+                handle.close()
 
 
 def open_source(path: str | Path, column: str = "messages") -> tuple[ConversationSource,
@@ -264,9 +289,8 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tup
         raise InvalidConversation(f"{where}: empty conversation (no messages)")
     if not any(m["role"] == "assistant" for m in messages):
         raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise")
-    try:  # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it
-        json.dumps([messages, tools], ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InvalidConversation(f"{where}: text holds {error.object[error.start:error.end]!r}, which is not valid "
-                                  "Unicode (a lone surrogate)") from None
+    # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it. Searched for in place:
+    # encoding a 50 MB conversation to find one would copy it twice
+    if bad := _forged_token([messages, tools], "", _SURROGATE):
+        raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)")
     return messages, tools

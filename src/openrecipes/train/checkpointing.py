@@ -100,7 +100,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     final = root / f"step-{step:06d}"
     staging = root / f".step-{step:06d}.partial"
     if _is_main():
-        _remove_stale_staging(root)
+        remove_stale_staging(run_dir)
         staging.mkdir(parents=True)
     _barrier()
     with warnings.catch_warnings():
@@ -118,8 +118,9 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     return final
 
 
-def _remove_stale_staging(root: Path) -> None:
+def remove_stale_staging(run_dir: Path) -> None:
     """Staging directories of saves that never finished (a killed run); only names this module writes."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
     if root.is_dir():
         for path in root.iterdir():
             if _STAGING_DIR.fullmatch(path.name) and path.is_dir() and not path.is_symlink():

@@ -19,12 +19,13 @@ from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
-from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from openrecipes.train.heartbeat import Heartbeat
+from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.resume import record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RunGpuInfo, RunInfo,
-                                       RunModelInfo, rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RESUMES_FILE,
+                                       RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -93,7 +94,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                     num_experts=config.num_experts)
     parallel = build_parallel_state(recipe.layout, device)
     engine.check_aux_loss(recipe, config, parallel)
-    if not resume and (run_dir / METRICS_FILE).exists():
+    if not resume and (run_dir / METRICS_FILE).exists() and not _never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}
     if resume and _finished(run_dir, recipe.steps):
@@ -145,15 +146,22 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                   loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
 
     start = 0
+    if rank == 0:
+        remove_stale_staging(run_dir)  # a save cut short by a kill: written by this tool, never complete
     if resume:
         checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise ValueError(f"--resume: {run_dir} has no complete checkpoint")
-        start = load_checkpoint(checkpoint, model, optimizer) + 1
+        if checkpoint is not None:
+            start = load_checkpoint(checkpoint, model, optimizer) + 1
+        elif rank == 0:  # killed before (or during) its first save: the run starts again from the seed
+            print(f"openrecipes train: {run_dir} has no complete checkpoint; resuming from step 0",
+                  file=sys.stderr, flush=True)
         if rank == 0:
             truncate_after(run_dir, start - 1)
             record_resume(run_dir, recipe, resume_changes, start)
     elif rank == 0:
+        # a fresh start over a run that never saved (_never_saved): its metrics lines and resume records go
+        truncate_after(run_dir, -1)
+        (run_dir / RESUMES_FILE).unlink(missing_ok=True)
         atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
         write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
 
@@ -165,8 +173,11 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     build_peak = _build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     skipped_in_a_row = 0  # with debug.skip_nonfinite_steps: a run that stays non-finite stops instead of idling on
+    # only where other ranks would wait for a stalled one (heartbeat.py)
+    heartbeat = Heartbeat(rank=rank, timeout_s=recipe.heartbeat_timeout_seconds, enabled=world > 1)
     try:
         for step in range(start, last + 1):
+            heartbeat.step_begins()
             if debug.fail_at == (rank, step):
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
             if step == debug.profile_step:
@@ -174,6 +185,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                                                                grads, parallel, pipeline))
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
+            heartbeat.step_done(step)
             if build_peak is not None and step == start:
                 record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
@@ -192,13 +204,18 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             every = recipe.checkpoint.every
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
-                save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+                with heartbeat.paused():  # its barriers wait for the other ranks
+                    save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
             if recipe.lora is not None and step == recipe.steps - 1:
                 from openrecipes.checkpoint.lora import save_peft_adapter
 
-                save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
-                                  write=parallel.rank == 0)
+                with heartbeat.paused():
+                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
+                                      write=parallel.rank == 0)
+            if debug.stall_at == (rank, step):
+                _stall(rank, step)
     finally:
+        heartbeat.close()
         gc.enable()
         metrics.close()
     if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
@@ -214,6 +231,20 @@ def _export_hf(run_dir: Path) -> None:
     saved = latest_checkpoint(run_dir)
     out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
     print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
+
+
+def _stall(rank: int, step: int) -> None:
+    """debug.stall_at: hang in Python between steps, as a stuck rank would (the heartbeat ends the job)."""
+    print(f"openrecipes train: rank {rank} stalls after step {step} (debug.stall_at)", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(60)
+
+
+def _never_saved(run_dir: Path) -> bool:
+    """A run of this tool (its run.json and recipe.yaml) killed before its first checkpoint was complete: nothing in
+    it is worth keeping, so a fresh start may write over it (its metrics lines and records, nothing else)."""
+    return ((run_dir / RUN_FILE).is_file() and (run_dir / RECIPE_FILE).is_file()
+            and latest_checkpoint(run_dir) is None)
 
 
 def _finished(run_dir: Path, steps: int) -> bool:

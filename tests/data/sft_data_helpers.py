@@ -36,3 +36,28 @@ def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
                                    row_tokens=256, out=out, progress=False, name="test")
     options.update(overrides)
     return build(BuildConfig(**options))
+
+
+def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokenizer: Path = BUNDLED_TOKENIZER,
+                           loss_mask: str = "qwen3", chat_template: str | None = None,
+                           ) -> tuple[list[tuple[list[int], np.ndarray]], Any]:
+    """(ids, mask) of each record (``{"messages": ..., "tools": ...}``) as the data build makes them, its
+    separator removed; and the tokenizer bundle."""
+    import types
+
+    from openrecipes.data import build as data_build
+
+    config = BuildConfig(input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask, row_tokens=64,
+                         chat_template=chat_template, out=tmp_path / "out", progress=False)
+    bundle, renderer, eos_id, _, _ = data_build._prepare(config)
+    source = types.SimpleNamespace(where=lambda index: f"conversation {index}")
+    ids, mask, doc, count = data_build._tokenize_chunk(records, np.arange(len(records)), source, renderer,
+                                                       bundle.tokenizer, eos_id, bundle.special_token_pattern(),
+                                                       False, [], [])
+    assert count == len(records)
+    out = []
+    for index in range(count):
+        rows = doc == index
+        assert ids[rows][-1] == eos_id and mask[rows][-1] == 0
+        out.append((ids[rows][:-1].tolist(), mask[rows][:-1]))
+    return out, bundle

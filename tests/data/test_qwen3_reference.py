@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from openrecipes.data.bundled import ASSETS, TEMPLATES
-from openrecipes.data.templates import compile_template
+from openrecipes.data.templates import BUILTIN_TEMPLATE_NOTES, builtin_template_note, compile_template
 
 from tests.data.conftest import QWEN3_TOKENIZER_JSON_SHA256
 from tests.data.sft_data_helpers import tokenize_conversations
@@ -110,6 +110,14 @@ def test_unknown_role_is_an_error_not_left_out():
     ours = compile_template(TEMPLATES["qwen3"].read_text(encoding="utf-8"))
     with pytest.raises(ValueError, match="unknown role: critic"):
         ours.render(messages=[user("Hi"), {"role": "critic", "content": "meh"}, assistant("Hello.")])
+
+
+def test_the_manifest_note_belongs_to_the_built_in_template_text():
+    assert builtin_template_note(TEMPLATES["qwen3"].read_text(encoding="utf-8")) == BUILTIN_TEMPLATE_NOTES["qwen3"]
+    assert builtin_template_note(TEMPLATES["muse_spark"].read_text(encoding="utf-8")) == \
+        BUILTIN_TEMPLATE_NOTES["muse_spark"]
+    edited = TEMPLATES["qwen3"].read_text(encoding="utf-8").replace("<tools>", "<functions>")
+    assert builtin_template_note(edited) is None  # another template: no claim about it
 
 
 def supervised_runs(ids: list[int], mask: Any) -> list[list[int]]:

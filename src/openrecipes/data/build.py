@@ -24,7 +24,8 @@ from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SH
                                        RowsWriter)
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
-from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text, token_mask
+from openrecipes.data.templates import (ChatRenderer, builtin_template_note, get_loss_mask, load_template_text,
+                                        token_mask)
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
@@ -287,6 +288,7 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
         "template_source": template_source,
         "template_sha256": hashlib.sha256(renderer.template.encode("utf-8")).hexdigest(),
         "template_kwargs": dict(renderer.template_kwargs),
+        "template_note": builtin_template_note(renderer.template),  # null unless a built-in template's text
         **file_fields(writer, staging),
         "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
         "counts": counts,

@@ -36,3 +36,32 @@ def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
                                    row_tokens=256, out=out, progress=False, name="test")
     options.update(overrides)
     return build(BuildConfig(**options))
+
+
+def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokenizer: Path = BUNDLED_TOKENIZER,
+                           loss_mask: str = "qwen3", chat_template: str | None = None,
+                           ) -> tuple[list[tuple[list[int], np.ndarray]], Any]:
+    """(ids, mask) of each record (``{"messages": ..., "tools": ...}``) as the data build makes them, its
+    separator removed; and the tokenizer bundle."""
+    import types
+
+    from openrecipes.data import build as data_build
+    from openrecipes.data.stream import LimitCounter
+
+    config = BuildConfig(input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask, row_tokens=64,
+                         chat_template=chat_template, out=tmp_path / "out", progress=False)
+    bundle, renderer, eos_id, _, _ = data_build._prepare(config)
+    source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
+                                   iter_records=lambda order: ((i, records[i]) for i in order.tolist()))
+    pieces = list(data_build._sft_pieces(config, np.arange(len(records)), source, renderer, bundle.tokenizer, eos_id,
+                                         bundle.special_token_pattern(), [], [], LimitCounter(max_tokens=None)))
+    assert not any(piece.continues for piece in pieces)
+    ids, mask = np.concatenate([p.ids for p in pieces]), np.concatenate([p.mask for p in pieces])
+    lengths = np.concatenate([p.lengths for p in pieces])
+    assert lengths.size == len(records)
+    out = []
+    bounds = np.cumsum(lengths)[:-1]
+    for conv_ids, conv_mask in zip(np.split(ids, bounds), np.split(mask, bounds)):
+        assert conv_ids[-1] == eos_id and conv_mask[-1] == 0
+        out.append((conv_ids[:-1].tolist(), conv_mask[:-1]))
+    return out, bundle

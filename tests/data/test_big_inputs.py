@@ -18,7 +18,7 @@ from openrecipes.data.templates import token_mask
 from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, read_rows, run_build, write_jsonl
 
 # the rows of the bundled conversations (tests/data/conftest.py's build) before the builder streamed its work
-BUNDLED_ROWS_SHA256 = "29915a108409ca3fd27d1ad828dad90e4e28bfff727d541ed95f08ccb9f3bc56"
+BUNDLED_ROWS_SHA256 = "a247cc1b0b447dec74e9d20701b25327353b5f2596aa2ea00fd552088edd6dab"  # qwen3 template of Qwen3's own text
 T = 64
 
 

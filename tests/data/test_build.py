@@ -11,6 +11,7 @@ import pytest
 
 from openrecipes.data import cli as data_cli
 from openrecipes.data.manifest import rows_sha256_of
+from openrecipes.data.templates import BUILTIN_TEMPLATE_NOTES
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
 from openrecipes.utils import sha256_file
 
@@ -36,6 +37,8 @@ def test_manifest_hashes_match_the_files(tiny_rows: Path) -> None:
     assert manifest["rows_sha256"] == rows_sha256_of(tiny_rows / "rows.parquet")
     assert manifest["tokenizer"]["files_sha256"]["tokenizer.json"] == sha256_file(BUNDLED_TOKENIZER / "tokenizer.json")
     assert manifest["template_sha256"] == sha256_file(BUNDLED_TOKENIZER / "chat_template.jinja")
+    # the bundled tokenizer's template is the built-in qwen3 text, so its note (how it relates to Qwen3's) is recorded
+    assert manifest["template_note"] == BUILTIN_TEMPLATE_NOTES["qwen3"]
     rows = read_rows(tiny_rows)
     assert manifest["supervised_tokens"] == int(rows["loss_mask"].sum())
     assert manifest["padding_tokens"] == 0

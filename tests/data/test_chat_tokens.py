@@ -2,40 +2,26 @@
 loss mask comes from the supervised character spans."""
 
 import json
-import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from openrecipes.data import build
 from openrecipes.data.bundled import ASSETS
-from openrecipes.data.stream import LimitCounter
 from openrecipes.data.templates import token_mask
 
+from tests.data.sft_data_helpers import tokenize_conversations
+
 TOKENIZER = ASSETS / "tokenizer"
-NEWLINE_FIRST = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "\n\nHi there."}]
+# The reply starting with newlines comes before the last user query, so the qwen3 template keeps it as it is
+# (the last turn's content follows an empty <think> block, its leading newlines stripped).
+NEWLINE_FIRST = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "\n\nHi there."},
+                 {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]
 
 
 def tokenize(conversations, tmp_path, loss_mask="qwen3"):
     """(ids, mask) of each conversation as the data build makes them, its EOS removed."""
-    config = build.BuildConfig(input=Path("unused.jsonl"), tokenizer=TOKENIZER, loss_mask=loss_mask,
-                               row_tokens=64, out=tmp_path / "out", progress=False)
-    bundle, renderer, eos_id, _, _ = build._prepare(config)
-    records = [{"messages": messages} for messages in conversations]
-    source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
-                                   iter_records=lambda order: ((i, records[i]) for i in order.tolist()))
-    pieces = list(build._sft_pieces(config, np.arange(len(records)), source, renderer, bundle.tokenizer, eos_id,
-                                    bundle.special_token_pattern(), [], [], LimitCounter(max_tokens=None)))
-    assert not any(piece.continues for piece in pieces)
-    ids, mask = np.concatenate([p.ids for p in pieces]), np.concatenate([p.mask for p in pieces])
-    lengths = np.concatenate([p.lengths for p in pieces])
-    assert lengths.size == len(conversations)
-    out = []
-    for conv_ids, conv_mask in zip(np.split(ids, np.cumsum(lengths)[:-1]), np.split(mask, np.cumsum(lengths)[:-1])):
-        assert conv_ids[-1] == eos_id and conv_mask[-1] == 0
-        out.append((conv_ids[:-1].tolist(), conv_mask[:-1]))
-    return out, bundle
+    return tokenize_conversations([{"messages": messages} for messages in conversations], tmp_path,
+                                  loss_mask=loss_mask)
 
 
 def test_ids_equal_transformers_apply_chat_template(tmp_path):
@@ -52,10 +38,11 @@ def test_ids_equal_transformers_apply_chat_template(tmp_path):
 def test_a_newline_first_reply_is_one_tokenization_with_its_content_supervised(tmp_path):
     ((ids, mask),), bundle = tokenize([NEWLINE_FIRST], tmp_path)
     text = bundle.tokenizer.decode(ids, skip_special_tokens=False)
-    assert text.endswith("<|im_start|>assistant\n\n\nHi there.<|im_end|>\n")
+    assert "<|im_start|>assistant\n\n\nHi there.<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nBye.<|im_end|>\n")
     supervised = bundle.tokenizer.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
     # the token merging the header's newline with the reply's first ones is supervised (it holds reply text)
-    assert supervised.endswith("\n\nHi there.<|im_end|>") and "assistant" not in supervised
+    assert supervised == "\n\n\nHi there.<|im_end|><think>\n\n</think>\n\nBye.<|im_end|>"
     assert mask[-1] == 0  # the newline after <|im_end|>
 
 

@@ -55,7 +55,8 @@ def test_qwen3_multi_turn_with_system(tmp_path: Path) -> None:
          "<|im_start|>assistant\n", 0),
         ("3 hours is 180 minutes.<|im_end|>", 1),
         ("\n<|im_start|>user\nAnd 2 hours?<|im_end|>\n<|im_start|>assistant\n", 0),
-        ("120 minutes.<|im_end|>", 1),
+        # Qwen3's template opens the last assistant turn after the last user query with a <think> block, empty here
+        ("<think>\n\n</think>\n\n120 minutes.<|im_end|>", 1),
         ("\n<|endoftext|>", 0),
     ])
 
@@ -72,9 +73,10 @@ def test_qwen3_tool_turns_and_reasoning(tmp_path: Path) -> None:
     ], "metadata": {"tools": tools}}
     tools_json = json.dumps(tools[0], ensure_ascii=False)
     build_one(tmp_path, record, [
-        ("<|im_start|>system\n# Tools\n\nThe functions you can call are listed inside <tools></tools>, one JSON "
-         f"signature per line:\n<tools>\n{tools_json}\n</tools>\n\nTo call a function, reply with its name and "
-         "arguments as a JSON object inside <tool_call></tool_call>:\n<tool_call>\n"
+        ("<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+         f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools_json}\n"
+         "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n"
          '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
          "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n", 0),
         ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call><|im_end|>', 1),
@@ -128,7 +130,7 @@ def test_template_from_tokenizer_config_field(tmp_path: Path) -> None:
     record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
     build_one(tmp_path, record, [
         ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0),
-        ("Hello.<|im_end|>", 1),
+        ("<think>\n\n</think>\n\nHello.<|im_end|>", 1),
         ("\n<|endoftext|>", 0),
     ], tokenizer=tok_dir)
 

@@ -28,7 +28,7 @@ from openrecipes.data.packing import RowPacker
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
                                      is_long, long_pieces)
-from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text
+from openrecipes.data.templates import ChatRenderer, builtin_template_note, get_loss_mask, load_template_text
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
@@ -324,6 +324,7 @@ def _manifest(config: BuildConfig, bundle: Any, renderer: ChatRenderer, eos: str
         "template_sha256": hashlib.sha256(renderer.template.encode("utf-8")).hexdigest(),
         "template_kwargs": dict(renderer.template_kwargs),
         "conversation_token_limit": limit.manifest_field(),
+        "template_note": builtin_template_note(renderer.template),  # null unless a built-in template's text
         **file_fields(writer, staging),
         "source": {"description": source.description, "files": [str(f.path) for f in source.files]},
         "counts": counts,

@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
     build.add_argument("--template-kwargs", nargs="*", default=[], metavar="K=V",
                        help="extra chat-template variables, e.g. current_date=2026-10-01 reasoning_effort=xhigh")
     build.add_argument("--chat-template", default=None,
-                       help="template file or built-in name (qwen3, muse_spark) instead of the tokenizer's")
+                       help="template file or built-in name instead of the tokenizer's: qwen3 (renders the text of "
+                            "Qwen3's own template; differences in docs/data.md) or muse_spark")
     build.add_argument("--eos-token", default=None,
                        help="token appended after each conversation or document (default: the loss-mask "
                             "format's for sft, the tokenizer's eos_token for pretrain)")

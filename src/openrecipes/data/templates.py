@@ -28,6 +28,15 @@ import numpy as np
 from openrecipes.data import bundled
 
 BUILTIN_TEMPLATES = bundled.TEMPLATES
+# What each built-in template renders, relative to the model's own template; the manifest records it
+# (docs/data.md, --chat-template). The qwen3 claim is tested in tests/data/test_qwen3_reference.py.
+BUILTIN_TEMPLATE_NOTES = {
+    "qwen3": ("renders the same text as the chat template of Qwen3-30B-A3B's tokenizer_config.json for every "
+              "conversation that template renders (an empty <think> block opens the last assistant turn after the "
+              "last user query; reasoning of turns up to that query is dropped); one difference: an unknown role "
+              "is an error here, where Qwen3's template leaves the message out"),
+    "muse_spark": "the project's own format: Muse Spark's template is not public",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +185,14 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     inside = index < len(spans)
     starts_before_end = span_starts[np.minimum(index, len(spans) - 1)] < np.maximum(offsets[:, 1], offsets[:, 0] + 1)
     return (inside & starts_before_end).astype(np.int8)
+
+
+def builtin_template_note(text: str) -> str | None:
+    """The note of the built-in template whose text is ``text`` (a copy such as the bundled tokenizer's counts)."""
+    for name, path in BUILTIN_TEMPLATES.items():
+        if path.read_text(encoding="utf-8") == text:
+            return BUILTIN_TEMPLATE_NOTES[name]
+    return None
 
 
 def load_template_text(spec: str) -> tuple[str, str]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from openrecipes.config.hardware import usd_per_million_tokens  # noqa: F401  (its home is the price table's module)
+
 
 def window_tokens(steps: int, global_batch: int, row_tokens: int) -> int:
     """Tokens in a window of fixed-size rows: steps × rows per step × tokens per row."""
@@ -73,12 +75,6 @@ def model_flops(
 ) -> float:
     """Total training FLOPs: dense 6·N per token plus causal attention (see ``attention_flops``)."""
     return 6.0 * active_params * tokens + attention_flops(num_layers, num_heads, head_dim, sum_doc_len_sq)
-
-
-def usd_per_million_tokens(usd_per_gpu_hour: float, tokens_per_second_per_gpu: float) -> float:
-    if tokens_per_second_per_gpu <= 0:
-        raise ValueError(f"tokens/s/GPU must be positive, got {tokens_per_second_per_gpu}")
-    return usd_per_gpu_hour / (tokens_per_second_per_gpu * 3600.0) * 1e6
 
 
 def gpu_hours(gpus: int, seconds: float) -> float:

@@ -120,7 +120,7 @@ def test_gpu_type_and_price_give_consistent_mfu_and_cost(runs, tmp_path):
     from openrecipes.measure import measure_run_dir
 
     out = tmp_path / "h200.yaml"
-    assert _new(runs, out, "--gpu-type", "h200", "--instance", "AWS p5en.48xlarge") == 0
+    assert _new(runs, out, "--gpu", "h200", "--instance", "AWS p5en.48xlarge") == 0
     loaded = load_card(out)
     assert loaded.ok, [str(p) for p in loaded.problems]
     measured = measure_run_dir(runs["cand"], window=WINDOW, gpu_type="H200", instance="AWS p5en.48xlarge")

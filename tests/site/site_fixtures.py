@@ -31,6 +31,8 @@ def catalog_with_variant(root: Path) -> Path:
     data["status"] = "unverified"
     data["workload"]["workflow"] = "pretrain"
     data["layout"]["label"] = "TP1 PP1 EP8 DP8 curves"
+    data["workload"]["dataset"]["build"].update(skipped_invalid={"unknown role": 3, "non-text content part": 1},
+                                                tokens_in_unsupervised_rows=4096)
     data["curves"] = {
         "candidate": [{"step": s, "loss": 2.0 - 0.05 * s} for s in range(20)],
         "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],

@@ -93,6 +93,9 @@ def test_curves_become_an_inline_svg(tmp_path):
     build_site(recipes, tmp_path / "site")
     html = (tmp_path / "site" / "qwen3-30b-a3b" / "h200" / "variant-with-curves.html").read_text()
     assert html.count("<polyline") == 2 and 'data-points="20"' in html
+    # what the data build skipped, as the card counts it
+    assert "1 non-text content part, 3 unknown role (invalid conversations)" in html
+    assert "4096 tokens in rows skipped without a supervised token" in html
 
 
 def test_card_text_is_escaped(tmp_path):

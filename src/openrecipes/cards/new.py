@@ -99,6 +99,16 @@ def _is_bundled(path: str | None, name: str) -> bool:
     return path is not None and Path(path).resolve() == (ASSETS / name).resolve()
 
 
+def _skipped_counts(manifest: dict[str, Any]) -> dict[str, int] | None:
+    """The build's skipped conversations by reason (manifest ``invalid_reasons``); entries not of that shape are
+    left out here, the card schema judges the rest."""
+    reasons = manifest.get("invalid_reasons")
+    if not isinstance(reasons, dict):
+        return None
+    return {str(reason): entry["count"] for reason, entry in reasons.items()
+            if isinstance(entry, dict) and "count" in entry} or None
+
+
 def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[str, Any]:
     source = manifest.get("source") or {}
     files = source.get("files") or []
@@ -131,6 +141,8 @@ def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[st
             "packing": manifest.get("packing") or "see docs/data.md",
             "template_kwargs": json.dumps(kwargs, sort_keys=True) if kwargs else None,
             "supervised_token_ratio": manifest.get("supervised_token_ratio"),
+            "skipped_invalid": _skipped_counts(manifest),
+            "tokens_in_unsupervised_rows": (manifest.get("counts") or {}).get("tokens_in_rows_skipped_unsupervised"),
             "parquet_sha256": manifest["parquet_sha256"],
             "parquet_bytes": manifest["parquet_bytes"],
             "builder": f"openrecipes data build ({manifest.get('format', 'openrecipes rows')})",

@@ -71,6 +71,10 @@ class DatasetBuild(_Strict):
     packing: Text
     template_kwargs: str | None = None
     supervised_token_ratio: Annotated[float, Field(gt=0, le=1)]
+    skipped_invalid: dict[str, NonNegInt] | None = Field(
+        default=None, description="conversations the build skipped as invalid, counted by reason (--skip-invalid)")
+    tokens_in_unsupervised_rows: NonNegInt | None = Field(
+        default=None, description="tokens in rows the build skipped for holding no supervised token")
     parquet_sha256: Sha256
     parquet_bytes: PosInt
     builder: Text

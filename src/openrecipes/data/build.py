@@ -23,6 +23,8 @@ import numpy as np
 from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SHA256_DEFINITION,
                                        RowsWriter)
 from openrecipes.data.packing import RowPacker
+from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
+                                         has_marker_characters, shield)
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
 from openrecipes.data.templates import ChatRenderer, get_loss_mask, load_template_text, token_mask
 from openrecipes.data.tokenizer import load_tokenizer
@@ -50,6 +52,7 @@ class BuildConfig:
     eos_token: str | None = None  # overrides the loss-mask format's (sft) or tokenizer's (pretrain) separator
     name: str | None = None
     skip_invalid: bool = False  # count invalid conversations instead of failing on the first
+    chat_input: ChatInput = field(default_factory=ChatInput)  # how conversations are read (data/chat_input.py)
     overwrite: bool = False
     progress: bool = True
     chunk_conversations: int = 2048
@@ -104,16 +107,19 @@ def _prepare(config: BuildConfig) -> tuple[Any, ChatRenderer, int, str, str]:
     return bundle, renderer, eos_id, eos, template_source
 
 
-def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[int], list[str]]:
+def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool, options: ChatInput | None = None,
+          reasons: dict[str, Any] | None = None) -> tuple[list[int], list[str]]:
     invalid: list[int] = []
     examples: list[str] = []
     for index, where, record in source_iter:
         try:
-            normalize(record, where, forbidden)
+            normalize(record, where, forbidden, options)
         except InvalidConversation as error:
             if not skip_invalid:
                 raise
             invalid.append(index)
+            if reasons is not None:
+                count_skipped(reasons, error, where)
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(str(error))
     return invalid, examples
@@ -121,42 +127,69 @@ def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[in
 
 def _tokenize_chunk(records: list[Any], indices: np.ndarray, source: Any, renderer: ChatRenderer,
                     tokenizer: Any, eos_id: int, forbidden: Any, skip_invalid: bool,
-                    invalid: list[int], examples: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                    invalid: list[int], examples: list[str], options: ChatInput | None = None,
+                    reasons: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Render and tokenize a chunk.
 
     Returns per-token ids, masks, chunk-local document numbers, and the number of documents.
     """
+    options = options or ChatInput()
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
+    forged: list[list[tuple[int, int]]] = []  # per text, the special tokens of the conversation's own strings
     for record, index in zip(records, indices.tolist()):
         where = source.where(index)
         try:
-            messages, tools = normalize(record, where, forbidden)
-            text, supervised = renderer.supervised_spans(messages, tools)
+            messages, tools = normalize(record, where, forbidden, options)
+            text, supervised, own = _render(renderer, messages, tools, forbidden, options, where)
         except ValueError as error:  # template errors (raise_exception, wrong format) included
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
             if not skip_invalid:
                 raise InvalidConversation(message) from None
             invalid.append(index)
+            if reasons is not None:
+                count_skipped(reasons, error, where)
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(message)
             continue
         texts.append(text)
         spans.append(supervised)
+        forged.append(own)
     # the whole rendered conversation at once: its ids are the tokenizer's own for that text
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+    plain = [i for i, own in enumerate(forged) if not own]
+    encoded: list[Any] = [None] * len(texts)
+    for i, encoding in zip(plain, tokenizer.encode_batch([texts[i] for i in plain], add_special_tokens=False)
+                           if plain else []):
+        encoded[i] = (encoding.ids, encoding.offsets)
+    for i, own in enumerate(forged):
+        if own:
+            encoded[i] = encode_with_text_tokens(tokenizer, texts[i], own, forbidden)
     id_parts: list[np.ndarray] = []
     mask_parts: list[np.ndarray] = []
-    for encoding, supervised in zip(encodings, spans):
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        id_parts += [np.asarray(encoding.ids, dtype=np.int32), np.array([eos_id], dtype=np.int32)]
+    for (ids, offsets), supervised in zip(encoded, spans):
+        offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        id_parts += [np.asarray(ids, dtype=np.int32), np.array([eos_id], dtype=np.int32)]
         mask_parts += [token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]  # the EOS is unsupervised
     if not texts:
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), 0
-    conv_lengths = np.array([len(e.ids) + 1 for e in encodings], dtype=np.int64)
+    conv_lengths = np.array([len(ids) + 1 for ids, _ in encoded], dtype=np.int64)
     ids, mask = np.concatenate(id_parts), np.concatenate(mask_parts)
     doc = np.repeat(np.arange(len(texts)), conv_lengths)
     return ids, mask, doc, len(texts)
+
+
+def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, forbidden: Any, options: ChatInput,
+            where: str) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    """Rendered text, supervised spans, and where the conversation's own special tokens stand (text, not turn
+    markers: they are kept out of the template's sight while it renders)."""
+    if forbidden is None or options.special_tokens != "text" or not forbidden.search(json.dumps([messages, tools], ensure_ascii=False)):
+        return (*renderer.supervised_spans(messages, tools), [])
+    if has_marker_characters([messages, tools]):
+        raise InvalidConversation(f"{where}: holds the noncharacters U+FDD0/U+FDD1, which mark special tokens "
+                                  "while rendering", "marker characters")
+    found: list[str] = []
+    messages, tools = shield(messages, forbidden, found), shield(tools, forbidden, found)
+    return Shielded(found).restore(*renderer.supervised_spans(messages, tools))
 
 
 def _output_guard(config: BuildConfig) -> dict[str, Any]:
@@ -176,8 +209,9 @@ def build(config: BuildConfig) -> dict[str, Any]:
     check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     forbidden = bundle.special_token_pattern()
-    source, scan_iter = open_source(config.input)
-    invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid)
+    source, scan_iter = open_source(config.input, column=config.chat_input.column)
+    reasons: dict[str, Any] = {}
+    invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid, config.chat_input, reasons)
     n_total = len(source)
     is_invalid = np.zeros(n_total, dtype=bool)
     is_invalid[invalid] = True
@@ -188,13 +222,14 @@ def build(config: BuildConfig) -> dict[str, Any]:
 
     def tokenize(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         return _tokenize_chunk(source.load(indices), indices, source, renderer, bundle.tokenizer, eos_id,
-                               forbidden, config.skip_invalid, invalid, examples)
+                               forbidden, config.skip_invalid, invalid, examples, config.chat_input, reasons)
 
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
         packed = pack_rows(config, order, tokenize, staging)
         counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used_docs, packed.packer)
         manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, packed.writer,
                              staging, counts, examples)
+        manifest.update(chat_input=config.chat_input.to_manifest(), invalid_reasons=reasons)
         atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
@@ -264,6 +299,7 @@ def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used_docs: li
         f"{noun}_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
         f"{noun}_unused": int(n_total - n_invalid - np.count_nonzero(starts < stop)),
         "rows_skipped_unsupervised": int(packer.rows_skipped),
+        "tokens_in_rows_skipped_unsupervised": int(packer.rows_skipped) * T,
         "tokens_dropped_after_last_row": int(ends[-1] - stop) if ends.size else 0,
     }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.measure import metrics as m
-from openrecipes.config.hardware import HardwareTable, Price, load_hardware, resolve_price
+from openrecipes.config.hardware import HardwareTable, Price, load_hardware, resolve_price, usd_per_million_tokens
 from openrecipes.config.rundir import (
     METRICS_FILE,
     RUN_FILE,
@@ -177,7 +177,7 @@ def compute_metrics(
     if price is not None:
         result.usd_per_gpu_hour = price.usd_per_gpu_hour
         result.price_source = price.source
-        result.usd_per_million_tokens = m.usd_per_million_tokens(price.usd_per_gpu_hour, throughput)
+        result.usd_per_million_tokens = usd_per_million_tokens(price.usd_per_gpu_hour, throughput)
 
     all_times = [require_number(record, "step_time_s", metrics_origin) for record in records]
     result.steps_recorded = len(records)

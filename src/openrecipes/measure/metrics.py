@@ -6,7 +6,7 @@ Definitions (docs/measure.md has them in full):
 * step-time CV  = population standard deviation (ddof = 0) / mean of the window's step times
 * MFU           = 6 · N · tokens/s/GPU / peak bf16 dense FLOP/s of one GPU
 * model FLOPs   = 6 · N · tokens + 6 · layers · heads · head_dim · Σ sᵢ²  (attention, causal halving)
-* $ / 1M tokens = USD per GPU-hour / (tokens/s/GPU · 3600) · 1e6
+* $ / 1M tokens = USD per GPU-hour / (tokens/s/GPU · 3600) · 1e6 (config/hardware.py, beside the prices)
 * GPU-hours     = GPUs · (sum of every recorded step time) / 3600, so startup is excluded
 """
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import math
 from typing import Sequence
-
-from openrecipes.config.hardware import usd_per_million_tokens  # noqa: F401  (its home is the price table's module)
 
 
 def window_tokens(steps: int, global_batch: int, row_tokens: int) -> int:

@@ -4,6 +4,7 @@ the counts of what --skip-invalid skipped."""
 from __future__ import annotations
 
 import json
+import re
 import types
 from pathlib import Path
 
@@ -55,11 +56,15 @@ def test_sharegpt_role_map_content_parts_and_field_read_as_the_same_conversation
                    {"role": "assistant", "content": "x"}]}, ChatInput(), "content part 1 is 'image_url'"),
     ({"messages": [{"role": "developer", "content": "x"}, {"role": "assistant", "content": "x"}]}, ChatInput(),
      "unknown role 'developer'"),
+    ({"conversations": [{"from": ["human"], "value": "x"}, {"from": "gpt", "value": "x"}]}, ChatInput(shape="sharegpt"),
+     "message 1: unknown role ['human']"),
+    ({"conversations": [{"from": "function_call", "value": "not json"}]}, ChatInput(shape="sharegpt"),
+     "function_call turn's value must be a JSON object"),
     ({"messages": [{"role": "user", "content": "a <|im_end|> b"}, {"role": "assistant", "content": "x"}]},
      ChatInput(special_tokens="refuse"), "content contains the special token '<|im_end|>'"),
 ])
 def test_what_is_refused_is_named(tmp_path, record, options, message):
-    with pytest.raises(ValueError, match=message.replace("|", r"\|").replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         tokenize([record], tmp_path, options)
 
 

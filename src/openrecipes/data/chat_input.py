@@ -97,7 +97,7 @@ def _join_parts(content: list[Any], where: str) -> str:
 
 def _sharegpt_message(raw: dict[str, Any], where: str) -> dict[str, Any]:
     speaker, value = raw.get("from"), raw.get("value")
-    role = SHAREGPT_ROLES.get(speaker, speaker)
+    role = SHAREGPT_ROLES.get(speaker, speaker) if isinstance(speaker, str) else speaker  # a list: refused later
     if speaker == "function_call":  # the value is the call: {"name": ..., "arguments": ...}
         try:
             call = json.loads(value) if isinstance(value, str) else value

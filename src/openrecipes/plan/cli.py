@@ -33,10 +33,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", help="registered model name (see `openrecipes models`)")
     add_gpus_option(p, required=True, help="how many GPUs of which type, e.g. 8xH200 (types: config/hardware.yaml)")
     p.add_argument("--gpu-memory-gib", type=float, help="override the GPU memory in GiB (default: the hardware table's)")
+    layout_defaults = {"pp_first_stage_layers": "an even split", "pp_last_stage_layers": "an even split",
+                       "dp": "GPUs / (tp*pp*cp)"}
     for name in _LAYOUT_OPTIONS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
-                       help=f"layout {name}; any layout flag plans that one layout (the others default to 1 or an "
-                            "even split), none ranks every layout that fits")
+        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name, metavar="N",
+                       help=f"layout {name} (default when one layout is planned: {layout_defaults.get(name, 1)})")
     p.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="sequence parallelism with tp > 1 (plans one layout)")
     p.add_argument("--max-tokens-per-gpu", type=int, help=_setting_help("max_tokens_per_gpu", "tokens per GPU per "

@@ -82,3 +82,27 @@ def test_json_piped_to_a_closed_reader_ends_quietly(tmp_path):
     _, err = process.communicate(timeout=120)
     assert b"BrokenPipeError" not in err and b"Traceback" not in err, err.decode()
     assert process.returncode == 141
+
+
+# flags about something else than which GPU: its memory, how many per node, its price
+_NOT_THE_GPU_TYPE = {"--gpu-memory-gib", "--gpu-memory-gb", "--gpus-per-node", "--usd-per-gpu-hour"}
+
+
+def test_one_spelling_of_the_gpu_across_verbs():
+    seen = set()
+    for kind, path, item in _verbs_and_actions(build_parser()):
+        if kind != "action":
+            continue
+        names = [name for name in item.option_strings if name.startswith("--gpu") and name not in _NOT_THE_GPU_TYPE]
+        if not names:
+            continue
+        main_name, *aliases = names
+        assert main_name in ("--gpu", "--gpus"), f"{' '.join(path)} {main_name}"
+        assert item.metavar == {"--gpu": "TYPE", "--gpus": "COUNTxTYPE"}[main_name], f"{' '.join(path)} {main_name}"
+        assert all(alias in item.help and "deprecated" in item.help for alias in aliases), item.help
+        seen.add((path[1], main_name))
+    assert {("plan", "--gpus"), ("tune", "--gpus"), ("measure", "--gpu"), ("card", "--gpu")} <= seen
+    # the older spelling of card new still parses, to the same place
+    args = build_parser().parse_args(["card", "new", "RUN", "--reference", "R", "--out", "o.yaml", "--author", "a",
+                                      "--gpu-type", "h200"])
+    assert args.gpu == "h200"

@@ -14,6 +14,9 @@ def test_demo_end_to_end(tmp_path):
     assert set(summary["checks"].values()) == {"pass"}
     assert summary["runs"]["candidate"]["gpus"] == 2
     assert (out / "site" / "index.html").is_file()
+    # the demo's site shows the published cards beside its own
+    assert (out / "site" / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").is_file()
+    assert (out / "site" / "qwen3-moe-tiny" / "cpu" / "demo-candidate.html").is_file()
     card = out / "recipes" / "qwen3-moe-tiny" / "cpu" / "demo-candidate.yaml"
     assert "correctness:" in card.read_text()
     assert (out / "verify" / "convergence.svg").is_file()

@@ -137,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
         card_status = _call(["card", "validate", str(card)])[0]
 
     _say("[7/7] building the site")
-    site_status = _call(["site", "build", "--recipes", str(out / "recipes"), "--out", str(out / "site")])[0]
+    # the demo's card beside the published ones, when this checkout has the catalog
+    from openrecipes.site.build import published_catalog
+
+    catalog = published_catalog()
+    extra = ["--recipes", str(catalog)] if catalog is not None else []
+    site_status = _call(["site", "build", "--recipes", str(out / "recipes"), *extra, "--out", str(out / "site")])[0]
 
     checks = {"convergence": conv_status, "numerics rules": rules_status, "optimizer component test": optimizer_status,
               "recipe card": card_status, "site": site_status}

@@ -106,21 +106,30 @@ def test_card_validates_and_carries_measure_convergence_and_the_run(runs, tmp_pa
     assert card.workload.dataset.rows_sha256 == manifest["rows_sha256"]
     assert card.workload.dataset.build.parquet_sha256 == manifest["parquet_sha256"]
     assert card.layout.rows_per_microbatch == 2 and card.workload.row_tokens == 64
-    losses = [json.loads(line)["loss"] for line in (runs["cand"] / "metrics.jsonl").read_text().splitlines()]
-    assert [p.loss for p in card.curves.candidate] == losses and len(card.curves.reference) == 6
+    records = [json.loads(line) for line in (runs["cand"] / "metrics.jsonl").read_text().splitlines()]
+    assert [p.loss for p in card.curves.candidate] == [r["loss"] for r in records]
+    assert len(card.curves.reference) == 6
+    # the candidate's step time and tokens/s/GPU per step beside its loss (a CPU run records no memory)
+    assert [p.step_time_s for p in card.curves.candidate] == [r["step_time_s"] for r in records]
+    assert [p.tokens_per_s_per_gpu for p in card.curves.candidate] == pytest.approx(
+        [r["tokens"] / r["step_time_s"] / 1 for r in records])
+    assert all(p.peak_memory_gib is None for p in card.curves.candidate) and card.curves.memory_phases_gib is None
+    # the resolved recipe is the card's own field, not pasted into the notes
+    assert card.recipe == (runs["cand"] / "recipe.yaml").read_text() and "recipe.yaml" not in (card.notes or "")
 
     from openrecipes.site.build import build_site
 
     site = build_site(tmp_path / "recipes", tmp_path / "site")
     html = (site.out / site.pages[0]).read_text()
-    assert html.count("<polyline") == 2 and 'data-points="6"' in html
+    assert html.count("<polyline") == 4 and 'data-points="6"' in html  # loss (both arms), step time, tokens/s
+    assert 'id="curve-step-time-s"' in html and 'id="recipe-yaml"' in html
 
 
 def test_gpu_type_and_price_give_consistent_mfu_and_cost(runs, tmp_path):
     from openrecipes.measure import measure_run_dir
 
     out = tmp_path / "h200.yaml"
-    assert _new(runs, out, "--gpu-type", "h200", "--instance", "AWS p5en.48xlarge") == 0
+    assert _new(runs, out, "--gpu", "h200", "--instance", "AWS p5en.48xlarge") == 0
     loaded = load_card(out)
     assert loaded.ok, [str(p) for p in loaded.problems]
     measured = measure_run_dir(runs["cand"], window=WINDOW, gpu_type="H200", instance="AWS p5en.48xlarge")

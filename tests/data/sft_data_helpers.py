@@ -39,7 +39,7 @@ def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokenizer: Path = BUNDLED_TOKENIZER,
-                           loss_mask: str = "qwen3", chat_template: str | None = None,
+                           loss_mask: str = "qwen3", chat_template: str | None = None, chat_input: Any = None,
                            ) -> tuple[list[tuple[list[int], np.ndarray]], Any]:
     """(ids, mask) of each record (``{"messages": ..., "tools": ...}``) as the data build makes them, its
     separator removed; and the tokenizer bundle."""
@@ -49,7 +49,8 @@ def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokeni
     from openrecipes.data.stream import LimitCounter
 
     config = BuildConfig(input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask, row_tokens=64,
-                         chat_template=chat_template, out=tmp_path / "out", progress=False)
+                         chat_template=chat_template, out=tmp_path / "out", progress=False,
+                         **({"chat_input": chat_input} if chat_input is not None else {}))
     bundle, renderer, eos_id, _, _ = data_build._prepare(config)
     source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
                                    iter_records=lambda order: ((i, records[i]) for i in order.tolist()))

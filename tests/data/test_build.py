@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from openrecipes.data import cli as data_cli
+from openrecipes.data.chat_input import ChatInput
 from openrecipes.data.manifest import rows_sha256_of
 from openrecipes.data.templates import BUILTIN_TEMPLATE_NOTES
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
@@ -69,6 +70,8 @@ def test_rows_without_supervision_are_skipped(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [long_user, GOOD] * 3)
     manifest = run_build(tmp_path / "out", input=src, row_tokens=64)
     assert manifest["counts"]["rows_skipped_unsupervised"] > 0
+    assert manifest["counts"]["tokens_in_rows_skipped_unsupervised"] == 64 * manifest["counts"][
+        "rows_skipped_unsupervised"]
     rows = read_rows(tmp_path / "out")
     assert (rows["loss_mask"].sum(axis=1) > 0).all()
     assert manifest["rows"] == rows["input_ids"].shape[0]
@@ -110,8 +113,8 @@ def test_rows_option_and_too_few_rows(tmp_path: Path) -> None:
 def test_bad_input_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     src = tmp_path / "bad.jsonl"
     src.write_text(json.dumps(GOOD) + "\n" + line + "\n" + json.dumps(GOOD) + "\n")
-    with pytest.raises(ValueError) as error:
-        run_build(tmp_path / "out", input=src, row_tokens=8)
+    with pytest.raises(ValueError) as error:  # special tokens in text: refused when asked
+        run_build(tmp_path / "out", input=src, row_tokens=8, chat_input=ChatInput(special_tokens="refuse"))
     assert str(src) in str(error.value) and message in str(error.value)
     assert not (tmp_path / "out").exists()  # a failed build leaves nothing behind
 

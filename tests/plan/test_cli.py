@@ -29,9 +29,11 @@ def test_gpu_memory_override_changes_the_verdict(capsys):
 
 def test_enumeration_prints_a_ranked_table(capsys):
     assert main(["plan", "qwen3-moe-tiny", "--gpus", "8xH100", "--max-tokens-per-gpu", "4096",
-                 "--recompute", "full", "--optimizer", "adam", "--offload-fraction", "0", "--top", "3"]) == 0
+                 "--recompute", "full", "--optimizer", "adam", "--offload-fraction", "0", "--top", "3",
+                 "--usd-per-gpu-hour", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "fit" in lines[0] and len(lines) == 2 + 3
+    assert "fit" in lines[0] and "at 3 USD/GPU-hour" in lines[1] and len(lines) == 3 + 3
+    assert all(line.split()[-1] in ("openrecipes", "generic") and "$" in line for line in lines[3:])
 
 
 def test_bad_layout_is_a_user_error(capsys):
@@ -39,3 +41,47 @@ def test_bad_layout_is_a_user_error(capsys):
     assert "--dp" in capsys.readouterr().err
     assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "3"]) == 2
     assert "ep" in capsys.readouterr().err
+
+
+def test_default_engine_is_this_one_where_it_runs_the_layout_else_the_generic_model_said(capsys):
+    base = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--max-tokens-per-gpu", "16384"]
+    assert main(base + ["--ep", "8", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert ours["engine"] == "openrecipes" and ours["openrecipes_runs_it"] is True
+    assert main(base + ["--tp", "2"]) == 0  # tp without sequence parallelism: not run by this engine
+    out = capsys.readouterr().out
+    assert "engine: the generic model" in out and "sequence_parallel" in out
+    assert main(base + ["--ep", "8", "--engine", "megatron", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["engine"] == "megatron"
+
+
+def test_price_per_million_tokens_from_the_hardware_table_or_given(capsys):
+    from openrecipes.config.hardware import load_hardware
+
+    base = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "8", "--json"]
+    assert main(base) == 0
+    out = json.loads(capsys.readouterr().out)
+    rate = load_hardware().instance("AWS p5en.48xlarge").usd_per_gpu_hour
+    assert out["usd_per_gpu_hour"] == rate and "default instance" in out["price_source"]
+    assert out["usd_per_million_tokens"] == round(rate / (out["predicted_tokens_per_s_per_gpu"] * 3600) * 1e6, 4)
+    assert main(base + ["--usd-per-gpu-hour", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["usd_per_gpu_hour"] == 2
+
+
+def test_ranking_far_from_a_published_card_says_why(capsys, tmp_path):
+    from pathlib import Path
+
+    catalog = Path(__file__).resolve().parents[2] / "recipes"
+    args = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--max-tokens-per-gpu", "16384", "--recompute", "full",
+            "--optimizer", "precision-aware", "--offload-fraction", "0", "--top", "1"]
+    assert main(args + ["--recipes", str(catalog)]) == 0
+    out = capsys.readouterr().out
+    assert "attune-tp1-pp1-ep8-mt16k.yaml" in out and "ranks #" in out
+    assert "balanced routing" in out and "efficiencies" in out
+    assert main(args + ["--recipes", str(tmp_path)]) == 0  # no card for it: nothing said
+    assert "published card" not in capsys.readouterr().out
+
+
+def test_unknown_gpu_suggests_the_closest(capsys):
+    assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH20"]) == 2
+    assert "did you mean H200?" in capsys.readouterr().err

@@ -5,7 +5,8 @@ import pytest
 from openrecipes.models.registry import get_config
 from openrecipes.config.layout import LayoutConfig
 from openrecipes.plan.enumerate import evaluate, search
-from openrecipes.plan.hardware import load_hardware, parse_gpus
+from openrecipes.config.hardware import parse_gpus
+from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.memory import TrainingSetup
 from openrecipes.plan.shape import model_shape
 

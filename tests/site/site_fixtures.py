@@ -31,9 +31,14 @@ def catalog_with_variant(root: Path) -> Path:
     data["status"] = "unverified"
     data["workload"]["workflow"] = "pretrain"
     data["layout"]["label"] = "TP1 PP1 EP8 DP8 curves"
+    data["workload"]["dataset"]["build"].update(skipped_invalid={"unknown role": 3, "non-text content part": 1},
+                                                tokens_in_unsupervised_rows=4096)
     data["curves"] = {
-        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s} for s in range(20)],
+        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": 1.0 + 0.01 * s,
+                       "tokens_per_s_per_gpu": 6900.0 + s, "peak_memory_gib": 60.0} for s in range(20)],
         "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],
+        "memory_phases_gib": {"start": 20.5, "forward_peak": 55.0, "backward_peak": 60.0, "optimizer_peak": 31.2},
     }
+    data["recipe"] = "name: variant\nmodel: qwen3-30b-a3b\nglobal_batch: 128\n"
     write(recipes / "qwen3-30b-a3b" / "h200" / "variant-with-curves.yaml", data)
     return recipes

@@ -1,4 +1,5 @@
-"""Headless Chromium opens the built site, filters the index and opens a recipe page.
+"""Headless Chromium opens the built site, sorts and filters the index (the view kept in the address), opens a
+recipe page, copies its recipe, and reads both pages at a phone's width.
 
 Skipped when Chromium or Playwright is missing, unless OPENRECIPES_REQUIRE_BROWSER=1 (CI sets
 it), in which case a missing browser is a failure.
@@ -59,7 +60,8 @@ def test_filter_then_open_a_recipe(served_site):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page()
+            context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+            page = context.new_page()
             # nothing may be fetched from anywhere but the local server
             outside = []
             page.on("request", lambda r: None if r.url.startswith(served_site) else outside.append(r.url))
@@ -69,7 +71,19 @@ def test_filter_then_open_a_recipe(served_site):
             assert page.locator("tr.recipe:visible").count() == 3
             assert "Showing 3 of 3" in page.locator("#match-count").inner_text()
 
+            # sorting: numbers high to low first, then reversed; ties keep the catalog's order
+            page.click('th[data-key="tokens"] button')
+            models = [row.get_attribute("data-model") for row in rows.all()]
+            assert models[-1] == "Muse-Spark-Open-816B-A42B" and "sort=tokens&order=desc" in page.url
+            assert page.get_attribute('th[data-key="tokens"]', "aria-sort") == "descending"
+            page.click('th[data-key="tokens"] button')
+            assert rows.first.get_attribute("data-model") == "Muse-Spark-Open-816B-A42B"
+
             page.select_option("#filter-status", "unverified")
+            assert "status=unverified" in page.url
+            page.reload()  # the filter and the order come back from the address
+            assert page.locator("#filter-status").input_value() == "unverified"
+            assert page.get_attribute('th[data-key="tokens"]', "aria-sort") == "ascending"
             visible = page.locator("tr.recipe:visible")
             assert visible.count() == 1
             assert visible.first.get_attribute("data-model") == "Qwen3-30B-A3B"
@@ -94,8 +108,27 @@ def test_filter_then_open_a_recipe(served_site):
             assert page.locator("#metric-mfu").inner_text() == "12.8%"
             assert "Unverified" in page.locator("#status").inner_text()
             assert page.locator("#loss-curves svg polyline").count() == 2
+            for plot in ("#curve-step-time-s", "#curve-tokens-per-s-per-gpu", "#memory-stages"):
+                assert page.locator(plot + " svg").is_visible(), plot
             assert "--max-tokens-per-gpu 16384" in page.locator("#run-script").inner_text()
-            assert "status: unverified" in page.locator("#card-yaml").inner_text()
+            assert page.locator("#card-yaml").count() == 0  # the card is a linked file, not a second dump
+            page.click('button[data-copy="recipe-yaml"]')
+            page.wait_for_function("document.querySelector('button[data-copy=\"recipe-yaml\"]').textContent"
+                                   " === 'Copied'")
+            assert page.evaluate("navigator.clipboard.readText()") == page.locator("#recipe-yaml").inner_text()
+            assert outside == []
+
+            # a phone: nothing wider than the screen, the index's rows stacked with their labels
+            phone = context.new_page()
+            phone.set_viewport_size({"width": 390, "height": 844})
+            for path in ("index.html", "qwen3-30b-a3b/h200/variant-with-curves.html"):
+                phone.goto(served_site + path)
+                width = phone.evaluate("document.documentElement.scrollWidth")
+                assert width <= 390, (path, width)
+            phone.goto(served_site + "index.html")
+            cell = phone.locator("tr.recipe td").first
+            assert phone.evaluate("(td) => getComputedStyle(td, '::before').content", cell.element_handle()) \
+                == '"Model: "'
             assert outside == []
         finally:
             browser.close()

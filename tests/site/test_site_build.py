@@ -81,8 +81,12 @@ def test_recipe_page_shows_the_headline_figures(tmp_path):
     html = (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").read_text()
     for text in ("6,913.23", "$0.32", "12.8%", "0.59%", "3,041,656,832", "correlation 0.9999984",
                  "8f76b822a284adbe24faaf3cfe725e65cb5e94f98ba54aceade45b275345f983",
-                 "--expert-model-parallel-size 8", "schema_version: 1"):
+                 "--expert-model-parallel-size 8"):
         assert text in html, text
+    # the card is linked, written beside its page, not dumped again into it
+    assert 'href="attune-tp1-pp1-ep8-mt16k.yaml"' in html and "schema_version: 1" not in html
+    assert (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml").read_text() == (
+        CATALOG / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml").read_text()
     assert "<svg" not in html  # no curves in this card, so no plot
     muse = (out / "muse-spark-open" / "h200" / "attune-tp4-pp16-ep8.html").read_text()
     assert "333.12" in muse and "$6.60" in muse and "9.0%" in muse
@@ -92,7 +96,16 @@ def test_curves_become_an_inline_svg(tmp_path):
     recipes = catalog_with_variant(tmp_path)
     build_site(recipes, tmp_path / "site")
     html = (tmp_path / "site" / "qwen3-30b-a3b" / "h200" / "variant-with-curves.html").read_text()
-    assert html.count("<polyline") == 2 and 'data-points="20"' in html
+    # loss (two arms), then step time, tokens/s and peak memory over the steps, and memory per stage of a step
+    assert html.count("<polyline") == 5 and 'data-points="20"' in html
+    for key in ("step-time-s", "tokens-per-s-per-gpu", "peak-memory-gib"):
+        assert f'id="curve-{key}"' in html, key
+    assert html.count('class="bar"') == 4 and "backward_peak" in html and "60 GiB" in html
+    # the resolved recipe as a code block with its copy button
+    assert 'data-copy="recipe-yaml"' in html and "global_batch: 128" in html
+    # what the data build skipped, as the card counts it
+    assert "1 non-text content part, 3 unknown role (invalid conversations)" in html
+    assert "4096 tokens in rows skipped without a supervised token" in html
 
 
 def test_card_text_is_escaped(tmp_path):
@@ -150,7 +163,7 @@ def test_index_shows_each_cards_name_and_correctness_verdict_in_colour(tmp_path)
     out = tmp_path / "site"
     build_site(recipes, out)
     index = (out / "index.html").read_text()
-    assert "<th>Card</th>" in index and "<th>Correctness</th>" in index
+    assert 'class="sort">Card</button>' in index and 'class="sort">Correctness</button>' in index
     assert ">attune-tp1-pp1-ep8-mt16k</a>" in index and ">failing-run</a>" in index
     assert index.count('class="verdict pass"') == 2 and index.count('class="verdict fail"') == 1
     assert ".verdict.fail { background: var(--bad); }" in index
@@ -172,3 +185,22 @@ def test_seed_cards_say_their_command_is_not_ours(tmp_path):
         html = (out / seed).read_text()
         assert "Measured with miles/Megatron-LM, not openrecipes: reproduce with their command" in html, seed
     assert 'id="other-framework"' not in (out / "qwen3-30b-a3b" / "h200" / "ours.html").read_text()
+
+
+def test_several_catalogs_on_one_site_as_the_demo_builds_it(tmp_path, capsys):
+    from openrecipes.cli import main
+    from openrecipes.site.build import published_catalog
+
+    data = qwen_data()
+    data["model"], data["layout"]["label"] = "Demo-Model", "TP1 PP1 EP8 DP8 demo"
+    demo = tmp_path / "demo-recipes"
+    write(demo / "demo-model" / "cpu" / "demo-candidate.yaml", data)
+    assert published_catalog() is not None and published_catalog().resolve() == CATALOG.resolve()
+    out = tmp_path / "site"
+    assert main(["site", "build", "--recipes", str(demo), "--recipes", str(CATALOG), "--out", str(out)]) == 0
+    index = (out / "index.html").read_text()
+    assert index.count('class="recipe"') == 3 and "Demo-Model" in index and "Muse-Spark-Open-816B-A42B" in index
+    assert (out / "demo-model" / "cpu" / "demo-candidate.html").is_file()
+    assert (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").is_file()
+    # the numeric columns sort by the number, not its text
+    assert 'data-key="tokens" data-kind="number"' in index and 'data-sort="6913.23"' in index

@@ -41,6 +41,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _register_new(verbs: argparse._SubParsersAction) -> None:
+    from openrecipes.config.hardware import add_gpu_option
+
     new = verbs.add_parser(
         "new", help="write a card from a measured run, its reference run and its verification results",
         description="Build a recipe card from RUN_DIR (recipe, run.json, measurement over the window, rows "
@@ -57,7 +59,7 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
     new.add_argument("--window", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
                      help="measurement window, steps inclusive (default: 5 19, or 5 to the last step of a run "
                           "shorter than 20 steps)")
-    new.add_argument("--gpu-type", metavar="TYPE", help="GPU type instead of run.json's gpu.type, e.g. H200")
+    add_gpu_option(new, aliases=("--gpu-type",), help="GPU type instead of run.json's gpu.type, e.g. H200")
     new.add_argument("--gpu-memory-gb", type=float, metavar="GB",
                      help="memory of one GPU (known for H100 and H200; needed for other types, CPU included)")
     new.add_argument("--gpus-per-node", type=int, metavar="N",
@@ -81,7 +83,7 @@ def _new(args: argparse.Namespace) -> int:
         raise ValueError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
     options = NewCardOptions(
         run_dir=args.run_dir, reference=args.reference, out=args.out, author=args.author,
-        author_url=args.author_url, window=tuple(args.window) if args.window else None, gpu_type=args.gpu_type,
+        author_url=args.author_url, window=tuple(args.window) if args.window else None, gpu_type=args.gpu,
         gpu_memory_gb=args.gpu_memory_gb, gpus_per_node=args.gpus_per_node, instance=args.instance,
         usd_per_gpu_hour=args.usd_per_gpu_hour, status=args.status,
         component_tests=tuple(args.component_test), model_name=args.model_name, overwrite=args.overwrite)

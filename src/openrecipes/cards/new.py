@@ -99,6 +99,16 @@ def _is_bundled(path: str | None, name: str) -> bool:
     return path is not None and Path(path).resolve() == (ASSETS / name).resolve()
 
 
+def _skipped_counts(manifest: dict[str, Any]) -> dict[str, int] | None:
+    """The build's skipped conversations by reason (manifest ``invalid_reasons``); entries not of that shape are
+    left out here, the card schema judges the rest."""
+    reasons = manifest.get("invalid_reasons")
+    if not isinstance(reasons, dict):
+        return None
+    return {str(reason): entry["count"] for reason, entry in reasons.items()
+            if isinstance(entry, dict) and "count" in entry} or None
+
+
 def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[str, Any]:
     source = manifest.get("source") or {}
     files = source.get("files") or []
@@ -131,6 +141,8 @@ def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[st
             "packing": manifest.get("packing") or "see docs/data.md",
             "template_kwargs": json.dumps(kwargs, sort_keys=True) if kwargs else None,
             "supervised_token_ratio": manifest.get("supervised_token_ratio"),
+            "skipped_invalid": _skipped_counts(manifest),
+            "tokens_in_unsupervised_rows": (manifest.get("counts") or {}).get("tokens_in_rows_skipped_unsupervised"),
             "parquet_sha256": manifest["parquet_sha256"],
             "parquet_bytes": manifest["parquet_bytes"],
             "builder": f"openrecipes data build ({manifest.get('format', 'openrecipes rows')})",
@@ -235,12 +247,6 @@ def convergence_block(report: Any, candidate: Path, reference: Path) -> dict[str
     }
 
 
-def curve_points(curve: Any) -> list[dict[str, Any]]:
-    from openrecipes.verify.curves import is_finite
-
-    return [{"step": step, "loss": curve.losses[step]} for step in curve.steps() if is_finite(curve.losses[step])]
-
-
 def _correctness(rules: Any, convergence: dict[str, Any] | None, conv_report: Any, tests: list[dict[str, Any]],
                  reference_text: str) -> dict[str, Any]:
     failing = []
@@ -283,6 +289,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     from openrecipes.config.rundir import RUN_FILE, read_run_info
     from openrecipes.config.recipe import dump_recipe, load_recipe
     from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.cards.step_curves import curve_points, memory_phases
     from openrecipes.verify.curves import read_loss_curve
     from openrecipes.verify.rules import check_rules, recipe_path
 
@@ -335,9 +342,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
     if measured.price_source:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]
-    notes_text = "".join(f"- {note}\n" for note in notes) + (
-        "\nThe resolved recipe of the run (its recipe.yaml; `run` trains it):\n\n"
-        + "".join(f"    {line}\n" for line in dump_recipe(recipe).splitlines()))
+    notes_text = "".join(f"- {note}\n" for note in notes)  # the resolved recipe is the card's own field
 
     return {
         "schema_version": 1,
@@ -381,7 +386,10 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         "patches": [],
         "run": str(run.require("command", run_origin)),
         "notes": notes_text,
-        "curves": {"candidate": curve_points(candidate_curve), "reference": curve_points(reference_curve)},
+        "recipe": dump_recipe(recipe),
+        "curves": {"candidate": curve_points(candidate_curve, run_dir, measured.gpus),
+                   "reference": curve_points(reference_curve),
+                   "memory_phases_gib": memory_phases(run_dir, measured.window)},
         **({"tuning": options.tuning} if options.tuning is not None else {}),
     }
 

@@ -71,6 +71,10 @@ class DatasetBuild(_Strict):
     packing: Text
     template_kwargs: str | None = None
     supervised_token_ratio: Annotated[float, Field(gt=0, le=1)]
+    skipped_invalid: dict[str, NonNegInt] | None = Field(
+        default=None, description="conversations the build skipped as invalid, counted by reason (--skip-invalid)")
+    tokens_in_unsupervised_rows: NonNegInt | None = Field(
+        default=None, description="tokens in rows the build skipped for holding no supervised token")
     parquet_sha256: Sha256
     parquet_bytes: PosInt
     builder: Text
@@ -216,13 +220,22 @@ class Patch(_Strict):
 class CurvePoint(_Strict):
     step: NonNegInt
     loss: float
+    step_time_s: Annotated[float, Field(gt=0)] | None = Field(default=None, description="the step's wall time")
+    tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the step's tokens / its time / GPUs")
+    peak_memory_gib: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="the step's peak allocated memory, the largest over ranks")
 
 
 class Curves(_Strict):
-    """Per-step training loss of the convergence check's arms, for the site's plot."""
+    """Per-step training loss of the convergence check's arms (the candidate's step time, tokens/s/GPU and memory
+    with it), for the site's plots."""
 
     candidate: Annotated[list[CurvePoint], Field(min_length=1)]
     reference: list[CurvePoint] | None = None
+    memory_phases_gib: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        default=None, description="the candidate's memory per stage of a step in the window (rank 0; the run's "
+                                  "debug.memory_trace): at its start and the peak of each phase, in order")
 
 
 TrialFailure = Literal["out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout"]
@@ -276,6 +289,8 @@ class RecipeCard(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="environment variables of the run")
     patches: list[Patch] = Field(default_factory=list)
     run: str = Field(description="the exact command script that reproduces the run")
+    recipe: str | None = Field(default=None, description="the resolved recipe the run trained (its recipe.yaml), "
+                                                         "for openrecipes' own cards")
     notes: str | None = None
     curves: Curves | None = None
     tuning: Tuning | None = Field(default=None, description="the trials of `openrecipes tune`, when it wrote the card")

@@ -7,8 +7,11 @@ entry (an entry of the same name replaces the default one whole, new names are a
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,8 +59,10 @@ class HardwareTable:
         for key, spec in self.gpus.items():
             if key.lower() == name.lower():
                 return spec
+        close = difflib.get_close_matches(name.lower(), [key.lower() for key in self.gpus], n=1, cutoff=0.5)
+        hint = next((f"did you mean {key}? " for key in self.gpus if close and key.lower() == close[0]), "")
         raise ValueError(
-            f"unknown GPU type {name!r}; known: {', '.join(sorted(self.gpus))} "
+            f"unknown GPU type {name!r}; {hint}known: {', '.join(sorted(self.gpus))} "
             "(add it with --hardware FILE)"
         )
 
@@ -191,9 +196,75 @@ def load_hardware(extra_files: list[str | os.PathLike] | None = None) -> Hardwar
     return table
 
 
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    usd_per_gpu_hour: float
+    source: str  # "--usd-per-gpu-hour", "instance NAME" or "default instance NAME of GPU"
+
+
+def resolve_price(
+    hardware: HardwareTable,
+    gpu_type: str,
+    *,
+    usd_per_gpu_hour: float | None = None,
+    instance: str | None = None,
+) -> Price | None:
+    """The price to use: an explicit one, else a named instance, else the GPU's default instance (None: no price)."""
+    if usd_per_gpu_hour is not None and instance is not None:
+        raise ValueError("give either --usd-per-gpu-hour or --instance, not both")
+    if usd_per_gpu_hour is not None:
+        if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
+            raise ValueError(f"--usd-per-gpu-hour must be positive, got {usd_per_gpu_hour}")
+        return Price(usd_per_gpu_hour=usd_per_gpu_hour, source="--usd-per-gpu-hour")
+    if instance is not None:
+        spec = hardware.instance(instance)
+        return Price(usd_per_gpu_hour=spec.usd_per_gpu_hour, source=f"instance {spec.name}")
+    try:
+        gpu = hardware.gpu(gpu_type)
+    except ValueError:
+        return None
+    if gpu.default_instance is None:
+        return None
+    spec = hardware.instance(gpu.default_instance)
+    return Price(usd_per_gpu_hour=spec.usd_per_gpu_hour, source=f"default instance {spec.name} of {gpu.name}")
+
+
+def usd_per_million_tokens(usd_per_gpu_hour: float, tokens_per_second_per_gpu: float) -> float:
+    """$ / 1M tokens = USD per GPU-hour / (tokens/s/GPU x 3600) x 1e6 (measure and plan both price this way)."""
+    if tokens_per_second_per_gpu <= 0:
+        raise ValueError(f"tokens/s/GPU must be positive, got {tokens_per_second_per_gpu}")
+    return usd_per_gpu_hour / (tokens_per_second_per_gpu * 3600.0) * 1e6
+
+
 def known_gpu_name(device_name: str) -> str:
     """The table's name for a device name such as 'NVIDIA H200' (longest match first: GB200 before B200), else the
     device name itself."""
     names = sorted(read_hardware_file(DEFAULT_HARDWARE_FILE).gpus, key=len, reverse=True)
     upper = device_name.upper()
     return next((name for name in names if name.upper() in upper), device_name)
+
+
+# The one spelling of the GPU on every verb: `--gpu TYPE` where only the type is asked, `--gpus COUNTxTYPE` where the
+# count is too (plan, tune). Both are read here; the type is checked against the hardware table where it is used.
+GPU_FLAG = "--gpu"
+GPUS_FLAG = "--gpus"
+
+
+def parse_gpus(text: str, flag: str = GPUS_FLAG) -> tuple[int, str]:
+    """``"128xH200"`` -> (128, "H200"); the type is as written (the table matches it without regard to case)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9_.-]+)\s*", text)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"{flag}: expected COUNTxTYPE such as 8xH200, got {text!r}")
+    return int(match.group(1)), match.group(2)
+
+
+def add_gpu_option(parser: argparse.ArgumentParser, *, help: str, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
+    """``--gpu TYPE`` on a verb; ``aliases`` are older spellings still accepted (help says they are deprecated)."""
+    if aliases:
+        help += f" ({', '.join(aliases)}: deprecated spelling of {GPU_FLAG})"
+    parser.add_argument(GPU_FLAG, *aliases, dest="gpu", metavar="TYPE", help=help, **kwargs)
+
+
+def add_gpus_option(parser: argparse.ArgumentParser, *, help: str, **kwargs: Any) -> None:
+    """``--gpus COUNTxTYPE`` on a verb (the count and the type, parsed by ``parse_gpus``)."""
+    parser.add_argument(GPUS_FLAG, dest="gpus", metavar="COUNTxTYPE", help=help, **kwargs)

@@ -25,9 +25,11 @@ import numpy as np
 from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SHA256_DEFINITION,
                                        RowsWriter)
 from openrecipes.data.packing import RowPacker
+from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
+                                         has_marker_characters, shield)
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
-                                     is_long, long_pieces)
+                                     encoded_piece, is_long, long_pieces)
 from openrecipes.data.templates import ChatRenderer, builtin_template_note, get_loss_mask, load_template_text
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
@@ -54,6 +56,7 @@ class BuildConfig:
     eos_token: str | None = None  # overrides the loss-mask format's (sft) or tokenizer's (pretrain) separator
     name: str | None = None
     skip_invalid: bool = False  # count invalid conversations instead of failing on the first
+    chat_input: ChatInput = field(default_factory=ChatInput)  # how conversations are read (data/chat_input.py)
     overwrite: bool = False
     progress: bool = True
     chunk_conversations: int = 2048
@@ -118,16 +121,19 @@ def _prepare(config: BuildConfig) -> tuple[Any, ChatRenderer, int, str, str]:
     return bundle, renderer, eos_id, eos, template_source
 
 
-def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[int], list[str]]:
+def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool, options: ChatInput | None = None,
+          reasons: dict[str, Any] | None = None) -> tuple[list[int], list[str]]:
     invalid: list[int] = []
     examples: list[str] = []
     for index, where, record in source_iter:
         try:
-            normalize(record, where, forbidden)
+            normalize(record, where, forbidden, options)
         except InvalidConversation as error:
             if not skip_invalid:
                 raise
             invalid.append(index)
+            if reasons is not None:
+                count_skipped(reasons, error, where)
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(str(error))
     return invalid, examples
@@ -135,29 +141,40 @@ def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool) -> tuple[list[in
 
 def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: ChatRenderer, tokenizer: Any,
                 eos_id: int, forbidden: Any, invalid: list[int], examples: list[str],
-                limit: LimitCounter) -> Iterator[Piece]:
+                limit: LimitCounter, reasons: dict[str, Any] | None = None) -> Iterator[Piece]:
     """Render the conversations at ``order`` one at a time; yield their tokens in bounded pieces (stream.py).
 
     Ordinary conversations are encoded in batches (``chunk_conversations`` of them or ``BATCH_CHARS`` characters),
     each whole, so its ids are the tokenizer's own for the text; one longer than a window goes alone, window by
-    window."""
+    window. A conversation whose own strings hold special tokens (kept as text, ``chat_input.special_tokens``) is
+    encoded alone, whole."""
+    options = config.chat_input
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
     chars = 0
     for index, record in source.iter_records(order):
         where = source.where(index)
         try:
-            messages, tools = normalize(record, where, forbidden)
-            text, supervised = renderer.supervised_spans(messages, tools)
+            messages, tools = normalize(record, where, forbidden, options)
+            text, supervised, own = _render(renderer, messages, tools, forbidden, options, where)
         except ValueError as error:  # template errors (raise_exception, wrong format) included
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
             if not config.skip_invalid:
                 raise InvalidConversation(message) from None
             invalid.append(index)
+            if reasons is not None:
+                count_skipped(reasons, error, where)
             if len(examples) < MAX_INVALID_EXAMPLES:
                 examples.append(message)
             continue
         del record, messages, tools  # the rendered text is all that is needed from here on
+        if own:
+            if texts:
+                yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
+                texts, spans, chars = [], [], 0
+            yield from encoded_piece(*encode_with_text_tokens(tokenizer, text, own, forbidden), supervised, eos_id,
+                                     limit)
+            continue
         if is_long(text):
             if texts:
                 yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
@@ -172,6 +189,20 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
             texts, spans, chars = [], [], 0
     if texts:
         yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
+
+
+def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, forbidden: Any, options: ChatInput,
+            where: str) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    """Rendered text, supervised spans, and where the conversation's own special tokens stand (text, not turn
+    markers: they are kept out of the template's sight while it renders)."""
+    if forbidden is None or options.special_tokens != "text" or not forbidden.search(json.dumps([messages, tools], ensure_ascii=False)):
+        return (*renderer.supervised_spans(messages, tools), [])
+    if has_marker_characters([messages, tools]):
+        raise InvalidConversation(f"{where}: holds the noncharacters U+FDD0/U+FDD1, which mark special tokens "
+                                  "while rendering", "marker characters")
+    found: list[str] = []
+    messages, tools = shield(messages, forbidden, found), shield(tools, forbidden, found)
+    return Shielded(found).restore(*renderer.supervised_spans(messages, tools))
 
 
 def _output_guard(config: BuildConfig) -> dict[str, Any]:
@@ -191,8 +222,9 @@ def build(config: BuildConfig) -> dict[str, Any]:
     check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     forbidden = bundle.special_token_pattern()
-    source, scan_iter = open_source(config.input)
-    invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid)
+    source, scan_iter = open_source(config.input, column=config.chat_input.column)
+    reasons: dict[str, Any] = {}
+    invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid, config.chat_input, reasons)
     n_total = len(source)
     is_invalid = np.zeros(n_total, dtype=bool)
     is_invalid[invalid] = True
@@ -203,7 +235,7 @@ def build(config: BuildConfig) -> dict[str, Any]:
 
     limit = LimitCounter(max_tokens=config.max_conversation_tokens, too_long=config.too_long)
     pieces = _sft_pieces(config, order, source, renderer, bundle.tokenizer, eos_id, forbidden, invalid, examples,
-                         limit)
+                         limit, reasons)
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
         packed = pack_rows(config, pieces, staging)
         counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
@@ -212,6 +244,7 @@ def build(config: BuildConfig) -> dict[str, Any]:
             counts["conversations_over_token_limit"] = limit.over_limit
         manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, packed.writer,
                              staging, counts, examples, limit)
+        manifest.update(chat_input=config.chat_input.to_manifest(), invalid_reasons=reasons)
         atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
@@ -300,6 +333,7 @@ def _counts(n_total: int, n_invalid: int, doc_lengths: np.ndarray, used: int, pa
         f"{noun}_truncated": int(np.count_nonzero((starts < stop) & (ends > stop))),
         f"{noun}_unused": int(n_total - n_invalid - skipped - np.count_nonzero(starts < stop)),
         "rows_skipped_unsupervised": int(packer.rows_skipped),
+        "tokens_in_rows_skipped_unsupervised": int(packer.rows_skipped) * T,
         "tokens_dropped_after_last_row": int(ends[-1] - stop) if ends.size else 0,
     }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.data import bundled
+from openrecipes.data.chat_input import SHAPES, SPECIAL_TOKEN_POLICIES
 from openrecipes.data.templates import LOSS_MASKS
 
 
@@ -54,7 +55,20 @@ def register(subparsers: Any) -> None:
                             "N tokens")
     build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")
     build.add_argument("--skip-invalid", action="store_true",
-                       help="count and skip invalid conversations instead of failing on the first")
+                       help="count and skip invalid conversations instead of failing on the first; the summary "
+                            "and the manifest count them by reason, with where the first ones are")
+    build.add_argument("--input-shape", choices=SHAPES, default="openai",
+                       help="openai: role/content messages; sharegpt: from/value turns (human, gpt, system, "
+                            "function_call, observation, tool)")
+    build.add_argument("--messages-field", metavar="NAME",
+                       help="the column or key holding the conversation (default: messages; conversations with "
+                            "--input-shape sharegpt)")
+    build.add_argument("--role-map", metavar="FROM=TO,...",
+                       help="rename roles before the check, e.g. developer=system,function=tool,ipython=tool "
+                            "(default: none)")
+    build.add_argument("--special-tokens-in-text", choices=SPECIAL_TOKEN_POLICIES, default="text",
+                       help="a special token inside a conversation's own text: tokenized as text, never a turn "
+                            "marker (text), or the conversation is refused (refuse)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier output of data build at --out "
                        "(never another directory)")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -70,6 +84,7 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from openrecipes.data.build import BuildConfig, build
+    from openrecipes.data.chat_input import ChatInput, parse_role_map
     from openrecipes.data.templates import parse_template_kwargs
 
     out = Path(args.out)  # build() refuses an --out it may not replace
@@ -80,9 +95,22 @@ def _build(args: argparse.Namespace) -> int:
         template_kwargs=parse_template_kwargs(args.template_kwargs), chat_template=args.chat_template,
         eos_token=args.eos_token, max_conversation_tokens=args.max_conversation_tokens, too_long=args.too_long,
         name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,
-        progress=not args.no_progress, out=out)
+        progress=not args.no_progress, out=out,
+        chat_input=ChatInput(shape=args.input_shape, messages_field=args.messages_field,
+                             role_map=parse_role_map(args.role_map), special_tokens=args.special_tokens_in_text))
+    if args.format != "sft" and (args.messages_field or args.role_map or args.input_shape != "openai"):
+        raise ValueError("--input-shape, --messages-field and --role-map apply to --format sft only")
     manifest = build(config)
     summary = {key: manifest[key] for key in ("name", "rows", "row_tokens", "supervised_token_ratio",
                                               "rows_sha256", "parquet_sha256")}
+    counts = manifest.get("counts", {})
+    summary["skipped"] = skipped_summary(manifest)
+    summary["tokens_in_rows_without_a_supervised_token"] = counts.get("tokens_in_rows_skipped_unsupervised", 0)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def skipped_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How many records were skipped and why: {"total": N, "<reason>": {"count": n, "first": [where, ...]}}."""
+    reasons = manifest.get("invalid_reasons") or {}
+    return {"total": sum(entry["count"] for entry in reasons.values()), **reasons}

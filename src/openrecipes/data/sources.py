@@ -19,13 +19,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-ROLES = ("system", "user", "assistant", "tool")
+from openrecipes.data.chat_input import ROLES, ChatInput, InvalidConversation, shape_message
+
+__all__ = ["ChatInput", "ConversationSource", "InvalidConversation", "ROLES", "normalize", "open_source"]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SCAN_BATCH = 4096
-
-
-class InvalidConversation(ValueError):
-    """A conversation the chat template cannot render into a supervised document."""
 
 
 def _drop_nulls(value: Any) -> Any:
@@ -215,7 +213,7 @@ def _text_field(message: dict[str, Any], key: str, where: str, position: int) ->
     value = message.get(key)
     if not isinstance(value, str):
         raise InvalidConversation(f"{where}: message {position}: {key!r} must be a string, "
-                                  f"got {type(value).__name__}")
+                                  f"got {type(value).__name__}", "bad field")
     return value
 
 
@@ -239,58 +237,69 @@ def _forged_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[st
     return None
 
 
-def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None) -> tuple[list[dict[str, Any]], Any]:
-    """Check one record; return (messages, tools) or raise InvalidConversation naming ``where``.
+def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
+              options: ChatInput | None = None) -> tuple[list[dict[str, Any]], Any]:
+    """Check one record; return (messages, tools) or raise InvalidConversation naming ``where`` and its reason.
 
+    ``options`` say how the record is read (chat_input.py); ``forbidden`` (the tokenizer's special tokens) refuses a
+    conversation quoting one only when ``options.special_tokens`` is ``refuse``: by default such a token is text.
     Keys whose value is null are dropped (Parquet fills absent struct fields with nulls).
     An assistant message with tool calls may have null content; it becomes "".
     """
-    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-        raise InvalidConversation(f"{where}: expected an object with a 'messages' list")
+    options = options or ChatInput()
+    refuse = forbidden if options.special_tokens == "refuse" else None
+    column = options.column
+    if not isinstance(record, dict) or not isinstance(record.get(column), list):
+        raise InvalidConversation(f"{where}: expected an object with a {column!r} list", "not a conversation")
     metadata = record.get("metadata")
     if isinstance(metadata, str):
         try:
             metadata = json.loads(metadata) if metadata else None
         except json.JSONDecodeError:
-            raise InvalidConversation(f"{where}: 'metadata' is a string but not JSON") from None
+            raise InvalidConversation(f"{where}: 'metadata' is a string but not JSON", "bad field") from None
     tools = (metadata or {}).get("tools") if isinstance(metadata, dict) else None
     tools = tools if tools is not None else record.get("tools")
     messages = []
-    for position, raw in enumerate(record["messages"], start=1):
+    for position, raw in enumerate(record[column], start=1):
         if not isinstance(raw, dict):
-            raise InvalidConversation(f"{where}: message {position} is not an object")
-        message = {k: v for k, v in raw.items() if v is not None}
+            raise InvalidConversation(f"{where}: message {position} is not an object", "bad field")
+        message = shape_message({k: v for k, v in raw.items() if v is not None}, options,
+                                f"{where}: message {position}")
         role = message.get("role")
         if role not in ROLES:
             raise InvalidConversation(f"{where}: message {position}: unknown role {role!r} "
-                                      f"(expected one of {', '.join(ROLES)})")
+                                      f"(expected one of {', '.join(ROLES)}; --role-map renames roles)",
+                                      "unknown role")
         calls = message.get("tool_calls")
         if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
             raise InvalidConversation(f"{where}: message {position}: 'tool_calls' must be a list of objects, got "
-                                      f"{type(calls).__name__}")
+                                      f"{type(calls).__name__}", "bad field")
         if role == "assistant" and calls and "content" not in message:
             message["content"] = ""
         for key in ("content", "reasoning_content"):
             if key == "content" or key in message:
                 _text_field(message, key, where, position)
         # every field, not only the text: tool_calls names and arguments, name, tool_call_id
-        if forbidden is not None and (forged := _forged_token(
-                {k: v for k, v in message.items() if k != "role"}, "", forbidden)):
+        if refuse is not None and (forged := _forged_token(
+                {k: v for k, v in message.items() if k != "role"}, "", refuse)):
             raise InvalidConversation(f"{where}: message {position}: {forged[0]} contains the special "
-                                      f"token {forged[1]!r}")
+                                      f"token {forged[1]!r}", "special token")
         if role == "system" and position != 1:
-            raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first")
+            raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first",
+                                      "system not first")
         messages.append(message)
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise InvalidConversation(f"{where}: 'tools' must be a list of objects, got {type(tools).__name__}")
-    if forbidden is not None and tools is not None and (forged := _forged_token(tools, "tools", forbidden)):
-        raise InvalidConversation(f"{where}: {forged[0]} contains the special token {forged[1]!r}")
+        raise InvalidConversation(f"{where}: 'tools' must be a list of objects, got {type(tools).__name__}",
+                                  "bad field")
+    if refuse is not None and tools is not None and (forged := _forged_token(tools, "tools", refuse)):
+        raise InvalidConversation(f"{where}: {forged[0]} contains the special token {forged[1]!r}", "special token")
     if not messages:
-        raise InvalidConversation(f"{where}: empty conversation (no messages)")
+        raise InvalidConversation(f"{where}: empty conversation (no messages)", "empty conversation")
     if not any(m["role"] == "assistant" for m in messages):
-        raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise")
+        raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise", "no assistant turn")
     # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it. Searched for in place:
     # encoding a 50 MB conversation to find one would copy it twice
     if bad := _forged_token([messages, tools], "", _SURROGATE):
-        raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)")
+        raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)",
+                                  "invalid unicode")
     return messages, tools

@@ -99,28 +99,42 @@ class LimitCounter:
         return None if self.max_tokens is None else {"max_tokens": self.max_tokens, "too_long": self.too_long}
 
 
+def _conversation_parts(ids: np.ndarray, offsets: np.ndarray, supervised: list[tuple[int, int]], eos_id: int,
+                        limit: LimitCounter) -> tuple[np.ndarray, np.ndarray] | None:
+    """One encoded conversation's ids and mask followed by the separator (unsupervised), or None when the limit
+    skips it."""
+    if limit.max_tokens is not None and ids.size > limit.max_tokens:
+        limit.over_limit += 1
+        if limit.too_long == "skip":
+            return None
+        ids, offsets = ids[:limit.max_tokens], offsets[:limit.max_tokens]
+    return (np.concatenate([ids, np.array([eos_id], dtype=np.int32)]),
+            np.concatenate([token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]))
+
+
+def _piece(parts: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[Piece]:
+    if parts:
+        yield Piece(ids=np.concatenate([ids for ids, _ in parts]), mask=np.concatenate([mask for _, mask in parts]),
+                    lengths=np.asarray([ids.size for ids, _ in parts], dtype=np.int64))
+
+
 def batch_piece(texts: list[str], spans: list[list[tuple[int, int]]], tokenizer: Any, eos_id: int,
-                 limit: LimitCounter) -> Iterator[Piece]:
+                limit: LimitCounter) -> Iterator[Piece]:
     """One piece of whole conversations, each followed by the separator (unsupervised)."""
     # the whole rendered conversation at once: its ids are the tokenizer's own for that text
     encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    id_parts: list[np.ndarray] = []
-    mask_parts: list[np.ndarray] = []
-    lengths: list[int] = []
-    for encoding, supervised in zip(encodings, spans):
-        ids = np.asarray(encoding.ids, dtype=np.int32)
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        if limit.max_tokens is not None and ids.size > limit.max_tokens:
-            limit.over_limit += 1
-            if limit.too_long == "skip":
-                continue
-            ids, offsets = ids[:limit.max_tokens], offsets[:limit.max_tokens]
-        id_parts += [ids, np.array([eos_id], dtype=np.int32)]
-        mask_parts += [token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]  # the EOS is unsupervised
-        lengths.append(ids.size + 1)
-    if lengths:
-        yield Piece(ids=np.concatenate(id_parts), mask=np.concatenate(mask_parts),
-                    lengths=np.asarray(lengths, dtype=np.int64))
+    parts = [_conversation_parts(np.asarray(encoding.ids, dtype=np.int32),
+                                 np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), supervised, eos_id, limit)
+             for encoding, supervised in zip(encodings, spans)]
+    yield from _piece([part for part in parts if part is not None])
+
+
+def encoded_piece(ids: Any, offsets: Any, supervised: list[tuple[int, int]], eos_id: int,
+                  limit: LimitCounter) -> Iterator[Piece]:
+    """One conversation already encoded (ids and character offsets), as a piece."""
+    part = _conversation_parts(np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64).reshape(-1, 2),
+                               supervised, eos_id, limit)
+    yield from _piece([part] if part is not None else [])
 
 
 def long_pieces(text: str, spans: list[tuple[int, int]], tokenizer: Any, eos_id: int,

@@ -5,7 +5,7 @@ putting the numbers together in :mod:`openrecipes.measure.compute`.
 """
 
 from openrecipes.measure.compute import Measurement, compute_metrics, measure_run_dir, resolve_price
-from openrecipes.config.hardware import HardwareTable, load_hardware
+from openrecipes.config.hardware import HardwareTable, load_hardware, usd_per_million_tokens
 from openrecipes.measure.metrics import (
     attention_flops,
     gpu_hours,
@@ -13,7 +13,6 @@ from openrecipes.measure.metrics import (
     model_flops,
     step_time_stats,
     tokens_per_s_per_gpu,
-    usd_per_million_tokens,
     window_tokens,
 )
 

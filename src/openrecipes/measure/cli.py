@@ -8,6 +8,8 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from openrecipes.config.hardware import add_gpu_option
+
     parser = subparsers.add_parser(
         "measure",
         help="tokens/s/GPU, MFU, $/1M tokens and step-time CV of a run directory",
@@ -20,7 +22,7 @@ def register(subparsers: Any) -> None:
         help="first and last step of the window, inclusive, 0-based (default: 5 19, or 5 to the last step of a run "
              "shorter than 20 steps)",
     )
-    parser.add_argument("--gpu", metavar="TYPE", help="GPU type for the peak FLOP/s (default: run.json gpu.type)")
+    add_gpu_option(parser, help="GPU type for the peak FLOP/s (default: run.json gpu.type)")
     price = parser.add_mutually_exclusive_group()
     price.add_argument("--usd-per-gpu-hour", type=float, metavar="P", help="price of one GPU-hour in USD")
     price.add_argument("--instance", metavar="NAME", help="take the price of this instance from the hardware table")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.measure import metrics as m
-from openrecipes.config.hardware import HardwareTable, load_hardware
+from openrecipes.config.hardware import HardwareTable, Price, load_hardware, resolve_price, usd_per_million_tokens
 from openrecipes.config.rundir import (
     METRICS_FILE,
     RUN_FILE,
@@ -22,12 +22,6 @@ from openrecipes.config.rundir import (
 )
 
 DEFAULT_WINDOW = (5, 19)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Price:
-    usd_per_gpu_hour: float
-    source: str  # "--usd-per-gpu-hour", "instance NAME" or "default instance NAME of GPU"
 
 
 @dataclass(kw_only=True)
@@ -61,37 +55,6 @@ class Measurement:
         data = asdict(self)
         data["window"] = list(self.window)
         return data
-
-
-def resolve_price(
-    hardware: HardwareTable,
-    gpu_type: str,
-    *,
-    usd_per_gpu_hour: float | None = None,
-    instance: str | None = None,
-) -> Price | None:
-    """The price to use: an explicit one, else a named instance, else the GPU's default instance."""
-    if usd_per_gpu_hour is not None and instance is not None:
-        raise ValueError("give either --usd-per-gpu-hour or --instance, not both")
-    if usd_per_gpu_hour is not None:
-        if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
-            raise ValueError(f"--usd-per-gpu-hour must be positive, got {usd_per_gpu_hour}")
-        return Price(usd_per_gpu_hour=usd_per_gpu_hour, source="--usd-per-gpu-hour")
-    if instance is not None:
-        spec = hardware.instance(instance)
-        return Price(usd_per_gpu_hour=spec.usd_per_gpu_hour, source=f"instance {spec.name}")
-    try:
-        gpu = hardware.gpu(gpu_type)
-    except ValueError:
-        return None
-    if gpu.default_instance is None:
-        return None
-    spec = hardware.instance(gpu.default_instance)
-    return Price(
-        usd_per_gpu_hour=spec.usd_per_gpu_hour,
-        source=f"default instance {spec.name} of {gpu.name}",
-    )
-
 
 
 def default_window(records: list[StepRecord], metrics_origin: str = METRICS_FILE) -> tuple[int, int]:
@@ -214,7 +177,7 @@ def compute_metrics(
     if price is not None:
         result.usd_per_gpu_hour = price.usd_per_gpu_hour
         result.price_source = price.source
-        result.usd_per_million_tokens = m.usd_per_million_tokens(price.usd_per_gpu_hour, throughput)
+        result.usd_per_million_tokens = usd_per_million_tokens(price.usd_per_gpu_hour, throughput)
 
     all_times = [require_number(record, "step_time_s", metrics_origin) for record in records]
     result.steps_recorded = len(records)

@@ -6,7 +6,7 @@ Definitions (docs/measure.md has them in full):
 * step-time CV  = population standard deviation (ddof = 0) / mean of the window's step times
 * MFU           = 6 · N · tokens/s/GPU / peak bf16 dense FLOP/s of one GPU
 * model FLOPs   = 6 · N · tokens + 6 · layers · heads · head_dim · Σ sᵢ²  (attention, causal halving)
-* $ / 1M tokens = USD per GPU-hour / (tokens/s/GPU · 3600) · 1e6
+* $ / 1M tokens = USD per GPU-hour / (tokens/s/GPU · 3600) · 1e6 (config/hardware.py, beside the prices)
 * GPU-hours     = GPUs · (sum of every recorded step time) / 3600, so startup is excluded
 """
 
@@ -73,12 +73,6 @@ def model_flops(
 ) -> float:
     """Total training FLOPs: dense 6·N per token plus causal attention (see ``attention_flops``)."""
     return 6.0 * active_params * tokens + attention_flops(num_layers, num_heads, head_dim, sum_doc_len_sq)
-
-
-def usd_per_million_tokens(usd_per_gpu_hour: float, tokens_per_second_per_gpu: float) -> float:
-    if tokens_per_second_per_gpu <= 0:
-        raise ValueError(f"tokens/s/GPU must be positive, got {tokens_per_second_per_gpu}")
-    return usd_per_gpu_hour / (tokens_per_second_per_gpu * 3600.0) * 1e6
 
 
 def gpu_hours(gpus: int, seconds: float) -> float:

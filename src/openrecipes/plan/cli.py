@@ -4,108 +4,173 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 _LAYOUT_OPTIONS = ("tp", "pp", "pp_first_stage_layers", "pp_last_stage_layers", "cp", "ep", "etp", "dp")
-_SWEEP_TOKENS = (4096, 8192, 16384)
-_SWEEP_OFFLOAD = (0.0, 0.5, 1.0)
+# The training settings and their defaults, the same in both modes: a setting given is used as given; one left out
+# takes its default when one layout is planned, and a ranking tries each value in its sweep (the default among them).
+DEFAULTS: dict[str, Any] = {"max_tokens_per_gpu": 8192, "recompute": "full", "optimizer": "adam",
+                            "offload_fraction": 0.0}
+SWEEPS: dict[str, tuple[Any, ...]] = {"max_tokens_per_gpu": (4096, 8192, 16384),
+                                      "recompute": ("none", "selective", "full"),
+                                      "optimizer": ("adam", "precision-aware"),
+                                      "offload_fraction": (0.0, 0.5, 1.0)}
+DEFAULT_ENGINE = "auto"
+
+
+def _setting_help(name: str, what: str) -> str:
+    return (f"{what} (default: {DEFAULTS[name]} for one layout; a ranking tries "
+            f"{', '.join(map(str, SWEEPS[name]))})")
 
 
 def register(subparsers: Any) -> None:
+    from openrecipes.config.hardware import add_gpus_option
+
     p = subparsers.add_parser("plan", help="predict memory and throughput of a layout, or rank layouts",
-                              description=__doc__)
+                              description=__doc__ + " Any layout flag plans that one layout; none ranks every layout "
+                              "that fits.")
     p.add_argument("model", help="registered model name (see `openrecipes models`)")
-    p.add_argument("--gpus", required=True, help="COUNTxTYPE, e.g. 8xH200")
-    p.add_argument("--gpu-memory-gib", type=float, help="override the GPU memory in GiB")
+    add_gpus_option(p, required=True, help="how many GPUs of which type, e.g. 8xH200 (types: config/hardware.yaml)")
+    p.add_argument("--gpu-memory-gib", type=float, help="override the GPU memory in GiB (default: the hardware table's)")
+    layout_defaults = {"pp_first_stage_layers": "an even split", "pp_last_stage_layers": "an even split",
+                       "dp": "GPUs / (tp*pp*cp)"}
     for name in _LAYOUT_OPTIONS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
-                       help=f"layout {name}; any layout flag plans that one layout (the others default to 1 or an "
-                            "even split), none ranks every layout that fits")
+        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name, metavar="N",
+                       help=f"layout {name} (default when one layout is planned: {layout_defaults.get(name, 1)})")
     p.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="sequence parallelism with tp > 1 (plans one layout)")
-    p.add_argument("--max-tokens-per-gpu", type=int,
-                   help="tokens per GPU per microbatch (default: 8192 for one layout; a ranking tries "
-                        f"{', '.join(map(str, _SWEEP_TOKENS))})")
+    p.add_argument("--max-tokens-per-gpu", type=int, help=_setting_help("max_tokens_per_gpu", "tokens per GPU per "
+                                                                          "microbatch"))
     p.add_argument("--rows-per-microbatch", type=int,
                    help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
-    p.add_argument("--recompute", choices=["none", "selective", "full"],
-                   help="activation recompute (default: full for one layout; a ranking tries all three)")
-    p.add_argument("--optimizer", choices=["adam", "precision-aware"],
-                   help="optimizer state (default: adam for one layout; a ranking tries both)")
+    p.add_argument("--recompute", choices=SWEEPS["recompute"], help=_setting_help("recompute", "activation recompute"))
+    p.add_argument("--optimizer", choices=SWEEPS["optimizer"], help=_setting_help("optimizer", "optimizer state"))
     p.add_argument("--offload-fraction", type=float,
-                   help="share of the optimizer state kept on the CPU (default: 0 for one layout; a ranking tries "
-                        f"{', '.join(map(str, _SWEEP_OFFLOAD))})")
+                   help=_setting_help("offload_fraction", "share of the optimizer state kept on the CPU"))
     p.add_argument("--global-batch-tokens", type=int, default=128 * 8192,
-                   help="tokens per optimizer step (default 128 rows x 8192)")
-    p.add_argument("--engine", choices=["megatron", "openrecipes"], default="megatron",
-                   help="whose memory and speed to predict: Megatron-LM's (as in the seed cards; default) or this "
-                        "engine's (FSDP2 sharding; speed calibrated on our H200 runs; a search ranks only the "
-                        "layouts it can run)")
-    p.add_argument("--hardware", help="planner YAML: efficiencies and overheads, optionally extra gpus entries (default: the packaged plan/planner.yaml)")
+                   help="tokens per optimizer step (default 128 rows x 8192, both modes)")
+    p.add_argument("--engine", choices=[DEFAULT_ENGINE, "openrecipes", "megatron"], default=DEFAULT_ENGINE,
+                   help="whose memory and speed to predict, in both modes: openrecipes (this engine: FSDP2 sharding, "
+                        "speed calibrated on our H200 runs; a ranking keeps only the layouts it runs), megatron (the "
+                        "generic model: Megatron-LM as the seed cards ran it), or auto (default: openrecipes for a "
+                        "layout this engine runs, else the generic model; the output says which)")
+    p.add_argument("--hardware", help="planner YAML: efficiencies and overheads, optionally extra gpus entries "
+                                      "(default: the packaged plan/planner.yaml)")
+    price = p.add_mutually_exclusive_group()
+    price.add_argument("--usd-per-gpu-hour", type=float, metavar="P",
+                       help="price of one GPU-hour for $/1M tokens (default: the GPU's default instance in "
+                            "config/hardware.yaml; none there: no price)")
+    price.add_argument("--instance", metavar="NAME", help="take the price of this instance from the hardware table")
+    p.add_argument("--recipes", type=Path, default=Path("recipes"),
+                   help="card catalog a ranking's top layout is compared with (same model and GPUs; default: "
+                        "./recipes, skipped when absent)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from openrecipes.models.registry import get_config
+    from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
     from openrecipes.config.layout import LayoutConfig
-    from openrecipes.plan.enumerate import evaluate, search
-    from openrecipes.plan.hardware import load_hardware, parse_gpus
+    from openrecipes.models.registry import get_config
+    from openrecipes.plan.enumerate import engine_for, evaluate, search
+    from openrecipes.plan.hardware import load_hardware
     from openrecipes.plan.memory import TrainingSetup
     from openrecipes.plan.shape import model_shape
 
     count, gpu_type = parse_gpus(args.gpus)
     hw = load_hardware(gpu_type, path=args.hardware, memory_gib=args.gpu_memory_gib)
+    price = resolve_price(load_price_table(), hw.gpu.name, usd_per_gpu_hour=args.usd_per_gpu_hour,
+                          instance=args.instance)
     shape = model_shape(get_config(args.model), name=args.model)
     if args.top < 1:
         raise ValueError(f"--top: must be at least 1, got {args.top}")
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
+    settings = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None}
     if given or args.sequence_parallel:
         tp, pp, cp = given.get("tp", 1), given.get("pp", 1), given.get("cp", 1)
         if "dp" not in given:
             if count % (tp * pp * cp):
                 raise ValueError(f"--dp: {count} GPUs are not a multiple of tp*pp*cp = {tp * pp * cp}")
             given["dp"] = count // (tp * pp * cp)
+        one = {**DEFAULTS, **settings}
         layout = LayoutConfig(**given, sequence_parallel=bool(args.sequence_parallel),
-                              max_tokens_per_gpu=args.max_tokens_per_gpu or 8192,
+                              max_tokens_per_gpu=one["max_tokens_per_gpu"],
                               rows_per_microbatch=args.rows_per_microbatch)
         if layout.world_size != count:
             raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
-        setup = TrainingSetup(recompute=args.recompute or "full", optimizer=args.optimizer or "adam",
-                              offload_fraction=args.offload_fraction or 0.0,
-                              global_batch_tokens=args.global_batch_tokens, engine=args.engine)
+        setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
+                              offload_fraction=one["offload_fraction"], global_batch_tokens=args.global_batch_tokens,
+                              engine=engine_for(layout, args.engine))
         plan = evaluate(shape, layout, setup, hw)
         if args.json:
-            print(json.dumps(plan.to_json(), indent=2))
+            print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))
         else:
-            _print_plan(plan, shape.name, hw.gpu.name)
+            _print_plan(plan, shape.name, hw.gpu.name, args.engine, price)
         return 0
+    sweep = {k: [settings[k]] if k in settings else list(SWEEPS[k]) for k in DEFAULTS}
     plans, evaluated = search(
-        shape, count, hw,
-        max_tokens=[args.max_tokens_per_gpu] if args.max_tokens_per_gpu else _SWEEP_TOKENS,
-        recompute=[args.recompute] if args.recompute else ["none", "selective", "full"],
-        optimizers=[args.optimizer] if args.optimizer else ["adam", "precision-aware"],
-        offloads=[args.offload_fraction] if args.offload_fraction is not None else _SWEEP_OFFLOAD,
+        shape, count, hw, max_tokens=sweep["max_tokens_per_gpu"], recompute=sweep["recompute"],
+        optimizers=sweep["optimizer"], offloads=sweep["offload_fraction"],
         global_batch_tokens=args.global_batch_tokens, engine=args.engine)
     top = plans[:args.top]
+    gaps = _published_gaps(args.recipes, shape.name, hw, count, plans)
     if args.json:
         print(json.dumps({"evaluated": evaluated, "fitting": len(plans),
-                          "ranked": [p.to_json() for p in top]}, indent=2))
+                          "ranked": [{**p.to_json(), **_price_json(p, price)} for p in top],
+                          "published_cards": gaps}, indent=2))
         return 0
+    engines = sorted({p.setup.engine for p in top})
     print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated} valid layout settings, "
-          f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU ({_basis(args.engine)})")
+          f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU "
+          f"({'; '.join(f'{e}: {_basis(e)}' for e in engines) or _basis(args.engine)})")
+    print(_price_line(price))
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
-             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6}"
+             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11}"
     print(header)
     for rank, p in enumerate(top, 1):
+        usd = _price_json(p, price)["usd_per_million_tokens"]
         print(f"{rank:>3}  {p.layout.label():<32} {p.layout.max_tokens_per_gpu:>7} {p.setup.recompute:<9} "
               f"{p.setup.optimizer:<15} {p.setup.offload_fraction:>4.1f} {p.peak_memory_gib:>8.1f} "
-              f"{p.throughput.tokens_per_s_per_gpu:>10.1f} {p.throughput.mfu:>6.1%}")
+              f"{p.throughput.tokens_per_s_per_gpu:>10.1f} {p.throughput.mfu:>6.1%} "
+              f"{'-' if usd is None else f'${usd:.2f}':>8} {_engine_name(p.setup.engine):<11}")
+    for gap in gaps:
+        if gap["why"]:
+            print(gap["why"])
     return 0
 
 
-def _print_plan(plan: Any, model: str, gpu: str) -> None:
+def _engine_name(engine: str) -> str:
+    return "openrecipes" if engine == "openrecipes" else "generic"
+
+
+def _price_json(plan: Any, price: Any) -> dict[str, Any]:
+    from openrecipes.config.hardware import usd_per_million_tokens
+
+    if price is None or plan.throughput.tokens_per_s_per_gpu <= 0:
+        return {"usd_per_million_tokens": None, "usd_per_gpu_hour": None, "price_source": None}
+    return {"usd_per_million_tokens": round(usd_per_million_tokens(price.usd_per_gpu_hour,
+                                                                   plan.throughput.tokens_per_s_per_gpu), 4),
+            "usd_per_gpu_hour": price.usd_per_gpu_hour, "price_source": price.source}
+
+
+def _price_line(price: Any) -> str:
+    if price is None:
+        return "$/1M tokens: no price (the GPU has no default instance; give --usd-per-gpu-hour or --instance)"
+    return f"$/1M tokens at {price.usd_per_gpu_hour:g} USD/GPU-hour ({price.source})"
+
+
+def _published_gaps(recipes: Path, model: str, hw: Any, count: int, plans: list[Any]) -> list[dict[str, Any]]:
+    """Each published card for this model and GPUs, with why the ranking's top layout is far from it (or None)."""
+    from openrecipes.plan.published import explain_gap, published_cards
+
+    cards = published_cards(recipes, model, hw.gpu.name, count)
+    return [{"card": str(card.path), "layout": card.label, "tokens_per_s_per_gpu": card.tokens_per_s_per_gpu,
+             "why": explain_gap(card, plans, hw) if plans else None} for card in cards]
+
+
+def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) -> None:
     from openrecipes.config.layout import unsupported_reason
 
     t = plan.throughput
@@ -120,13 +185,18 @@ def _print_plan(plan: Any, model: str, gpu: str) -> None:
     print(f"peak {plan.peak_memory_gib:.1f} GiB of {plan.capacity_gib} GiB: {verdict}")
     print(f"predicted {t.tokens_per_s_per_gpu:.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "
           f"{t.microbatches} microbatches, bubble {t.bubble_fraction:.1%} ({_basis(plan.setup.engine)})")
-    if plan.setup.engine == "openrecipes":
-        reason = unsupported_reason(plan.layout)
-        if reason:
-            print(f"openrecipes train cannot run this layout yet: {reason}")
+    usd = _price_json(plan, price)["usd_per_million_tokens"]
+    print(_price_line(price) + ("" if usd is None else f": ${usd:.2f}"))
+    reason = unsupported_reason(plan.layout)
+    if reason and plan.setup.engine == "openrecipes":
+        print(f"openrecipes train cannot run this layout yet: {reason}")
+    elif reason and asked_engine == "auto":
+        print(f"engine: the generic model, as openrecipes train cannot run this layout yet: {reason}")
+    else:
+        print(f"engine: {_engine_name(plan.setup.engine)}")
 
 
 def _basis(engine: str) -> str:
     if engine == "openrecipes":
         return "estimates; this engine's TP/CP/offload costs fitted to our H200 runs, see docs/plan.md"
-    return "estimates, not calibrated for Megatron-LM"
+    return "estimates of the generic model, not calibrated for Megatron-LM"

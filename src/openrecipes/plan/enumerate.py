@@ -55,6 +55,17 @@ class Plan:
         }
 
 
+AUTO_ENGINE = "auto"
+
+
+def engine_for(layout: LayoutConfig, engine: str) -> str:
+    """The engine whose memory and speed are predicted: ``auto`` is this engine when it runs ``layout``, else the
+    generic (Megatron-LM) model; an engine named explicitly is kept."""
+    if engine != AUTO_ENGINE:
+        return engine
+    return "openrecipes" if unsupported_reason(layout) is None else "megatron"
+
+
 def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: Hardware) -> Plan:
     """Memory and throughput of one layout; raises ValueError naming the field if it is invalid."""
     counts = validate_layout(layout, world_size=layout.world_size, num_layers=shape.num_layers,
@@ -70,7 +81,8 @@ def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: 
 def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iterable[int],
            recompute: Iterable[str], optimizers: Iterable[str], offloads: Iterable[float],
            global_batch_tokens: int, max_tp: int = 8, engine: str = "megatron") -> tuple[list[Plan], int]:
-    """All valid layouts x training settings; returns (plans that fit, best first; number evaluated)."""
+    """All valid layouts x training settings; returns (plans that fit, best first; number evaluated). ``engine``
+    ``auto`` predicts each layout with the engine ``engine_for`` picks for it."""
     fitting: list[Plan] = []
     evaluated = 0
     for tokens in max_tokens:
@@ -81,7 +93,7 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
             layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
         for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
-                                  global_batch_tokens=global_batch_tokens, engine=engine)
+                                  global_batch_tokens=global_batch_tokens, engine=engine_for(layout, engine))
             counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
                                      num_experts=shape.num_experts)
             evaluated += 1

@@ -4,7 +4,6 @@ efficiency and overhead data of ``planner.yaml`` (or a file given)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,11 +109,3 @@ def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: 
         openrecipes_engine=_build(EngineCalibration, raw["openrecipes_engine"], f"{source.name}: openrecipes_engine")
         if "openrecipes_engine" in raw else None,
     )
-
-
-def parse_gpus(text: str) -> tuple[int, str]:
-    """``"128xH200"`` -> (128, "H200")."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9_-]+)\s*", text)
-    if not match or int(match.group(1)) < 1:
-        raise ValueError(f"--gpus: expected COUNTxTYPE such as 8xH200, got {text!r}")
-    return int(match.group(1)), match.group(2)

@@ -1,6 +1,7 @@
-"""Build the static recipe site: one index with filters, one page per card.
+"""Build the static recipe site: one index with filters and sortable columns, one page per card, and beside each
+page the card's YAML file.
 
-Everything a page needs is inline (CSS, the filter script, the SVG plot), so the site works
+Everything a page needs is inline (CSS, the scripts, the SVG plots), so the site works
 from a file share or behind a firewall. Every string from a card goes through Jinja's
 autoescaping; links are only made from http(s) URLs.
 """
@@ -17,7 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from openrecipes.cards.validate import LoadedCard, validate_paths
-from openrecipes.site.plot import loss_plot_svg, tuning_plot_svg
+from openrecipes.site.plot import loss_plot_svg, memory_bars_svg, step_plots, tuning_plot_svg
 from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
@@ -137,28 +138,45 @@ def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
         "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
         "tokens": str(metrics["tokens"]), "usd": str(metrics["usd"]), "mfu": str(metrics["mfu"]),
         "author": card.author.name,
+        # what the sortable numeric columns sort by (empty: no value, sorted last)
+        "tokens_sort": repr(card.result.tokens_per_s_per_gpu),
+        "usd_sort": "" if card.result.usd_per_million_tokens is None else repr(card.result.usd_per_million_tokens),
+        "mfu_sort": "" if card.result.mfu is None else repr(card.result.mfu),
+        "gpus_sort": str(card.gpu.count),
     }
 
 
-def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
-    """Every page of the site as text, keyed by its path relative to the site root."""
+def _root_of(loaded: LoadedCard, roots: list[Path]) -> Path:
+    """The catalog directory a card was found under (the first that holds it)."""
+    path = loaded.path.resolve()
+    return next((root for root in roots if root.resolve() in path.parents), roots[0])
+
+
+def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path]) -> dict[Path, str]:
+    """Every page of the site as text (and each card's YAML beside its page), keyed by its path relative to the site
+    root. Several catalogs may be given: each card's page sits at its path under its own catalog."""
+    roots = recipes_root if isinstance(recipes_root, list) else [recipes_root]
     env = _environment()
     css, js = _asset("style.css"), _asset("filters.js")
     pages: dict[Path, str] = {}
     ordered = sorted(cards, key=lambda c: (c.card.model, c.card.gpu.type, str(c.path)))
     rows = []
     for loaded in ordered:
-        relative = page_path(loaded, recipes_root)
+        relative = page_path(loaded, _root_of(loaded, roots))
         if relative in pages or relative == Path("index.html"):
             raise ValueError(f"{loaded.path}: two cards would share the page {relative}")
         root = "../" * (len(relative.parts) - 1)
+        curves = loaded.card.curves
         pages[relative] = env.get_template("recipe.html.jinja").render(
             card=loaded.card, m=_metrics(loaded), css=css, root=root,
-            author_url=_safe_url(loaded.card.author.url), yaml_text=loaded.text,
-            plot=loss_plot_svg(loaded.card.curves) if loaded.card.curves else None,
+            author_url=_safe_url(loaded.card.author.url), yaml_file=relative.with_suffix(".yaml").name,
+            plot=loss_plot_svg(curves) if curves else None,
+            step_plots=step_plots(curves) if curves else [],
+            memory_plot=memory_bars_svg(curves.memory_phases_gib) if curves and curves.memory_phases_gib else None,
             tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
-            name=loaded.path.stem, other_framework=other_framework(loaded),
+            name=loaded.path.stem, other_framework=other_framework(loaded), copy_js=_asset("copy.js"),
         )
+        pages[relative.with_suffix(".yaml")] = loaded.text  # the card itself, linked from its page
         rows.append(_index_row(loaded, _href(relative)))
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(
         rows=rows, filters=filter_options(ordered), filter_labels=FILTER_LABELS,
@@ -167,27 +185,39 @@ def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
     return pages
 
 
-def build_site(recipes: str | os.PathLike, out: str | os.PathLike) -> BuiltSite:
-    """Validate every card under ``recipes`` and write the site to ``out`` atomically.
+def published_catalog() -> Path | None:
+    """The published cards' catalog: ./recipes when it holds cards, else the recipes/ of the source checkout this
+    package runs from; None when neither exists (an installed package carries no catalog)."""
+    import openrecipes
+
+    for candidate in (Path("recipes"), Path(openrecipes.__file__).resolve().parents[2] / "recipes"):
+        if candidate.is_dir() and any(candidate.glob("*/*/*.yaml")):
+            return candidate
+    return None
+
+
+def build_site(recipes: str | os.PathLike | list[str | os.PathLike], out: str | os.PathLike) -> BuiltSite:
+    """Validate every card under ``recipes`` (one catalog or several) and write the site to ``out`` atomically.
 
     Refuses to build from a catalog with any invalid card, and refuses to replace a non-empty
     directory that an earlier build did not write.
     """
-    recipes_root, out = Path(recipes), Path(out)
-    cards, problems = validate_paths([recipes_root])
+    roots = [Path(r) for r in recipes] if isinstance(recipes, list) else [Path(recipes)]
+    out = Path(out)
+    cards, problems = validate_paths(roots)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         listed = "; ".join(str(p) for p in errors[:5])
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise ValueError(f"invalid cards, site not built: {listed}{more}")
-    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=[recipes_root])
+    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=roots)
     check_output_dir(out, **guard)
-    pages = render_site(cards, recipes_root if recipes_root.is_dir() else recipes_root.parent)
+    pages = render_site(cards, [root if root.is_dir() else root.parent for root in roots])
     with guarded_output_dir(out, **guard) as staging:
         staging.chmod(0o755)  # mkdtemp makes it private; a static site is meant to be read
         for relative, text in pages.items():
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html")),
+    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html") and p.suffix == ".html"),
                      filters=filter_options(cards))

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="site_verb", metavar="ACTION", required=True)
 
     build = verbs.add_parser("build", help="write the static site from the card catalog")
-    build.add_argument("--recipes", type=Path, default=Path("recipes"), help="catalog directory")
+    build.add_argument("--recipes", type=Path, action="append", metavar="DIR",
+                       help="catalog directory; repeat it to put several catalogs on one site (default: ./recipes)")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="site directory to write")
     build.set_defaults(func=_build)
 
@@ -26,9 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _build(args: argparse.Namespace) -> int:
     from openrecipes.site.build import build_site
 
-    if not args.recipes.is_dir():
-        raise FileNotFoundError(f"{args.recipes}: no such catalog directory")
-    site = build_site(args.recipes, args.out)
+    catalogs = args.recipes or [Path("recipes")]
+    for catalog in catalogs:
+        if not catalog.is_dir():
+            raise FileNotFoundError(f"{catalog}: no such catalog directory")
+    site = build_site(catalogs, args.out)
     print(f"wrote {args.out}/index.html and {len(site.pages)} recipe page(s)")
     return 0
 

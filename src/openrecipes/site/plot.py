@@ -1,10 +1,16 @@
-"""An inline SVG line plot of loss curves; no script, no external assets."""
+"""Inline SVG plots of a card's curves (loss, step time, tokens/s, memory) and the tuner's trials; no script, no
+external assets."""
 
 from __future__ import annotations
 
 from markupsafe import Markup, escape
 
 from openrecipes.cards.schema import CurvePoint, Curves, Tuning
+
+# the candidate's per-step series a card may hold beside its loss: (field, plot title, y-axis label)
+STEP_SERIES = (("step_time_s", "Step time per step", "seconds"),
+               ("tokens_per_s_per_gpu", "Tokens/s per GPU per step", "tokens/s/GPU"),
+               ("peak_memory_gib", "Peak memory per step", "GiB"))
 
 WIDTH, HEIGHT = 640, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
@@ -129,5 +135,59 @@ def tuning_plot_svg(tuning: Tuning) -> Markup:
     for index, (name, text) in enumerate(legend):
         parts.append(f'<text class="legend {name}" x="{WIDTH - RIGHT - 110}" y="{TOP + 14 + 14 * index}">'
                      f'{text}</text>')
+    parts.append("</svg>")
+    return Markup("\n".join(parts))
+
+
+def series_plot_svg(points: list[tuple[int, float]], *, key: str, title: str, y_label: str) -> Markup:
+    """One series over steps (a line with a dot per step), y from zero; only numbers and fixed labels go in."""
+    x_low, x_high = min(x for x, _ in points), max(x for x, _ in points)
+    y_low, y_high = 0.0, max(y for _, y in points) * 1.1 or 1.0
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def sx(step: float) -> float:
+        return LEFT + (plot_w * (step - x_low) / (x_high - x_low) if x_high != x_low else plot_w / 2)
+
+    def sy(value: float) -> float:
+        return TOP + plot_h * (1 - (value - y_low) / (y_high - y_low))
+
+    parts = _frame(f"plot series {key}", f"{key}-title", title, y_low, y_high, sy)
+    for step in sorted({round(v) for v in _ticks(x_low, x_high)}):
+        parts.append(f'<text x="{sx(step):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{step}</text>')
+    parts.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle">step</text>')
+    parts.append(f'<text transform="translate(12 {TOP + plot_h / 2:.1f}) rotate(-90)" '
+                 f'text-anchor="middle">{y_label}</text>')
+    coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+    parts.append(f'<polyline class="candidate" data-points="{len(points)}" fill="none" stroke-width="2" '
+                 f'points="{coords}"/>')
+    parts.append("</svg>")
+    return Markup("\n".join(parts))
+
+
+def step_plots(curves: Curves) -> list[tuple[str, Markup]]:
+    """(field, SVG) for each per-step series the candidate's points hold, in ``STEP_SERIES`` order."""
+    plots = []
+    for key, title, y_label in STEP_SERIES:
+        points = [(p.step, getattr(p, key)) for p in curves.candidate if getattr(p, key) is not None]
+        if points:
+            plots.append((key, series_plot_svg(points, key=key, title=title, y_label=y_label)))
+    return plots
+
+
+def memory_bars_svg(phases: dict[str, float]) -> Markup:
+    """Horizontal bars of memory per stage of a step, in the order recorded; the stage names are escaped."""
+    row, left = 22, 170
+    height = TOP + row * len(phases) + BOTTOM
+    high = max(phases.values()) * 1.1 or 1.0
+    width = WIDTH - left - RIGHT
+    parts = [f'<svg class="plot memory-stages" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
+             f'width="{WIDTH}" height="{height}" role="img" aria-labelledby="memory-stages-title">',
+             '<title id="memory-stages-title">Memory per stage of a step (GiB)</title>']
+    for index, (name, value) in enumerate(phases.items()):
+        y = TOP + row * index
+        parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{escape(name)}</text>')
+        parts.append(f'<rect class="bar" x="{left}" y="{y + 3}" width="{width * value / high:.1f}" height="{row - 6}"'
+                     f' fill="#0b5cad"/>')
+        parts.append(f'<text x="{left + width * value / high + 4:.1f}" y="{y + 14}">{value:.3g} GiB</text>')
     parts.append("</svg>")
     return Markup("\n".join(parts))

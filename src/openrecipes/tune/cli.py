@@ -8,6 +8,8 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from openrecipes.config.hardware import add_gpus_option
+
     parser = subparsers.add_parser(
         "tune", help="tune a starting recipe into a faster, verified recipe card through measured trials",
         description="Measure START.yaml, then candidates that change only performance-only fields (layout, "
@@ -15,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "against the start and write the tuned recipe, its card and the site into --out. Rerunning the "
                     "same command reuses the finished trials (docs/tune.md).")
     parser.add_argument("start", help="the starting recipe (YAML); its numerics never change")
-    parser.add_argument("--gpus", default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
-                                                       "COUNTxTYPE such as 2xH200; the count is the start's world size")
+    add_gpus_option(parser, default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
+                                                 "COUNTxTYPE such as 2xH200; the count is the start's world size")
     parser.add_argument("--trials", type=int, default=12, help="trials, the starting point included (default 12)")
     parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the trials (default 30); the last "
                                                                     "trial started may end past it")

@@ -22,11 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from openrecipes.config.hardware import GpuSpec, known_gpu_name
+from openrecipes.config.hardware import GpuSpec, known_gpu_name, parse_gpus
 from openrecipes.config.layout import layout_problems, rows_per_microbatch, unsupported_reason
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
-from openrecipes.plan.hardware import Hardware, load_hardware, parse_gpus
+from openrecipes.plan.hardware import Hardware, load_hardware
 from openrecipes.plan.memory import TrainingSetup
 from openrecipes.plan.shape import ModelShape, model_shape
 

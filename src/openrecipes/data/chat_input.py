@@ -1,0 +1,215 @@
+"""What real chat datasets hold, turned into the messages the chat template renders, by explicit options.
+
+* ``messages_field``: the column or key holding the conversation (default ``messages``; ``conversations`` for
+  ShareGPT).
+* ``shape``: ``openai`` (``role``/``content`` messages) or ``sharegpt`` (``from``/``value`` turns: human, gpt,
+  system, function_call, observation, tool).
+* ``role_map``: roles renamed before the check, e.g. ``developer=system,function=tool,ipython=tool``.
+* OpenAI-style content parts (a list of ``{"type": "text", "text": ...}``) are joined into one string; any other
+  part (an image, audio, a file) is refused by its type.
+* ``special_tokens``: a special token (``<|im_end|>``...) inside the conversation's own strings is tokenized as
+  text, as a template tokenizer with ``split_special_tokens`` does (``text``, the default), or the conversation is
+  refused (``refuse``). Either way it can never close a turn: only the template's own markers are special.
+
+Every option is written into the manifest (``chat_input``), so a build says how it read its conversations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+SHAPES = ("openai", "sharegpt")
+SPECIAL_TOKEN_POLICIES = ("text", "refuse")
+# ShareGPT speakers and the roles they are (LLaMA-Factory's and FastChat's spellings)
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+                  "function_call": "assistant", "observation": "tool", "tool": "tool"}
+# content parts whose text is kept; any other type is refused by name
+TEXT_PART = "text"
+# A special token found in a conversation's strings is swapped for this marker while the template renders (so it
+# cannot open or close a turn there) and put back before tokenizing: two noncharacters around the token's number.
+_OPEN, _CLOSE = "\ufdd0", "\ufdd1"
+_MARKER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+class InvalidConversation(ValueError):
+    """A conversation the chat template cannot render into a supervised document; ``reason`` names the kind, for
+    the counts of a build that skips them."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatInput:
+    shape: str = "openai"
+    messages_field: str | None = None  # None: "messages", or "conversations" for sharegpt
+    role_map: dict[str, str] = field(default_factory=dict)
+    special_tokens: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"--input-shape: expected one of {', '.join(SHAPES)}, got {self.shape!r}")
+        if self.special_tokens not in SPECIAL_TOKEN_POLICIES:
+            raise ValueError(f"--special-tokens-in-text: expected one of {', '.join(SPECIAL_TOKEN_POLICIES)}, got "
+                             f"{self.special_tokens!r}")
+        for old, new in self.role_map.items():
+            if new not in ROLES:
+                raise ValueError(f"--role-map: {old}={new}: a role maps to one of {', '.join(ROLES)}")
+
+    @property
+    def column(self) -> str:
+        return self.messages_field or ("conversations" if self.shape == "sharegpt" else "messages")
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"shape": self.shape, "messages_field": self.column, "role_map": dict(self.role_map),
+                "content_parts": "text parts joined with no separator; other parts refused",
+                "special_tokens_in_text": self.special_tokens}
+
+
+def parse_role_map(text: str | None) -> dict[str, str]:
+    """``"developer=system,function=tool"`` -> {"developer": "system", "function": "tool"}."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        old, sep, new = item.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise ValueError(f"--role-map: expected FROM=TO pairs separated by commas, got {item.strip()!r}")
+        out[old.strip()] = new.strip()
+    return out
+
+
+def _join_parts(content: list[Any], where: str) -> str:
+    texts = []
+    for number, part in enumerate(content, start=1):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != TEXT_PART or not isinstance(part.get("text"), str):
+            raise InvalidConversation(f"{where}: content part {number} is {kind!r}; only text parts are read "
+                                      "(no images, audio or files yet)", "non-text content part")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _sharegpt_message(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    speaker, value = raw.get("from"), raw.get("value")
+    role = SHAREGPT_ROLES.get(speaker, speaker) if isinstance(speaker, str) else speaker  # a list: refused later
+    if speaker == "function_call":  # the value is the call: {"name": ..., "arguments": ...}
+        try:
+            call = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError:
+            call = None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise InvalidConversation(f"{where}: a function_call turn's value must be a JSON object with a 'name'",
+                                      "bad field")
+        return {"role": role, "content": "", "tool_calls": [{"type": "function", "function": call}]}
+    extra = {k: v for k, v in raw.items() if k not in ("from", "value")}
+    return {**extra, "role": role, "content": value}
+
+
+def shape_message(raw: Any, options: ChatInput, where: str) -> Any:
+    """One message as the template expects it (role, content as a string), before the checks of ``normalize``."""
+    if not isinstance(raw, dict):
+        return raw
+    message = _sharegpt_message(raw, where) if options.shape == "sharegpt" else dict(raw)
+    role = message.get("role")
+    if isinstance(role, str) and role in options.role_map:
+        message["role"] = options.role_map[role]
+    if isinstance(message.get("content"), list):
+        message["content"] = _join_parts(message["content"], where)
+    return message
+
+
+@dataclass(frozen=True)
+class Shielded:
+    """Special tokens found in a conversation's strings, replaced by numbered markers while the template renders."""
+
+    tokens: list[str]
+
+    def restore(self, text: str, spans: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]],
+                                                                        list[tuple[int, int]]]:
+        """The rendered ``text`` with its tokens back, its supervised ``spans`` moved to match, and where each token
+        now stands (character spans that are text, not special tokens)."""
+        pieces: list[str] = []
+        moved: list[tuple[int, int]] = []  # (old position, shift from there on)
+        forged: list[tuple[int, int]] = []
+        cursor = shift = 0
+        for match in _MARKER.finditer(text):
+            token = self.tokens[int(match.group(1))]
+            pieces.append(text[cursor:match.start()])
+            start = match.start() + shift
+            forged.append((start, start + len(token)))
+            shift += len(token) - (match.end() - match.start())
+            moved.append((match.end(), shift))
+            pieces.append(token)
+            cursor = match.end()
+        pieces.append(text[cursor:])
+
+        def at(position: int) -> int:
+            return position + next((s for end, s in reversed(moved) if end <= position), 0)
+
+        return "".join(pieces), [(at(a), at(b)) for a, b in spans], forged
+
+
+def shield(value: Any, pattern: re.Pattern[str], found: list[str]) -> Any:
+    """``value`` with every special token in its strings (keys included) replaced by a numbered marker; the tokens
+    are appended to ``found`` (recursive: the JSON reader has already bounded the nesting)."""
+    if isinstance(value, str):
+        def swap(match: re.Match[str]) -> str:
+            found.append(match.group(0))
+            return f"{_OPEN}{len(found) - 1}{_CLOSE}"
+        return pattern.sub(swap, value)
+    if isinstance(value, dict):
+        return {shield(k, pattern, found): shield(v, pattern, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shield(v, pattern, found) for v in value]
+    return value
+
+
+def has_marker_characters(value: Any) -> bool:
+    """Whether the conversation itself holds the marker's noncharacters (then it cannot be shielded)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _OPEN in text or _CLOSE in text
+
+
+def encode_with_text_tokens(tokenizer: Any, text: str, forged: list[tuple[int, int]],
+                            pattern: re.Pattern[str]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of ``text``: the template's special tokens as themselves, the text between
+    them (the ``forged`` tokens in it included) tokenized as text, as ``split_special_tokens`` does.
+
+    The tokenizer itself cuts its input at special tokens and encodes the pieces between apart; this cuts at the
+    template's tokens only, so a conversation without ``forged`` tokens gets exactly the ids of one encode."""
+    inside = {start for start, _ in forged}
+    cuts = [m for m in pattern.finditer(text) if m.start() not in inside]
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    cursor = 0
+    previous = tokenizer.encode_special_tokens
+    tokenizer.encode_special_tokens = True
+    try:
+        for match in [*cuts, None]:
+            stop = match.start() if match else len(text)
+            if stop > cursor:
+                encoding = tokenizer.encode(text[cursor:stop], add_special_tokens=False)
+                ids += encoding.ids
+                offsets += [(cursor + a, cursor + b) for a, b in encoding.offsets]
+            if match:
+                ids.append(tokenizer.token_to_id(match.group(0)))
+                offsets.append((match.start(), match.end()))
+                cursor = match.end()
+    finally:
+        tokenizer.encode_special_tokens = previous
+    return ids, offsets
+
+
+def count_skipped(reasons: dict[str, dict[str, Any]], error: Exception, where: str, first: int = 3) -> None:
+    """Count a skipped conversation under its reason, keeping where the ``first`` few of each reason are."""
+    reason = error.reason if isinstance(error, InvalidConversation) else "template error"
+    entry = reasons.setdefault(reason, {"count": 0, "first": []})
+    entry["count"] += 1
+    if len(entry["first"]) < first:
+        entry["first"].append(where)

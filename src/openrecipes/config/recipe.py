@@ -207,10 +207,9 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
-        if self.lora is not None:
-            split = [f"layout.{k}={getattr(self.layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self.layout, k) > 1]
-            if split:
-                raise ValueError(f"lora: runs with data parallelism only for now, not {', '.join(split)}")
+        if self.lora is not None and "experts" in self.lora.targets and self.layout.etp > 1:
+            raise ValueError(f"lora.targets: the experts target does not run with layout.etp={self.layout.etp} yet "
+                             "(expert tensor parallelism); use etp: 1 or leave experts out")
         if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
         return self

@@ -41,6 +41,11 @@ def register(subparsers: Any) -> None:
                    help="whose memory and speed to predict: Megatron-LM's (as in the seed cards; default) or this "
                         "engine's (FSDP2 sharding; speed calibrated on our H200 runs; a search ranks only the "
                         "layouts it can run)")
+    p.add_argument("--lora-rank", type=int,
+                   help="plan LoRA fine-tuning with adapters of this rank on a frozen base (memory model only)")
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                   help="with --lora-rank: comma-separated targets, as the recipe's lora.targets "
+                        "(default: q_proj,k_proj,v_proj,o_proj)")
     p.add_argument("--hardware", help="planner YAML: efficiencies and overheads, optionally extra gpus entries (default: the packaged plan/planner.yaml)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -60,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
     shape = model_shape(get_config(args.model), name=args.model)
     if args.top < 1:
         raise ValueError(f"--top: must be at least 1, got {args.top}")
+    lora = None
+    if args.lora_rank is not None:
+        from openrecipes.plan.lora import LoraSetup
+
+        targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+        lora = LoraSetup(rank=args.lora_rank, targets=targets)
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
     if given or args.sequence_parallel:
         tp, pp, cp = given.get("tp", 1), given.get("pp", 1), given.get("cp", 1)
@@ -74,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
         setup = TrainingSetup(recompute=args.recompute or "full", optimizer=args.optimizer or "adam",
                               offload_fraction=args.offload_fraction or 0.0,
-                              global_batch_tokens=args.global_batch_tokens, engine=args.engine)
+                              global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
         plan = evaluate(shape, layout, setup, hw)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2))
@@ -87,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         recompute=[args.recompute] if args.recompute else ["none", "selective", "full"],
         optimizers=[args.optimizer] if args.optimizer else ["adam", "precision-aware"],
         offloads=[args.offload_fraction] if args.offload_fraction is not None else _SWEEP_OFFLOAD,
-        global_batch_tokens=args.global_batch_tokens, engine=args.engine)
+        global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
     top = plans[:args.top]
     if args.json:
         print(json.dumps({"evaluated": evaluated, "fitting": len(plans),

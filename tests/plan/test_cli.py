@@ -39,3 +39,13 @@ def test_bad_layout_is_a_user_error(capsys):
     assert "--dp" in capsys.readouterr().err
     assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "3"]) == 2
     assert "ep" in capsys.readouterr().err
+
+
+def test_lora_flags_plan_adapters_on_a_frozen_base(capsys):
+    args = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "8", "--dp", "8", "--recompute", "full", "--json"]
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)["peak_memory_gib"]
+    assert main(args + ["--lora-rank", "16", "--lora-targets", "q_proj,v_proj,experts"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_memory_gib"] < full
+    assert main(args + ["--lora-rank", "16", "--lora-targets", "q_proj,gate"]) == 2
+    assert "lora.targets: unknown target(s) ['gate']" in capsys.readouterr().err

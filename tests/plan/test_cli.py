@@ -85,3 +85,13 @@ def test_ranking_far_from_a_published_card_says_why(capsys, tmp_path):
 def test_unknown_gpu_suggests_the_closest(capsys):
     assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH20"]) == 2
     assert "did you mean H200?" in capsys.readouterr().err
+
+
+def test_lora_flags_plan_adapters_on_a_frozen_base(capsys):
+    args = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "8", "--dp", "8", "--recompute", "full", "--json"]
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)["peak_memory_gib"]
+    assert main(args + ["--lora-rank", "16", "--lora-targets", "q_proj,v_proj,experts"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_memory_gib"] < full
+    assert main(args + ["--lora-rank", "16", "--lora-targets", "q_proj,gate"]) == 2
+    assert "lora.targets: unknown target(s) ['gate']" in capsys.readouterr().err

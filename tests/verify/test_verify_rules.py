@@ -128,6 +128,26 @@ def test_rows_by_content_and_sections_set_on_one_side(tmp_path):
     assert report.numerics[1].candidate["row_tokens"] == 64 and report.numerics[1].reference is None
 
 
+def test_lora_fields_change_numerics_and_its_layouts_do_not():
+    lora_paths = {p for p in field_paths(Recipe) if p.startswith("lora.")}
+    assert lora_paths == {"lora.rank", "lora.alpha", "lora.dropout", "lora.targets"}
+    assert lora_paths <= set(numerics_fields())
+    adapted = recipe_from_dict(_tree(lora={"rank": 4, "targets": ["q_proj", "experts"]}))
+    # training adapters on a frozen base is another update than training the whole model: one line, the section
+    report = compare_recipes(adapted, recipe_from_dict(_tree()))
+    assert [d.path for d in report.numerics] == ["lora"] and report.numerics[0].reference is None
+    for change, path in (({"rank": 8}, "lora.rank"), ({"alpha": 4.0}, "lora.alpha"),
+                         ({"targets": ["q_proj"]}, "lora.targets")):
+        other = recipe_from_dict(_tree(lora={"rank": 4, "targets": ["q_proj", "experts"], **change}))
+        assert [d.path for d in compare_recipes(other, adapted).numerics] == [path]
+    # LoRA runs under every layout: a layout change stays performance-only
+    split = recipe_from_dict(_tree(lora={"rank": 4, "targets": ["q_proj", "experts"]},
+                                   layout={"max_tokens_per_gpu": 128, "tp": 2, "sequence_parallel": True, "ep": 2}))
+    report = compare_recipes(split, adapted)
+    assert report.passed and {d.path for d in report.performance} == {"layout.tp", "layout.sequence_parallel",
+                                                                      "layout.ep"}
+
+
 @pytest.mark.parametrize("text, needle", [
     ("model: qwen3-moe-tiny\noptimizer: {lrr: 1}\n", "optimizer.lrr"),
     ("model: [unclosed\n", "a.yaml"),

@@ -42,7 +42,7 @@ def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         if "lora_" not in name:
             continue
         tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):  # a DTensor shard (data parallelism): every rank gathers the whole
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (any layout): every rank gathers the whole
             tensor = tensor.full_tensor()
         tensor = tensor.cpu()
         if match := _NATIVE_EXPERT.match(name):
@@ -70,16 +70,28 @@ def peft_config(spec: LoraSpec, base_model: str | None) -> dict[str, Any]:
     }
 
 
+def _gather_stages(tensors: dict[str, torch.Tensor], stage_group) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's adapters (each holds its own layers'), merged: the whole model's."""
+    import torch.distributed as dist
+
+    stages: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(stage_group)
+    dist.all_gather_object(stages, tensors, group=stage_group)  # our own ranks' CPU tensors
+    return {key: value for stage in stages for key, value in (stage or {}).items()}
+
+
 def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base_model: str | None = None,
-                      write: bool = True) -> Path:
-    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically). Under data parallelism
-    every rank calls it (the shards are gathered) and only the one with ``write`` writes."""
+                      write: bool = True, stage_group=None) -> Path:
+    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically). Under a parallel layout
+    every rank calls it (sharded adapters are gathered, and with ``stage_group`` every pipeline stage's layers) and
+    only the one with ``write`` writes."""
     from safetensors.torch import save_file
 
     from openrecipes.utils import atomic_write_path, atomic_write_text
 
     out = Path(out)
     tensors = peft_tensors(model)
+    if stage_group is not None:
+        tensors = _gather_stages(tensors, stage_group)
     if not tensors:
         raise ValueError("the model has no LoRA adapters to save")
     if not write:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from openrecipes.models.common.lora import AddExpertDelta, ExpertAdapter
 from openrecipes.models.common.moe import (
     GroupedExperts,
     Routing,
@@ -190,6 +191,46 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, expert_we
         block.token_dispatcher = ExpertParallelDispatcher(
             group=expert_mesh["ep"].get_group(), ep_size=ep_size, num_experts=total, compute_dtype=compute_dtype,
             etp_group=expert_mesh["etp"].get_group(), etp_size=etp_size, etp_rank=etp_rank)
+
+
+class _LocalExpertDelta(nn.Module):
+    """LoRA's W -> W + s·B_e A_e on this rank's experts: the local base plus the local adapters' delta, handed on as
+    the base's DTensor (one bmm on local tensors; no DTensor dispatch per op)."""
+
+    def __init__(self, delta: AddExpertDelta) -> None:
+        super().__init__()
+        self._adapter, self.rows = [delta.adapter], delta.rows  # a list: not registered as a submodule
+
+    def forward(self, weight: DTensor) -> DTensor:
+        adapter: ExpertAdapter = self._adapter[0]
+        delta = torch.bmm(_local(adapter.lora_B)[:, self.rows], _local(adapter.lora_A)) * adapter.scaling
+        local = weight.to_local() + delta.to(weight.dtype)
+        return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
+                                  stride=weight.stride())
+
+
+def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
+    """LoRA under expert parallelism: keep the adapters of this rank's E/ep experts, as DTensors placed like their
+    experts over edp and ep (whole over etp, which LoRA refuses), and add their delta on local tensors. The adapters
+    arrive whole (E, ...) with the values one process draws."""
+    ep_size, ep_rank = expert_mesh["ep"].size(), expert_mesh["ep"].get_local_rank()
+    for block in moe_blocks:
+        experts: GroupedExperts = block.experts
+        adapters = [m for m in experts.children() if isinstance(m, ExpertAdapter)]
+        if not adapters:
+            continue
+        if expert_mesh["etp"].size() > 1:
+            raise ValueError("lora: the experts target does not run with layout.etp > 1 yet")
+        for adapter in adapters:
+            for name, full in list(adapter.named_parameters(recurse=False)):
+                local = full.shape[0] // ep_size
+                piece = full.detach()[ep_rank * local:(ep_rank + 1) * local].clone()
+                sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), Replicate()],
+                                             run_check=False)
+                setattr(adapter, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
+        for parametrizations in experts.parametrizations.values():
+            if isinstance(parametrizations[0], AddExpertDelta):
+                parametrizations[0] = _LocalExpertDelta(parametrizations[0])
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

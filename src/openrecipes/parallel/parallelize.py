@@ -4,6 +4,7 @@ The order (each step relies on the ones before it):
 1. pipeline stage pruning: drop the layers, embedding and head this stage does not run;
 2. expert parallelism: each rank keeps its experts and dispatches tokens to the others (all-to-all);
 3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
+   then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
 6. activation recompute;
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from openrecipes.models.common.lora import LoraSpec
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.parallel.mesh import ParallelState
 from openrecipes.parallel.recompute import apply_recompute
@@ -37,6 +39,7 @@ class ParallelizeOptions:
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     compile: bool = False                   # kernels.compile
+    lora: LoraSpec | None = None            # adapters to train on a frozen base
 
 
 def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
@@ -62,6 +65,15 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
 
         model.to_empty(device=parallel.device if parallel is not None else torch.device("cpu"))
         model.init_weights(seed=options.seed, fill=fill_sharded_seeded_normal_)  # the whole model's values, sliced
+    if options.lora is not None:
+        # after materialising: the base keeps its own names and values; the adapters draw theirs by name
+        from openrecipes.models.common.lora import apply_lora
+
+        apply_lora(model, options.lora)
+        if distributed and parallel.expert_mesh is not None:
+            from openrecipes.parallel.expert import shard_expert_adapters
+
+            shard_expert_adapters([plan.moe_of(layer) for layer in layers], parallel.expert_mesh)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel

@@ -13,6 +13,12 @@ their local shards: DTensor's per-op sharding propagation on the host would cost
 GPU. The split projections become ``ColumnParallelLinear`` / ``RowParallelLinear`` modules holding the same parameter
 names. Every other weight is whole on each TP rank and sees only that rank's tokens: its gradients are summed over the
 TP group (``ReplicatedGradSum``, owned by the model's ``GradientSync``).
+
+A LoRA adapter of a split projection (models/common/lora.py) is split so that each rank computes its part of what one
+process computes: a column-parallel projection's B is split by rows like its weight (this rank's heads) and A is whole
+(its gradient, partial over the heads, is summed over TP as a replicated weight's); a row-parallel projection's A is
+split by columns like its weight, its partial rank-r product is reduce-scattered over the sequence (a second, r-wide
+collective), and B is whole (its gradient, from this rank's tokens, is summed over TP).
 """
 
 from __future__ import annotations
@@ -36,6 +42,19 @@ def _sharded(param: nn.Parameter | None, tp_mesh, dim: int) -> nn.Parameter | No
     return nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)]), requires_grad=param.requires_grad)
 
 
+def _carry_adapter(target: nn.Module, linear: nn.Linear, tp_mesh, *, a_dim: int | None, b_dim: int | None) -> bool:
+    """Move ``linear``'s LoRA adapter (if any) onto ``target``, A and B split on the dims given (None: whole)."""
+    if not hasattr(linear, "lora_A"):
+        return False
+    for factor, dim in (("lora_A", a_dim), ("lora_B", b_dim)):
+        module = getattr(linear, factor)
+        if dim is not None:
+            module.weight = _sharded(module.weight, tp_mesh, dim)
+        setattr(target, factor, module)  # keeps the names ...q_proj.lora_A.weight
+    target.lora_dropout, target.lora_scaling = linear.lora_dropout, linear.lora_scaling
+    return True
+
+
 class ColumnParallelLinear(nn.Module):
     """Output features split over TP: the local matmul gives this rank's heads of the whole sequence."""
 
@@ -43,9 +62,14 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.weight = _sharded(linear.weight, tp_mesh, 0)
         self.bias = _sharded(linear.bias, tp_mesh, 0)
+        self.adapted = _carry_adapter(self, linear, tp_mesh, a_dim=None, b_dim=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, _local(self.weight), _local(self.bias))
+        out = F.linear(x, _local(self.weight), _local(self.bias))
+        if self.adapted:
+            low_rank = F.linear(self.lora_dropout(x), self.lora_A.weight)
+            out = out + F.linear(low_rank, _local(self.lora_B.weight)) * self.lora_scaling
+        return out
 
 
 class RowParallelLinear(nn.Module):
@@ -57,9 +81,14 @@ class RowParallelLinear(nn.Module):
         self.weight = _sharded(linear.weight, tp_mesh, 1)
         self.bias = linear.bias
         self.group, self.size = tp_mesh.get_group(), tp_mesh.size()
+        self.adapted = _carry_adapter(self, linear, tp_mesh, a_dim=1, b_dim=None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = reduce_scatter_along_dim(F.linear(x, _local(self.weight)), 1, self.group, self.size)
+        if self.adapted:
+            low_rank = F.linear(self.lora_dropout(x), _local(self.lora_A.weight))
+            low_rank = reduce_scatter_along_dim(low_rank, 1, self.group, self.size)
+            out = out + F.linear(low_rank, self.lora_B.weight) * self.lora_scaling
         return out if self.bias is None else out + self.bias
 
 
@@ -91,8 +120,10 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.
     if embedding is not None:
         # each rank embeds its slice; the embedding's gradient is then partial like every replicated weight's
         embedding.register_forward_pre_hook(lambda _module, args: (args[0].chunk(tp_size, dim=1)[tp_rank],))
+    # the whole factor of a split projection's LoRA adapter is replicated like the weights the plan names
     unplanned = [name for name, param in model.named_parameters() if not isinstance(param, DTensor)
-                 and ".experts." not in name and not any(part in name for part in plan.replicated)]
+                 and ".experts." not in name and ".lora_" not in name
+                 and not any(part in name for part in plan.replicated)]
     if unplanned:
         raise ValueError(f"layout.tp: the sharding plan neither splits nor replicates {unplanned[:3]}")
 

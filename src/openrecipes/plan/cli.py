@@ -55,6 +55,12 @@ def register(subparsers: Any) -> None:
                         "speed calibrated on our H200 runs; a ranking keeps only the layouts it runs), megatron (the "
                         "generic model: Megatron-LM as the seed cards ran it), or auto (default: openrecipes for a "
                         "layout this engine runs, else the generic model; the output says which)")
+    p.add_argument("--lora-rank", type=int,
+                   help="plan LoRA fine-tuning with adapters of this rank on a frozen base (memory model only; "
+                        "default: no LoRA)")
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                   help="with --lora-rank: comma-separated targets, as the recipe's lora.targets "
+                        "(default: q_proj,k_proj,v_proj,o_proj)")
     p.add_argument("--hardware", help="planner YAML: efficiencies and overheads, optionally extra gpus entries "
                                       "(default: the packaged plan/planner.yaml)")
     price = p.add_mutually_exclusive_group()
@@ -86,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
     shape = model_shape(get_config(args.model), name=args.model)
     if args.top < 1:
         raise ValueError(f"--top: must be at least 1, got {args.top}")
+    lora = None
+    if args.lora_rank is not None:
+        from openrecipes.plan.lora import LoraSetup
+
+        targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+        lora = LoraSetup(rank=args.lora_rank, targets=targets)
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
     settings = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None}
     if given or args.sequence_parallel:
@@ -102,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
         setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
                               offload_fraction=one["offload_fraction"], global_batch_tokens=args.global_batch_tokens,
-                              engine=engine_for(layout, args.engine))
+                              engine=engine_for(layout, args.engine), lora=lora)
         plan = evaluate(shape, layout, setup, hw)
         if args.json:
             print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))
@@ -113,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     plans, evaluated = search(
         shape, count, hw, max_tokens=sweep["max_tokens_per_gpu"], recompute=sweep["recompute"],
         optimizers=sweep["optimizer"], offloads=sweep["offload_fraction"],
-        global_batch_tokens=args.global_batch_tokens, engine=args.engine)
+        global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
     top = plans[:args.top]
     gaps = _published_gaps(args.recipes, shape.name, hw, count, plans)
     if args.json:

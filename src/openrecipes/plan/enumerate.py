@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from openrecipes.config.layout import LayoutConfig, enumerate_layouts, unsupported_reason, validate_layout
 from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.lora import LoraSetup
 from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory
 from openrecipes.plan.shape import ModelShape
 from openrecipes.plan.throughput import Throughput, estimate_throughput
@@ -80,7 +81,8 @@ def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: 
 
 def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iterable[int],
            recompute: Iterable[str], optimizers: Iterable[str], offloads: Iterable[float],
-           global_batch_tokens: int, max_tp: int = 8, engine: str = "megatron") -> tuple[list[Plan], int]:
+           global_batch_tokens: int, max_tp: int = 8, engine: str = "megatron",
+           lora: LoraSetup | None = None) -> tuple[list[Plan], int]:
     """All valid layouts x training settings; returns (plans that fit, best first; number evaluated). ``engine``
     ``auto`` predicts each layout with the engine ``engine_for`` picks for it."""
     fitting: list[Plan] = []
@@ -93,7 +95,8 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
             layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
         for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
-                                  global_batch_tokens=global_batch_tokens, engine=engine_for(layout, engine))
+                                  global_batch_tokens=global_batch_tokens, engine=engine_for(layout, engine),
+                                  lora=lora)
             counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
                                      num_experts=shape.num_experts)
             evaluated += 1

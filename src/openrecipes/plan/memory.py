@@ -13,6 +13,8 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
   fp32 copy the loss uses; pipeline send/receive buffers.
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
+- LoRA (``TrainingSetup.lora``, plan/lora.py): the frozen base keeps its parameters only; the adapters have
+  parameters, gradients and optimizer state; activations as plan/lora.py says.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.lora import LoraSetup, adapter_params, merged_expert_bytes, rank_product_bytes_per_token
 from openrecipes.plan.shape import ModelShape
 
 GIB = 1024 ** 3
@@ -43,6 +46,7 @@ class TrainingSetup:
     grad_dtype: str = "fp32"
     global_batch_tokens: int = 128 * 8192
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
+    lora: LoraSetup | None = None  # adapters on a frozen base
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -90,7 +94,8 @@ def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first:
     return dense, experts
 
 
-def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: str, imbalance: float) -> float:
+def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: str, imbalance: float,
+                           lora: LoraSetup | None = None) -> float:
     """Bytes one rank keeps for one layer and one microbatch when nothing is recomputed (``none``),
     when core attention and the expert activation are recomputed (``selective``); for ``full`` this is the
     working set rebuilt during backward. bf16 = 2 bytes per element.
@@ -99,7 +104,9 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
     residual-gate inputs) are split over TP only with sequence parallelism; head-width tensors (q, k, v
     before and after Q/K norm and RoPE, attention output, output norm and gate) are split over TP; the
     latent per-token tensors follow the hidden ones; each of the top-k routed copies keeps the expert input
-    and output (expert width) and the SwiGLU input and output (expert FFN width, split by ETP).
+    and output (expert width) and the SwiGLU input and output (expert FFN width, split by ETP). With ``lora``, frozen
+    experts without adapters drop the expert input (only their weight gradients read it) and every linear adapter
+    keeps its rank-r product.
     """
     tokens = layout.max_tokens_per_gpu
     h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
@@ -123,9 +130,14 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
     if recompute == "selective":
         per_copy -= 2 * shape.expert_ffn / layout.etp  # SwiGLU output rebuilt from its input
         lse_bytes = 0
+    adapters = 0.0
+    if lora is not None:
+        adapters = tokens * rank_product_bytes_per_token(shape, layout, lora)
+        if not lora.experts:
+            per_copy -= 2 * shape.expert_in
     copies = tokens / layout.tp * shape.top_k * layout.etp * imbalance
     return (h_tokens * (hidden_elems + router_bytes) + head_tokens * (head_elems + lse_bytes)
-            + copies * per_copy)
+            + copies * per_copy + adapters)
 
 
 def inflight(layout: LayoutConfig, stage: int, layers: int, microbatches: int) -> float:
@@ -148,17 +160,29 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     on_gpu = 1.0 - setup.offload_fraction
     tokens = layout.max_tokens_per_gpu
     h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
-    full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance)
+    lora = setup.lora
+    full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance, lora)
     if setup.recompute == "full":
         stored_per_layer = 2 * shape.hidden * h_tokens  # the checkpointed layer input
     else:
-        stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance)
+        stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
     working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
+    if lora is not None and setup.engine == "openrecipes":  # merged expert weights, kept for each layer's backward
+        merged = merged_expert_bytes(shape, layout, lora)
+        if setup.recompute == "full":
+            working += merged
+        else:
+            stored_per_layer += merged
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1
         dense, experts = stage_params(shape, layout, layers, first=first, last=last)
-        sharded_state = state_bytes * (dense / (layout.dp * layout.cp) + experts / edp)
+        # what trains: the whole model, or with lora only the adapters (the frozen base has neither gradients nor
+        # optimizer state)
+        trained_dense, trained_experts = dense, experts
+        if lora is not None:
+            trained_dense, trained_experts = adapter_params(shape, layout, lora, layers)
+        sharded_state = state_bytes * (trained_dense / (layout.dp * layout.cp) + trained_experts / edp)
         held = inflight(layout, i, layers, m)
         transient = working
         if last:
@@ -170,11 +194,16 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         if setup.engine == "openrecipes":
             root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp
             weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu, root=root)
+            if lora is not None:  # the adapters' share of every part, the base's parameters
+                adapters = _openrecipes_weights(trained_dense, trained_experts, layout, setup, m, layers, on_gpu,
+                                                root=0.0)
+                weights = {**adapters, "params": weights["params"] + adapters["params"]}
             # gradients exist only from the backward on (they are freed after each step), when the logits are
             # already gone: the peak is the larger of the two, not their sum
             transient = max(transient - weights["grads"] * GIB, working)
         else:
-            weights = {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
+            kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
+            weights = {"params": 2 * kept / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
         parts = {
             **weights,

@@ -48,10 +48,6 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None, kernels=kernels)
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed, kernels=kernels)
-    if recipe.lora is not None:  # before parallelize, so data parallelism shards the adapters with the rest
-        from openrecipes.models.common.lora import apply_lora
-
-        apply_lora(model, lora_spec(recipe))
     stage_layers = None
     if pipelined:
         counts = stage_layer_counts(recipe.layout, config.num_hidden_layers)
@@ -61,7 +57,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32, parameter_dtype=dtype,
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
-        compile=recipe.kernels.compile))
+        compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None))
     return model, grads
 
 

@@ -211,7 +211,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
                 with heartbeat.paused():
                     save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
-                                      write=parallel.rank == 0)
+                                      write=parallel.rank == 0,
+                                      stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
             if debug.stall_at == (rank, step):
                 _stall(rank, step)
     finally:

@@ -27,6 +27,7 @@ from openrecipes.config.layout import layout_problems, rows_per_microbatch, unsu
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
 from openrecipes.plan.hardware import Hardware, load_hardware
+from openrecipes.plan.lora import LoraSetup
 from openrecipes.plan.memory import TrainingSetup
 from openrecipes.plan.shape import ModelShape, model_shape
 
@@ -177,8 +178,9 @@ class Planner:
         setup = TrainingSetup(recompute=recipe.recompute.granularity,
                               optimizer="precision-aware" if recipe.optimizer.precision_aware else "adam",
                               offload_fraction=recipe.offload.fraction, offload_update=recipe.offload.update,
-                              engine="openrecipes",
-                              global_batch_tokens=recipe.global_batch * self.row_tokens)
+                              engine="openrecipes", global_batch_tokens=recipe.global_batch * self.row_tokens,
+                              lora=None if recipe.lora is None else LoraSetup(rank=recipe.lora.rank,
+                                                                              targets=tuple(recipe.lora.targets)))
         plan: Plan = evaluate(self.shape, layout, setup, self.hardware)
         t = plan.throughput
         return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,

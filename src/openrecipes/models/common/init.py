@@ -16,11 +16,21 @@ class SeededFill(Protocol):
     def __call__(self, param: torch.Tensor, name: str, *, seed: int, std: float) -> None: ...
 
 
+def _generator(name: str, seed: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+
+
 def seeded_normal(shape: torch.Size | tuple[int, ...], name: str, *, seed: int, std: float,
                   device: torch.device) -> torch.Tensor:
     """N(0, std) values of a whole tensor from a generator seeded by (seed, name), in fp32."""
-    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device) * std
+    return torch.randn(shape, generator=_generator(name, seed, device), dtype=torch.float32, device=device) * std
+
+
+def seeded_uniform(shape: torch.Size | tuple[int, ...], name: str, *, seed: int, bound: float,
+                   device: torch.device) -> torch.Tensor:
+    """U(-bound, bound) values of a whole tensor from a generator seeded by (seed, name), in fp32."""
+    values = torch.rand(shape, generator=_generator(name, seed, device), dtype=torch.float32, device=device)
+    return values * (2 * bound) - bound
 
 
 @torch.no_grad()

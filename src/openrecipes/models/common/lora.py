@@ -15,8 +15,12 @@ Legend: E experts, D hidden (in), O out, F expert FFN width, r rank; scaling s =
   delta (PEFT refuses it there too), so expert targets need ``dropout: 0``.
 
 Everything but the adapters is frozen (``requires_grad`` False: no gradients, no optimizer state). A (and per expert
-each A_e) starts as PEFT's default, Kaiming-uniform with a = sqrt(5), drawn from a generator seeded by ``seed`` in
-parameter order (every data-parallel rank draws the same); B starts at zero, so the adapted model starts as the base.
+each A_e) starts as PEFT's default, Kaiming-uniform with a = sqrt(5), each tensor drawn whole on the CPU from a
+generator seeded by (``seed``, its parameter name) (``common.init.seeded_uniform``): every rank, and a pipeline stage
+holding only some layers, draws what one process does. B starts at zero, so the adapted model starts as the base.
+
+The layouts (``openrecipes.parallel``) adapt the model after materialising their shard of it: expert parallelism
+slices the expert adapters with their experts, tensor parallelism splits each projection's adapter with it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from openrecipes.models.common.init import seeded_uniform
 from openrecipes.models.common.moe import GroupedExperts
 
 LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "latent_down_proj", "latent_up_proj")
@@ -48,11 +53,11 @@ class LoraSpec:
         return self.alpha / self.rank
 
 
-def _kaiming_(tensor: torch.Tensor, fan_in: int, generator: torch.Generator) -> None:
-    """nn.init.kaiming_uniform_(a=sqrt(5)) (nn.Linear's and PEFT's default for A) with an explicit generator."""
-    bound = 1.0 / math.sqrt(fan_in)
-    values = torch.rand(tensor.shape, generator=generator, dtype=torch.float32) * (2 * bound) - bound
-    tensor.copy_(values)
+@torch.no_grad()
+def _kaiming_(tensor: torch.Tensor, name: str, fan_in: int, seed: int) -> None:
+    """nn.init.kaiming_uniform_(a=sqrt(5)) (nn.Linear's and PEFT's default for A), seeded by (seed, name)."""
+    tensor.copy_(seeded_uniform(tensor.shape, name, seed=seed, bound=1.0 / math.sqrt(fan_in),
+                                device=torch.device("cpu")))
 
 
 def _linear_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
@@ -74,7 +79,7 @@ class ExpertAdapter(nn.Module):
         return torch.bmm(self.lora_B[:, rows], self.lora_A) * self.scaling
 
 
-class _AddExpertDelta(nn.Module):
+class AddExpertDelta(nn.Module):
     """The parametrization W -> W + delta; it refers to its adapter without owning it (the experts module does), so
     gate and up can share one adapter and every adapter parameter has a single name."""
 
@@ -83,34 +88,40 @@ class _AddExpertDelta(nn.Module):
         self._adapter = [adapter]  # a list: not registered as a submodule
         self.rows = rows
 
+    @property
+    def adapter(self) -> ExpertAdapter:
+        return self._adapter[0]
+
     def forward(self, weight_EOI: torch.Tensor) -> torch.Tensor:
-        return weight_EOI + self._adapter[0].delta(self.rows).to(weight_EOI.dtype)
+        return weight_EOI + self.adapter.delta(self.rows).to(weight_EOI.dtype)
 
 
-def _adapt_linear(linear: nn.Linear, spec: LoraSpec, generator: torch.Generator) -> None:
+def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec) -> None:
     weight = linear.weight
     linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, device=weight.device, dtype=weight.dtype)
     linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+    _kaiming_(linear.lora_A.weight, f"{name}.lora_A.weight", linear.in_features, spec.seed)
     with torch.no_grad():
-        _kaiming_(linear.lora_A.weight, linear.in_features, generator)
         linear.lora_B.weight.zero_()
     linear.lora_dropout = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
     linear.lora_scaling = spec.scaling
     linear.register_forward_hook(_linear_hook)
 
 
-def _adapt_experts(experts: GroupedExperts, spec: LoraSpec, generator: torch.Generator) -> None:
+def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec) -> None:
+    # the whole (E, F, D) shape: an expert-parallel base reports it too, and the layout then keeps its experts' slice
     E, F, D = experts.gate_proj.shape
     like = dict(device=experts.gate_proj.device, dtype=experts.gate_proj.dtype)
     experts.lora_gate_up = ExpertAdapter(E, 2 * F, D, spec.rank, spec.scaling, **like)
     experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, **like)
-    with torch.no_grad():
-        _kaiming_(experts.lora_gate_up.lora_A, D, generator)
-        _kaiming_(experts.lora_down.lora_A, F, generator)
-    for name, adapter, rows in (("gate_proj", experts.lora_gate_up, slice(0, F)),
-                                ("up_proj", experts.lora_gate_up, slice(F, 2 * F)),
-                                ("down_proj", experts.lora_down, slice(None))):
-        parametrize.register_parametrization(experts, name, _AddExpertDelta(adapter, rows))
+    _kaiming_(experts.lora_gate_up.lora_A, f"{name}.lora_gate_up.lora_A", D, spec.seed)
+    _kaiming_(experts.lora_down.lora_A, f"{name}.lora_down.lora_A", F, spec.seed)
+    for weight, adapter, rows in (("gate_proj", experts.lora_gate_up, slice(0, F)),
+                                  ("up_proj", experts.lora_gate_up, slice(F, 2 * F)),
+                                  ("down_proj", experts.lora_down, slice(None))):
+        # unsafe: skip parametrize's trial forward, which cannot add a whole delta to an expert-parallel shard (the
+        # layout swaps in a delta of its own experts); the delta keeps the weight's shape and dtype by construction
+        parametrize.register_parametrization(experts, weight, AddExpertDelta(adapter, rows), unsafe=True)
 
 
 def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
@@ -125,15 +136,14 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
                          "weights, where dropout of the input is not defined")
     for param in model.parameters():
         param.requires_grad_(False)
-    generator = torch.Generator().manual_seed(spec.seed)
     adapted: list[str] = []
     found: set[str] = set()
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
         if leaf in spec.targets and isinstance(module, nn.Linear):
-            _adapt_linear(module, spec, generator)
+            _adapt_linear(module, name, spec)
         elif EXPERTS in spec.targets and isinstance(module, GroupedExperts):
-            _adapt_experts(module, spec, generator)
+            _adapt_experts(module, name, spec)
             leaf = EXPERTS
         else:
             continue

@@ -1,0 +1,96 @@
+"""The planner's LoRA memory model (plan/lora.py): adapter sizes counted exactly from the built models, the frozen
+base without gradients or optimizer state, and predictions that move the right way."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from openrecipes.config.layout import LayoutConfig
+from openrecipes.models.common.lora import LINEAR_TARGETS, LoraSpec, apply_lora
+from openrecipes.models.families import family_for_config
+from openrecipes.models.registry import get_config
+from openrecipes.plan.enumerate import evaluate
+from openrecipes.plan.hardware import load_hardware
+from openrecipes.plan.lora import LoraSetup, adapter_params
+from openrecipes.plan.memory import TrainingSetup, stage_memory
+from openrecipes.plan.shape import model_shape
+
+GIB = 1024 ** 3
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@pytest.mark.parametrize("name,targets", [
+    ("qwen3-moe-tiny", (*ATTENTION, "experts")),
+    ("qwen3-moe-tiny", ("q_proj", "v_proj")),
+    ("muse-spark-tiny", (*ATTENTION, "experts", "latent_down_proj", "latent_up_proj")),
+])
+def test_adapter_params_count_the_built_model(name, targets):
+    config = get_config(name)
+    model = family_for_config(config).build(config, device="cpu", dtype=torch.float32, seed=0)
+    apply_lora(model, LoraSpec(rank=3, alpha=6.0, targets=targets))
+    trained = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    shape = model_shape(config, name=name)
+    dense, experts = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64), LoraSetup(rank=3, targets=targets),
+                                    shape.num_layers)
+    assert dense == sum(n for k, n in trained if ".experts." not in k)
+    assert experts == sum(n for k, n in trained if ".experts." in k)
+    # expert parallelism keeps E/ep experts' adapters; tensor parallelism splits one factor of each attention adapter
+    ep2 = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, ep=2, dp=2), LoraSetup(rank=3, targets=targets),
+                         shape.num_layers)
+    assert ep2 == (dense, experts / 2)
+    tp2_dense, _ = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, tp=2, sequence_parallel=True),
+                                  LoraSetup(rank=3, targets=targets), shape.num_layers)
+    assert dense / 2 < tp2_dense < dense
+
+
+def _stage(setup, **layout):
+    shape = model_shape(replace(get_config("qwen3-30b-a3b"), num_hidden_layers=8))
+    layout = LayoutConfig(max_tokens_per_gpu=4096, **layout)
+    return shape, layout, stage_memory(shape, layout, [shape.num_layers], setup, load_hardware("H200"))[0]
+
+
+@pytest.mark.parametrize("engine", ["openrecipes", "megatron"])
+def test_frozen_base_has_no_gradients_or_optimizer_state(engine):
+    lora = LoraSetup(rank=16, targets=(*ATTENTION, "experts"))
+    _, _, full = _stage(TrainingSetup(recompute="full", engine=engine, global_batch_tokens=4096))
+    shape, layout, adapted = _stage(TrainingSetup(recompute="full", engine=engine, global_batch_tokens=4096,
+                                                  lora=lora))
+    dense, experts = adapter_params(shape, layout, lora, shape.num_layers)
+    # one process, one microbatch: bf16 gradients (2 B) and Adam's 12 B, of the adapters only; the base stays
+    grad_bytes = 2 if engine == "openrecipes" else 4
+    assert adapted.parts_gib["optimizer"] == pytest.approx(12 * (dense + experts) / GIB, abs=1e-3)
+    assert adapted.parts_gib["grads"] == pytest.approx(grad_bytes * (dense + experts) / GIB, abs=1e-3)
+    assert adapted.parts_gib["params"] == pytest.approx(full.parts_gib["params"] + 2 * (dense + experts) / GIB,
+                                                        abs=2e-3)
+    assert adapted.allocated_gib < full.allocated_gib / 2
+
+
+def test_lora_predictions_move_the_right_way():
+    shape = model_shape(get_config("qwen3-30b-a3b"))
+    layout = LayoutConfig(max_tokens_per_gpu=8192, ep=8, dp=8)
+    hw = load_hardware("H200")
+
+    def peak(recompute, lora=None):
+        setup = TrainingSetup(recompute=recompute, engine="openrecipes", global_batch_tokens=8 * 8192, lora=lora)
+        return evaluate(shape, layout, setup, hw).stages[0]
+
+    attention = LoraSetup(rank=16, targets=ATTENTION)
+    experts = LoraSetup(rank=16, targets=(*ATTENTION, "experts"))
+    wider = LoraSetup(rank=64, targets=(*ATTENTION, "experts"))
+    for recompute in ("none", "full"):
+        full, a, e, w = peak(recompute), peak(recompute, attention), peak(recompute, experts), peak(recompute, wider)
+        assert a.allocated_gib < e.allocated_gib < w.allocated_gib < full.allocated_gib
+        assert a.parts_gib["optimizer"] < e.parts_gib["optimizer"] < w.parts_gib["optimizer"]
+    # frozen experts without adapters drop their routed inputs; expert adapters keep them and the merged weights
+    none_full, none_attention, none_experts = peak("none"), peak("none", attention), peak("none", experts)
+    assert none_attention.parts_gib["activations"] < none_full.parts_gib["activations"]
+    assert none_experts.parts_gib["activations"] > none_full.parts_gib["activations"]
+
+
+def test_lora_setup_errors():
+    with pytest.raises(ValueError, match="lora.targets: unknown"):
+        LoraSetup(rank=4, targets=("gate",))
+    shape = model_shape(get_config("qwen3-moe-tiny"))
+    with pytest.raises(ValueError, match="no latent projections"):
+        adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64), LoraSetup(rank=4, targets=LINEAR_TARGETS), 1)

@@ -1,6 +1,6 @@
 """Long rows (4,096 tokens) through context parallelism with data, tensor and pipeline parallelism, packed and
 single documents, against one process (fp32, gloo, CPU). The recipes' 32,768 / 65,536-token rows are a size; the
-mechanism (each cp rank a contiguous quarter or half of the row, keys and values gathered, the causal, document and
+mechanism (each cp rank a contiguous half of the row, keys and values gathered, the causal, document and
 window masks at the right offsets) is the same at 4,096.
 
 Every layout runs in one 4-process launch (tests/distributed/long_context_worker.py) to pay for one start-up."""

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from openrecipes.data import bundled
 from openrecipes.data.batching import RowLoader, load_rows
 from openrecipes.data.build import BuildConfig, build

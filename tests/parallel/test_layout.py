@@ -1,8 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from openrecipes.config.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size,
-                                         stage_layer_counts, validate_layout)
+from openrecipes.config.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size, rank_layers,
+                                         stage_layer_counts, validate_layout, virtual_stage_layers)
 
 MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_layers=3, pp_last_stage_layers=3,
             max_tokens_per_gpu=8192)
@@ -42,6 +42,20 @@ def test_even_split_required_without_first_last():
     assert stage_layer_counts(LayoutConfig(pp=3, pp_last_stage_layers=2, max_tokens_per_gpu=1), 62) == [30, 30, 2]
     with pytest.raises(ValueError, match="pp_first_stage_layers"):
         stage_layer_counts(LayoutConfig(pp=1, pp_first_stage_layers=3, max_tokens_per_gpu=1), 62)
+
+
+def test_interleaved_chunks_take_turns_over_the_ranks():
+    # 16 layers over pp=2 x vpp=2 with a lighter first stage (6 + 10): rank 0 holds 3 + 3, rank 1 holds 5 + 5
+    layout = LayoutConfig(pp=2, vpp=2, pp_first_stage_layers=6, pp_last_stage_layers=10, max_tokens_per_gpu=1)
+    assert virtual_stage_layers(layout, 16) == [range(0, 3), range(3, 8), range(8, 11), range(11, 16)]
+    assert rank_layers(layout, 16, 0) == [(0, range(0, 3)), (2, range(8, 11))]
+    assert rank_layers(layout, 16, 1) == [(1, range(3, 8)), (3, range(11, 16))]
+    # without interleaving a rank's one chunk is its stage
+    plain = LayoutConfig(pp=3, pp_last_stage_layers=2, max_tokens_per_gpu=1)
+    assert [layers for _, layers in (rank_layers(plain, 62, r)[0] for r in range(3))] == [
+        range(0, 30), range(30, 60), range(60, 62)]
+    with pytest.raises(ValueError, match="^vpp"):
+        virtual_stage_layers(LayoutConfig(pp=2, vpp=3, max_tokens_per_gpu=1), 16)
 
 
 def test_model_forbids_unknown_keys_and_bad_sizes():

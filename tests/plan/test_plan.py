@@ -99,6 +99,9 @@ def test_plans_say_whether_this_engine_runs_the_layout():
     assert ours and all(p.to_json()["openrecipes_runs_it"] for p in ours)
     interleaved = LayoutConfig(pp=2, vpp=2, dp=4, max_tokens_per_gpu=4096)
     plan = evaluate(tiny, interleaved, TrainingSetup(engine="openrecipes", global_batch_tokens=8 * 4096 * 4), hw)
+    assert plan.to_json()["openrecipes_runs_it"] is True
+    without_sp = LayoutConfig(tp=2, dp=4, max_tokens_per_gpu=4096)  # TP runs with sequence parallelism only
+    plan = evaluate(tiny, without_sp, TrainingSetup(engine="openrecipes", global_batch_tokens=8 * 4096 * 4), hw)
     assert plan.to_json()["openrecipes_runs_it"] is False
 
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
            "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
-           "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason", "with_world_size"]
+           "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason", "with_world_size",
+           "virtual_stage_layers", "rank_layers"]
 
 
 class ParallelSizes(BaseModel):
@@ -135,6 +136,29 @@ def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
     if last is not None:
         counts.append(last)
     return counts
+
+
+def virtual_stage_layers(layout: LayoutConfig, num_layers: int) -> list[range]:
+    """The decoder layers of each virtual pipeline stage, in model order (``pp * vpp`` of them; ``pp`` without
+    interleaving). Virtual stage ``v`` runs on pipeline rank ``v % pp`` (Megatron's and torch's interleaved order):
+    rank ``r`` holds chunks ``r, r + pp, ...``, each ``1/vpp`` of its ``stage_layer_counts`` share, so an uneven first
+    or last stage stays uneven in every round."""
+    counts = stage_layer_counts(layout, num_layers)
+    if any(c % layout.vpp for c in counts):
+        raise LayoutError(LayoutProblem("vpp", f"every stage's layer count {counts} must be a multiple of "
+                                               f"vpp={layout.vpp}"))
+    ranges, start = [], 0
+    for _ in range(layout.vpp):
+        for count in counts:
+            ranges.append(range(start, start + count // layout.vpp))
+            start += count // layout.vpp
+    return ranges
+
+
+def rank_layers(layout: LayoutConfig, num_layers: int, pp_rank: int) -> list[tuple[int, range]]:
+    """(virtual stage index, its layers) of every chunk pipeline rank ``pp_rank`` holds, in schedule order."""
+    ranges = virtual_stage_layers(layout, num_layers)
+    return [(v, ranges[v]) for v in range(pp_rank, len(ranges), layout.pp)]
 
 
 class LayoutProblem(NamedTuple):
@@ -261,9 +285,6 @@ def enumerate_layouts(world_size: int, *, num_layers: int, num_experts: int, max
 def unsupported_reason(layout: LayoutConfig) -> str | None:
     """Why this engine cannot run ``layout`` (a message naming the keys), or None when it can. The planner uses it
     to rank only runnable layouts for ``--engine openrecipes``."""
-    if layout.vpp != 1:
-        return (f"layout: vpp={layout.vpp} is not supported by the engine yet (interleaved pipeline stages); "
-                "`openrecipes plan` can still plan it")
     if layout.tp > 1 and not layout.sequence_parallel:
         return "layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true"
     return None

@@ -32,13 +32,16 @@ class ModelShape:
     router_fp32: bool
     # parameter counts
     attention_params: int  # per layer, split by TP (q, k, v, o, output gate)
-    latent_params: int  # per layer, split by TP (down + up projections)
+    latent_params: int  # per layer (down + up projections), whole on every TP rank
     router_params: int  # per layer, replicated on TP ranks
     expert_params: int  # one expert
     small_params_per_layer: int  # norms and residual gates, replicated
     embedding_params: int
     lm_head_params: int
     active_params: int  # N of DESIGN.md
+    # other-modality encoders (vision, audio) that a trainer instantiating the whole published model holds frozen on
+    # the first pipeline stage: bf16 parameters without gradients or optimizer state; 0 where there are none
+    frozen_encoder_params: int = 0
 
     @property
     def q_width(self) -> int:

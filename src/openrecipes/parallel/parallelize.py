@@ -18,6 +18,7 @@ The model is pure PyTorch and declares its parts through its family's sharding p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ class ParallelizeOptions:
     compute_dtype: torch.dtype
     parameter_dtype: torch.dtype
     seed: int                               # values of a meta-built model: seeded per tensor name
-    stage_layers: range | None = None       # this pipeline stage's decoder layers (None: all)
+    stage_layers: Collection[int] | None = None  # this rank's pipeline chunks' decoder layers (None: all)
     recompute_granularity: str = "none"
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1

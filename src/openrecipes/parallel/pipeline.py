@@ -2,14 +2,19 @@
 (uneven first and last stages allowed), the first stage the embedding, the last the final norm and LM head; a 1F1B
 schedule runs the microbatches.
 
+Interleaved (``vpp > 1``): each rank holds ``vpp`` chunks of layers, rank ``r`` the virtual stages ``r, r + pp, ...``
+(config/layout.py ``virtual_stage_layers``), and the interleaved 1F1B schedule runs them. The rank keeps one model
+holding all its chunks' layers (so the optimizer, the gradient sums and the checkpoints see one module, as without
+interleaving); each chunk's stage runs its own layers of it.
+
 A stage keeps the layer names of the whole model (layers are keyed by their global index), so its checkpoint keys are
-the whole model's and a save under one pipeline layout loads under another.
+the whole model's and a save under one pipeline layout loads under another, interleaved or not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 import torch
 from torch import nn
@@ -18,8 +23,9 @@ from openrecipes.models.common.attention import Documents
 from openrecipes.models.families import ShardingPlan
 
 
-def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: range, *, first: bool, last: bool) -> None:
-    """Drop what stage ``keep`` does not run: other layers, the embedding unless first, norm and head unless last."""
+def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: Collection[int], *, first: bool, last: bool) -> None:
+    """Drop what this rank's stage(s) do not run: layers not in ``keep``, the embedding unless it holds the first
+    stage, norm and head unless it holds the last."""
     layers = plan.layer_dict(model)
     for index in list(layers.keys()):
         if int(index) not in keep:
@@ -33,33 +39,61 @@ def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: range, *, first: 
 
 class StageModule(nn.Module):
     """What a pipeline stage runs: tensors in, tensors out (documents travel as ids and are rebuilt per stage).
-    Checkpoints use the wrapped model itself, so its parameter names stay the whole model's."""
+    ``layers``: the chunk's decoder layers when the rank's model holds several chunks (interleaved), else None (all it
+    holds). Checkpoints use the wrapped model itself, so its parameter names stay the whole model's."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, layers: range | None = None) -> None:
         super().__init__()
         self.model = model
+        self.layers = layers
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(x, position_ids, Documents.from_document_ids(document_ids))
+        documents = Documents.from_document_ids(document_ids)
+        if self.layers is None:
+            return self.model(x, position_ids, documents)
+        return self.model(x, position_ids, documents, layers=self.layers)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    """Our handles to this rank's stage, its schedule and the loss the last stage computes."""
+    """Our handles to this rank's stages (one per chunk), their schedule and the loss the last stage computes."""
 
-    stage: Any
+    stages: list[Any]
     schedule: Any
     loss: Any
 
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank runs the first stage (it feeds the token ids)."""
+        return any(stage.is_first for stage in self.stages)
 
-def build_pipeline(stage_module: StageModule, *, stage_index: int, num_stages: int, device: torch.device,
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank runs the last stage (it computes the loss)."""
+        return any(stage.is_last for stage in self.stages)
+
+
+def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_stages: int, device: torch.device,
                    group, microbatches: int, loss_fn) -> Pipeline:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    """The stages of this rank's ``chunks`` ((virtual stage index, layers), config/layout.py ``rank_layers``) over
+    ``num_stages`` virtual stages: 1F1B for one chunk per rank, interleaved 1F1B for several."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
-    if microbatches < num_stages:
-        raise ValueError(f"layout: pp={num_stages} needs at least {num_stages} microbatches per step on each "
+    ranks = num_stages // len(chunks)
+    if microbatches < ranks:
+        raise ValueError(f"layout: pp={ranks} needs at least {ranks} microbatches per step on each "
                          f"data-parallel rank, got {microbatches} (raise global_batch or lower "
                          "layout.max_tokens_per_gpu)")
-    stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
-    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
-    return Pipeline(stage=stage, schedule=schedule, loss=loss_fn)
+    if len(chunks) == 1:
+        stage = PipelineStage(StageModule(model), chunks[0][0], num_stages, device, group=group)
+        schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+        return Pipeline(stages=[stage], schedule=schedule, loss=loss_fn)
+    rounds = max(1, microbatches // ranks)  # the interleaved schedule runs whole rounds of microbatches
+    if microbatches % rounds:
+        raise ValueError(f"layout.vpp: interleaved 1F1B over pp={ranks} runs the {microbatches} microbatches per "
+                         f"data-parallel rank in {rounds} equal rounds, which {microbatches} does not divide "
+                         "(choose global_batch so the microbatches are a multiple of pp)")
+    stages = [PipelineStage(StageModule(model, layers), index, num_stages, device, group=group)
+              for index, layers in chunks]
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+    return Pipeline(stages=stages, schedule=schedule, loss=loss_fn)

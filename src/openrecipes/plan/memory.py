@@ -1,7 +1,7 @@
 """Peak GPU memory per rank of each pipeline stage.
 
 Model (all sizes per rank; docs/plan.md gives the derivation):
-- weights: dense matmuls split by TP, router/norms/residual gates replicated, experts split by EP
+- weights: attention matmuls split by TP; router, norms, residual gates and latent projections replicated; experts split by EP
   (and ETP); the embedding on the first stage, the LM head on the last.
 - bf16 params (2 B) and gradients (fp32 4 B or bf16 2 B) whole on every rank (distributed optimizer,
   ZeRO-1 style); optimizer state sharded over the data-parallel group (dense: dp*cp ranks) and the
@@ -84,7 +84,9 @@ def microbatches_per_step(layout: LayoutConfig, setup: TrainingSetup) -> int:
 def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first: bool, last: bool
                  ) -> tuple[float, float]:
     """(dense, expert) parameters held by one rank of a stage."""
-    dense = layers * ((shape.attention_params + shape.latent_params) / layout.tp
+    # Muse's latent projections are whole on every TP rank (Megatron-Core builds them as "duplicated" linears; our
+    # sharding plan lists them as replicated): each rank applies them to its sequence-parallel tokens
+    dense = layers * (shape.attention_params / layout.tp + shape.latent_params
                       + shape.router_params + shape.small_params_per_layer)
     if first:
         dense += shape.embedding_params / layout.tp
@@ -203,7 +205,10 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             transient = max(transient - weights["grads"] * GIB, working)
         else:
             kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
-            weights = {"params": 2 * kept / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
+            # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole
+            # on every rank (not split by TP: an assumption the seed's TP4 first-stage peaks agree with)
+            frozen = 2 * shape.frozen_encoder_params if first else 0.0
+            weights = {"params": (2 * kept + frozen) / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
         parts = {
             **weights,

@@ -29,7 +29,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     when ``parallel`` spans several ranks pipeline, expert, tensor, context and data parallelism); and the object
     that accumulates and synchronises its gradients. Parallel runs keep fp32 parameters (the sharded masters) and
     compute in bf16."""
-    from openrecipes.config.layout import stage_layer_counts
+    from openrecipes.config.layout import rank_layers
     from openrecipes.models.families import family_for_config
     from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
 
@@ -49,10 +49,9 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed, kernels=kernels)
     stage_layers = None
-    if pipelined:
-        counts = stage_layer_counts(recipe.layout, config.num_hidden_layers)
-        start = sum(counts[:parallel.pp_rank])
-        stage_layers = range(start, start + counts[parallel.pp_rank])
+    if pipelined:  # every chunk this rank runs (one without interleaving)
+        stage_layers = frozenset(i for _, layers in rank_layers(recipe.layout, config.num_hidden_layers,
+                                                               parallel.pp_rank) for i in layers)
     grads = parallelize(model, parallel, ParallelizeOptions(
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32, parameter_dtype=dtype,
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,

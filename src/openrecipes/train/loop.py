@@ -137,10 +137,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     pipeline = None
     if parallel.pp_size > 1:
-        from openrecipes.parallel.pipeline import StageModule, build_pipeline
+        from openrecipes.config.layout import rank_layers
+        from openrecipes.parallel.pipeline import build_pipeline
 
         per_rank_rows = recipe.global_batch // parallel.dp_size
-        pipeline = build_pipeline(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
+        chunks = rank_layers(recipe.layout, config.num_hidden_layers, parallel.pp_rank)
+        pipeline = build_pipeline(model, chunks, num_stages=parallel.pp_size * recipe.layout.vpp,
                                   device=device, group=parallel.pp_group,
                                   microbatches=-(-per_rank_rows // rows_per_microbatch),
                                   loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
@@ -388,7 +390,8 @@ class _MemoryTrace:
 
 def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device: torch.device,
                    cp_slice=None) -> torch.Tensor:
-    """Run the step's microbatches through the 1F1B schedule; returns this rank's loss sum (the last stage's)."""
+    """Run the step's microbatches through the (interleaved) 1F1B schedule; returns this rank's loss sum (the last
+    stage's)."""
     import torch.nn.functional as F
 
     stacked = {k: torch.cat([b[k] for b in microbatches]).to(device) for k in ("input_ids", "position_ids",
@@ -398,12 +401,11 @@ def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device
     if cp_slice is not None:  # the loss slices the targets itself (StageLoss.sequence_slice)
         stacked["input_ids"], stacked["position_ids"] = cp_slice(stacked["input_ids"]), cp_slice(stacked["position_ids"])
     pipeline.loss.supervised_tokens = supervised
-    stage = pipeline.stage
     losses: list[torch.Tensor] = []
-    args = (stacked["input_ids"],) if stage.is_first else ()
+    args = (stacked["input_ids"],) if pipeline.is_first else ()
     pipeline.schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
-                  target=target if stage.is_last else None, losses=losses if stage.is_last else None)
-    if not stage.is_last:
+                           target=target if pipeline.is_last else None, losses=losses if pipeline.is_last else None)
+    if not pipeline.is_last:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([l.detach().double() for l in losses]).sum() * supervised
 

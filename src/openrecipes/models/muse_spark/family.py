@@ -9,6 +9,12 @@ from openrecipes.models.muse_spark.model import MuseSparkForCausalLM, build_muse
 from openrecipes.models.shape import ModelShape
 
 
+# Every tensor of the published checkpoint, towers included (seed 001's export comparison: 822,036,529,664 elements);
+# what the text model does not hold is the vision and audio towers with their adapters, which Megatron-Bridge
+# instantiates and freezes in text-only training (this engine does not load them).
+PUBLISHED_CHECKPOINT_ELEMENTS = 822_036_529_664
+
+
 def planner_shape(config: MuseSparkConfig, name: str) -> ModelShape:
     windows = tuple(None if t == FULL else config.sliding_window for t in config.layer_types)
     small = (config.norm_params() - config.hidden_size) // config.num_hidden_layers
@@ -25,6 +31,8 @@ def planner_shape(config: MuseSparkConfig, name: str) -> ModelShape:
         router_params=config.router_params(), expert_params=config.expert_params(),
         small_params_per_layer=small, embedding_params=config.embedding_params(),
         lm_head_params=config.lm_head_params(), active_params=config.active_params(),
+        frozen_encoder_params=(PUBLISHED_CHECKPOINT_ELEMENTS - config.total_params()
+                               if config == NAMED_CONFIGS["muse-spark-open-816b-a42b"]() else 0),
     )
 
 

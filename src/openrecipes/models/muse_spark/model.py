@@ -165,18 +165,23 @@ class MuseSparkForCausalLM(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                documents: Documents | None = None) -> torch.Tensor:
+                documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
+        """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). The embedding
+        runs before layer 0 and the final norm and head after the last layer."""
         text = self.model.language_model
         rows, tokens = input_ids.shape[:2]
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
-        h = text.embed_tokens(input_ids) if text.embed_tokens is not None else input_ids
+        first = layers is None or layers.start == 0
+        last = layers is None or layers.stop == self.config.num_hidden_layers
+        h = text.embed_tokens(input_ids) if text.embed_tokens is not None and first else input_ids
         angles = rope_angles(position_ids, self.config.head_dim, self.config.rope_theta)
-        for layer in text.layers.values():
+        chosen = text.layers.values() if layers is None else [text.layers[str(i)] for i in layers]
+        for layer in chosen:
             h = layer(h, angles, documents)
-        if text.norm is not None:
+        if text.norm is not None and last:
             h = text.norm(h)
-        if self.lm_head is None:
+        if self.lm_head is None or not last:
             return h
         return soft_cap(self.lm_head(h), self.config.final_logit_softcap)
 

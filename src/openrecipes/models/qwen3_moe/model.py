@@ -89,17 +89,23 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                documents: Documents | None = None) -> torch.Tensor:
+                documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
+        """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). The embedding
+        runs before layer 0 and the final norm and head after the last layer, so a chunk in the middle takes and
+        gives hidden states even where this module holds the embedding or the head for another chunk."""
         rows, tokens = input_ids.shape[:2]
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
-        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None else input_ids
+        first = layers is None or layers.start == 0
+        last = layers is None or layers.stop == self.config.num_hidden_layers
+        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
         angles = rope_angles(position_ids, self.config.head_dim, self.config.rope_theta)
-        for layer in self.model.layers.values():
+        chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
+        for layer in chosen:
             h = layer(h, angles, documents)
-        if self.model.norm is not None:
+        if self.model.norm is not None and last:
             h = self.model.norm(h)
-        return self.lm_head(h) if self.lm_head is not None else h
+        return self.lm_head(h) if self.lm_head is not None and last else h
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:

@@ -17,6 +17,8 @@ import jinja2
 from markupsafe import Markup
 
 from openrecipes.cards.validate import LoadedCard, validate_paths
+from openrecipes.cards.verification_load import LoadedVerification, load_verification_dir
+from openrecipes.site.models import model_page_path, render_model_page
 from openrecipes.site.plot import loss_plot_svg, tuning_plot_svg
 from openrecipes.utils import check_output_dir, guarded_output_dir
 
@@ -30,6 +32,7 @@ class BuiltSite:
     out: Path
     pages: list[Path]  # relative to out, one per card
     filters: dict[str, list[str]]
+    model_pages: list[Path] = ()  # relative to out, one per verification card
 
 
 def _environment() -> jinja2.Environment:
@@ -140,7 +143,8 @@ def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
     }
 
 
-def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
+def render_site(cards: list[LoadedCard], recipes_root: Path,
+                verifications: list[LoadedVerification] | None = None) -> dict[Path, str]:
     """Every page of the site as text, keyed by its path relative to the site root."""
     env = _environment()
     css, js = _asset("style.css"), _asset("filters.js")
@@ -160,18 +164,31 @@ def render_site(cards: list[LoadedCard], recipes_root: Path) -> dict[Path, str]:
             name=loaded.path.stem, other_framework=other_framework(loaded),
         )
         rows.append(_index_row(loaded, _href(relative)))
+    models = []
+    for loaded in sorted(verifications or [], key=lambda v: v.card.model):
+        relative = model_page_path(loaded)
+        if relative in pages:
+            raise ValueError(f"{loaded.path}: two verification cards would share the page {relative}")
+        links = [("../" + row["href"], f"{row['name']}: {row['gpus']}, {row['label']}") for row in rows
+                 if row["model"].lower() == loaded.card.model.lower()]
+        pages[relative] = render_model_page(env, loaded, css=css, js=_asset("selector.js"), recipe_links=links)
+        models.append({"model": loaded.card.model, "href": _href(relative), "items": len(loaded.card.items),
+                       "engine": loaded.card.engine})
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(
         rows=rows, filters=filter_options(ordered), filter_labels=FILTER_LABELS,
-        css=css, js=js, root="",
+        css=css, js=js, root="", models=models,
     )
     return pages
 
 
-def build_site(recipes: str | os.PathLike, out: str | os.PathLike) -> BuiltSite:
-    """Validate every card under ``recipes`` and write the site to ``out`` atomically.
+def build_site(recipes: str | os.PathLike, out: str | os.PathLike,
+               verification: str | os.PathLike | None = None) -> BuiltSite:
+    """Validate every card under ``recipes`` and write the site to ``out`` atomically, with a model page for each
+    verification card under ``verification``.
 
-    Refuses to build from a catalog with any invalid card, and refuses to replace a non-empty
-    directory that an earlier build did not write.
+    Refuses to build from a catalog with any invalid recipe card, and refuses to replace a non-empty
+    directory that an earlier build did not write. A verification item that fails its checks is published with
+    the reason (the model page says what the validator rejects); a verification card that does not load is an error.
     """
     recipes_root, out = Path(recipes), Path(out)
     cards, problems = validate_paths([recipes_root])
@@ -180,14 +197,17 @@ def build_site(recipes: str | os.PathLike, out: str | os.PathLike) -> BuiltSite:
         listed = "; ".join(str(p) for p in errors[:5])
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise ValueError(f"invalid cards, site not built: {listed}{more}")
-    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=[recipes_root])
+    verifications = load_verification_dir(verification) if verification is not None else []
+    inputs = [recipes_root] + ([Path(verification)] if verification is not None else [])
+    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=inputs)
     check_output_dir(out, **guard)
-    pages = render_site(cards, recipes_root if recipes_root.is_dir() else recipes_root.parent)
+    pages = render_site(cards, recipes_root if recipes_root.is_dir() else recipes_root.parent, verifications)
     with guarded_output_dir(out, **guard) as staging:
         staging.chmod(0o755)  # mkdtemp makes it private; a static site is meant to be read
         for relative, text in pages.items():
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html")),
-                     filters=filter_options(cards))
+    models = sorted(model_page_path(v) for v in verifications)
+    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html") and p not in models),
+                     filters=filter_options(cards), model_pages=models)

@@ -14,6 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     build = verbs.add_parser("build", help="write the static site from the card catalog")
     build.add_argument("--recipes", type=Path, default=Path("recipes"), help="catalog directory")
+    build.add_argument("--verification", type=Path, default=None, metavar="DIR",
+                       help="verification cards, one model page each (default: verification/ beside --recipes, "
+                            "when it exists)")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="site directory to write")
     build.set_defaults(func=_build)
 
@@ -28,8 +31,13 @@ def _build(args: argparse.Namespace) -> int:
 
     if not args.recipes.is_dir():
         raise FileNotFoundError(f"{args.recipes}: no such catalog directory")
-    site = build_site(args.recipes, args.out)
-    print(f"wrote {args.out}/index.html and {len(site.pages)} recipe page(s)")
+    verification = args.verification
+    if verification is None and (args.recipes.resolve().parent / "verification").is_dir():
+        verification = args.recipes.resolve().parent / "verification"
+    elif verification is not None and not verification.is_dir():
+        raise FileNotFoundError(f"{verification}: no such verification directory")
+    site = build_site(args.recipes, args.out, verification)
+    print(f"wrote {args.out}/index.html, {len(site.pages)} recipe page(s) and {len(site.model_pages)} model page(s)")
     return 0
 
 

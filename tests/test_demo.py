@@ -14,6 +14,8 @@ def test_demo_end_to_end(tmp_path):
     assert set(summary["checks"].values()) == {"pass"}
     assert summary["runs"]["candidate"]["gpus"] == 2
     assert (out / "site" / "index.html").is_file()
+    assert "models/qwen3-moe-tiny.html" in (out / "site" / "index.html").read_text()
+    assert "demo-candidate.yaml --nproc 2" in (out / "site" / "models" / "qwen3-moe-tiny.html").read_text()
     card = out / "recipes" / "qwen3-moe-tiny" / "cpu" / "demo-candidate.yaml"
     assert "correctness:" in card.read_text()
     assert (out / "verify" / "convergence.svg").is_file()

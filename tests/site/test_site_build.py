@@ -172,3 +172,30 @@ def test_seed_cards_say_their_command_is_not_ours(tmp_path):
         html = (out / seed).read_text()
         assert "Measured with miles/Megatron-LM, not openrecipes: reproduce with their command" in html, seed
     assert 'id="other-framework"' not in (out / "qwen3-30b-a3b" / "h200" / "ours.html").read_text()
+
+
+def test_model_pages_hold_exactly_the_recorded_items_escaped(tmp_path):
+    import json
+    import re
+
+    from openrecipes.cards.verification_load import load_verification_card
+
+    verification = tmp_path / "verification"
+    shutil.copytree(CATALOG.parent / "verification", verification)
+    # text from a card is escaped on the model page too
+    path = verification / "qwen3-moe-tiny.yaml"
+    path.write_text(path.read_text().replace("observed: 'Round trip", "observed: '<script>x</script> Round trip", 1))
+    site = build_site(CATALOG, tmp_path / "site", verification)
+    assert [p.name for p in site.model_pages] == sorted(p.with_suffix(".html").name
+                                                       for p in verification.glob("*.yaml"))
+    index = (site.out / "index.html").read_text()
+    for page in site.model_pages:
+        assert f'href="{page.as_posix()}"' in index
+        html = (site.out / page).read_text()
+        card = load_verification_card(verification / page.with_suffix(".yaml").name).card
+        combos = json.loads(re.search(r'<script type="application/json" id="combinations">(.*?)</script>', html).group(1))
+        assert [(c["workflow"], c["hardware"], c["precision"], c["combination"]) for c in combos] == [
+            (i.workflow, i.hardware.type, i.precision, i.layout.label) for i in card.items]
+        assert html.count('<section class="item"') == len(card.items)
+    qwen = (site.out / "models" / "qwen3-moe-tiny.html").read_text()
+    assert "<script>x</script>" not in qwen and "&lt;script&gt;x&lt;/script&gt;" in qwen

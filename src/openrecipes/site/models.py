@@ -48,7 +48,8 @@ def _metric_rows(item: Item) -> list[tuple[str, str, str]]:
 
 
 def _item_view(loaded: LoadedVerification, index: int, item: Item) -> dict[str, object]:
-    curve = loss_plot_svg(Curves(candidate=item.loss_curve)) if item.loss_curve else None
+    curve = (loss_plot_svg(Curves(candidate=item.loss_curve), title_id=f"plot-title-{index}")
+             if item.loss_curve else None)
     return {
         "index": index, "workflow": item.workflow, "workflow_name": WORKFLOW_NAMES[item.workflow],
         "hardware": item.hardware.type, "gpus": f"{item.hardware.count} x {item.hardware.type}",

@@ -19,7 +19,7 @@ def register_verify_item(verbs: argparse._SubParsersAction) -> None:
         "Exit status: 0 written, 1 the item has validation errors (nothing written), 2 bad input.")
     item.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="training run directory, or converted checkpoint")
     item.add_argument("--model", required=True, metavar="M", help="card name: the file verification/M.yaml")
-    item.add_argument("--workflow", required=True, choices=WORKFLOWS)
+    item.add_argument("--workflow", required=True, choices=WORKFLOWS, help="the workflow the run exercised")
     item.add_argument("--cards", type=Path, default=Path("verification"), metavar="DIR",
                       help="directory of the verification cards")
     item.add_argument("--model-name", metavar="NAME", help="model name as published, for a new card")

@@ -251,10 +251,13 @@ def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
     before = yaml.safe_load(path.read_text())["items"]
     args = ["card", "verify-item", str(runs["cand"]), "--model", "qwen3-moe-tiny", "--workflow", "sft",
             "--cards", str(cards)]
-    # verified is refused: the run saved nothing, so no hash identifies its checkpoint; the card stays as it was
     text = path.read_text()
+    # a workflow the run did not train is refused
+    assert main(args[:6] + ["pretrain"] + args[7:]) == 2
+    assert "--workflow pretrain, but" in capsys.readouterr().err and path.read_text() == text
+    # verified is refused: the run saved nothing, so no hash identifies its checkpoint; the card stays as it was
     assert main(args + ["--status", "verified"]) == 1 and path.read_text() == text
-    assert "items[5].checkpoint" in capsys.readouterr().err
+    assert f"items[{len(before)}].checkpoint" in capsys.readouterr().err
     assert main(args) == 0
     loaded = load_verification_card(path)
     assert loaded.ok, [str(p) for p in loaded.problems]

@@ -71,7 +71,7 @@ def _layout_label(sizes: dict[str, int]) -> str:
 
 
 def _training_item(options: ItemOptions) -> dict[str, Any]:
-    from openrecipes.cards.new import dataset_block, read_rows_manifest
+    from openrecipes.cards.new import card_workflow, dataset_block, read_rows_manifest
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import (
         CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, decode_metric, read_metrics, read_run_info, rows_directory,
@@ -110,6 +110,7 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         "skipped_steps": nonfinite, "nan_steps": nonfinite,
     }
     manifest = read_rows_manifest(rows_directory(recipe.data.rows, run_dir))
+    _check_workflow(options.workflow, card_workflow(recipe, manifest), lay.cp, run_dir)
     saves = sorted((run_dir / CHECKPOINTS_DIR).glob("step-*")) if (run_dir / CHECKPOINTS_DIR).is_dir() else []
     produced = run_dir / "adapter" if recipe.lora is not None else (saves[-1] if saves else None)
     checkpoint = _checkpoint(options, produced, default_source=(
@@ -134,6 +135,17 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         "data": {"source": dataset_block(manifest, run.versions.get("openrecipes") or "unknown")["source"],
                  "hashes": {"rows": manifest["rows_sha256"], "parquet": manifest["parquet_sha256"]}},
     }
+
+
+def _check_workflow(claimed: str, trained: str, cp: int, run_dir: Path) -> None:
+    """The workflow an item claims must be the one the run trained: its rows (sft, pretrain) or its adapters (lora);
+    long-context SFT is SFT with the rows split over context-parallel ranks."""
+    if claimed == "long-context-sft":
+        if trained != "sft" or cp < 2:
+            raise ValueError(f"--workflow long-context-sft, but {run_dir} trained {trained} with layout.cp {cp}: "
+                             "long-context SFT is SFT rows with context parallelism (cp > 1)")
+    elif claimed != trained:
+        raise ValueError(f"--workflow {claimed}, but {run_dir} trained {trained} (its rows' manifest and recipe say so)")
 
 
 def _checkpoint(options: ItemOptions, produced: Path | None, *, default_source: str) -> dict[str, Any]:

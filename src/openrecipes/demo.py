@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     _say("[7/7] recording the candidate as a verification item; building the site with its model page")
     verification = out / "verification"
     item_status = _call(["card", "verify-item", str(runs / "candidate"), "--model", "qwen3-moe-tiny", "--workflow",
-                         "sft", "--cards", str(verification), "--model-name", "Qwen3-MoE tiny", "--command",
+                         "sft", "--cards", str(verification), "--model-name", "Qwen3-MoE tiny",
+                         "--reference", str(runs / "reference"), "--command",
                          f"openrecipes train {recipes / 'demo-candidate.yaml'} --nproc {nproc}"])[0]
     site_status = _call(["site", "build", "--recipes", str(out / "recipes"), "--verification", str(verification),
                          "--out", str(out / "site")])[0]

@@ -258,7 +258,7 @@ def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
     # verified is refused: the run saved nothing, so no hash identifies its checkpoint; the card stays as it was
     assert main(args + ["--status", "verified"]) == 1 and path.read_text() == text
     assert f"items[{len(before)}].checkpoint" in capsys.readouterr().err
-    assert main(args) == 0
+    assert main(args + ["--reference", str(runs["ref"])]) == 0
     loaded = load_verification_card(path)
     assert loaded.ok, [str(p) for p in loaded.problems]
     written = yaml.safe_load(path.read_text())["items"]
@@ -273,6 +273,13 @@ def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
     assert met.step_time_ms == pytest.approx(measured.step_time_mean_s * 1000, rel=1e-5)
     assert met.nan_steps == met.skipped_steps == 0 and item.precision == "fp32" and item.hardware.type == "cpu"
     assert item.recipe == (runs["cand"] / "recipe.yaml").read_text()
+    from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.verify.curves import read_loss_curve
+
+    report = check_convergence(read_loss_curve(runs["cand"]), read_loss_curve(runs["ref"]), Thresholds())
+    finite, convergence = item.checks
+    assert finite.result == "pass" and convergence.result == ("pass" if report.passed else "fail")
+    assert f"correlation {report.correlation:.7g}" in convergence.detail
     manifest = json.loads((runs["rows"] / "manifest.json").read_text())
     assert item.data.hashes == {"rows": manifest["rows_sha256"], "parquet": manifest["parquet_sha256"]}
 

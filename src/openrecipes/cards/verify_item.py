@@ -40,6 +40,7 @@ class ItemOptions:
     checkpoint_revision: str | None = None
     checkpoint_dir: Path | None = None  # a generated checkpoint to identify by its hash
     audit: Path | None = None           # JSON of `openrecipes convert audit --json`
+    reference: Path | None = None       # a run of the same rows on another layout: the convergence check
     recorded: datetime.date | None = None
 
 
@@ -118,6 +119,8 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         f"the hash is of what the run wrote: {produced.relative_to(run_dir).as_posix() if produced else 'nothing'}"))
     checks = [{"name": "finite steps", "result": "pass" if nonfinite == 0 else "fail",
                "detail": f"{len(records) - nonfinite} of {len(records)} steps with a finite loss and gradient norm"}]
+    if options.reference is not None:
+        checks.append(_convergence_check(run_dir, Path(options.reference), manifest["rows_sha256"]))
     summary = (f"{len(records)} steps recorded with {nonfinite} NaN or skipped; loss "
                f"{metrics['initial_loss']:.4f} at step {curve[0]['step']} to {metrics['final_loss']:.4f} at step "
                f"{curve[-1]['step']}; steps {window[0]}-{window[1]} average {metrics['step_time_ms']:,.1f} ms and "
@@ -135,6 +138,27 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         "data": {"source": dataset_block(manifest, run.versions.get("openrecipes") or "unknown")["source"],
                  "hashes": {"rows": manifest["rows_sha256"], "parquet": manifest["parquet_sha256"]}},
     }
+
+
+def _convergence_check(run_dir: Path, reference: Path, rows_sha256: str) -> dict[str, Any]:
+    """`verify convergence` of the run against a reference run on the same rows (another layout, one process)."""
+    from openrecipes.cards.reference_run import check_reference_run
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.config.rundir import RECIPE_FILE
+    from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.verify.curves import read_loss_curve
+
+    check_reference_run(run_dir, reference, candidate_rows_sha256=rows_sha256,
+                        reference_recipe=load_recipe(reference / RECIPE_FILE))
+    report = check_convergence(read_loss_curve(run_dir), read_loss_curve(reference), Thresholds())
+    if report.correlation is None or report.final_loss_difference is None:
+        detail = "; ".join(report.problems[:3]) or "no comparable steps"
+    else:
+        detail = (f"correlation {report.correlation:.7g}, final loss difference {report.final_loss_difference:.3g}, "
+                  f"{report.pointwise_failures} pointwise failures over {len(report.steps)} steps")
+    ref = load_recipe(reference / RECIPE_FILE).layout
+    return {"name": f"convergence against {reference.name} (TP{ref.tp} PP{ref.pp} CP{ref.cp} EP{ref.ep})",
+            "result": "pass" if report.passed else "fail", "detail": f"openrecipes verify convergence: {detail}"}
 
 
 def _check_workflow(claimed: str, trained: str, cp: int, run_dir: Path) -> None:

@@ -36,6 +36,8 @@ def register_verify_item(verbs: argparse._SubParsersAction) -> None:
     item.add_argument("--checkpoint-revision", metavar="REV", help="pinned revision of a published checkpoint")
     item.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
                       help="a generated checkpoint, identified by its hash (default: what the run wrote)")
+    item.add_argument("--reference", type=Path, metavar="RUN_DIR",
+                      help="a run of the same rows on another layout (e.g. one process): adds the convergence check")
     item.add_argument("--audit", type=Path, metavar="FILE.json", help="`openrecipes convert audit --json` output")
     item.add_argument("--recorded", type=datetime.date.fromisoformat, metavar="YYYY-MM-DD",
                       help="date of the record (default: today)")
@@ -50,7 +52,7 @@ def _verify_item(args: argparse.Namespace) -> int:
         model_name=args.model_name, description=args.description, status=args.status, command=args.command,
         observed=args.observed, hardware=args.hardware, precision=args.precision, layout=args.layout,
         checkpoint_source=args.checkpoint_source, checkpoint_revision=args.checkpoint_revision,
-        checkpoint_dir=args.checkpoint_dir, audit=args.audit, recorded=args.recorded)
+        checkpoint_dir=args.checkpoint_dir, audit=args.audit, reference=args.reference, recorded=args.recorded)
     path, index, errors = update_card(options)
     for problem in errors:
         print(problem, file=sys.stderr)

@@ -95,3 +95,11 @@ def test_schema_file_is_current_and_unknown_fields_name_their_line(tmp_path, cap
     assert main(["card", "validate", str(path)]) == 1
     line = next(n for n, t in enumerate(text.splitlines(), 1) if "observd:" in t)
     assert f"{path}:{line}: items[0].observd: unknown field" in capsys.readouterr().err
+
+
+def test_hostile_yaml_is_refused_by_the_same_loader(tmp_path, capsys):
+    text = QWEN.read_text().replace("  hardware:\n", "  hardware: &hw\n", 1)
+    path = tmp_path / "anchor.yaml"
+    path.write_text(text + "extra: *hw\n")
+    assert main(["card", "validate", str(path)]) == 1
+    assert "anchor '&hw' is not allowed" in capsys.readouterr().err

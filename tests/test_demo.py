@@ -17,6 +17,8 @@ def test_demo_end_to_end(tmp_path):
     # the demo's site shows the published cards beside its own
     assert (out / "site" / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").is_file()
     assert (out / "site" / "qwen3-moe-tiny" / "cpu" / "demo-candidate.html").is_file()
+    assert "models/qwen3-moe-tiny.html" in (out / "site" / "index.html").read_text()
+    assert "demo-candidate.yaml --nproc 2" in (out / "site" / "models" / "qwen3-moe-tiny.html").read_text()
     card = out / "recipes" / "qwen3-moe-tiny" / "cpu" / "demo-candidate.yaml"
     assert "correctness:" in card.read_text()
     assert (out / "verify" / "convergence.svg").is_file()

@@ -3,7 +3,8 @@
 Builds rows from the bundled conversations, trains the tiny Qwen3-MoE under a reference layout (one process) and a
 different candidate layout (data + expert parallel over two processes), measures both, verifies the candidate
 (convergence against the reference, numerics rules, the optimizer component test), writes and validates its recipe
-card, and builds the site. Uses GPUs when there are any and says so.
+card, records the candidate as an item of the model's verification card, and builds the site with its model page.
+Uses GPUs when there are any and says so.
 """
 
 from __future__ import annotations
@@ -136,16 +137,22 @@ def run(args: argparse.Namespace) -> int:
     if card_status == 0:
         card_status = _call(["card", "validate", str(card)])[0]
 
-    _say("[7/7] building the site")
+    _say("[7/7] recording the candidate as a verification item; building the site with its model page")
+    verification = out / "verification"
+    item_status = _call(["card", "verify-item", str(runs / "candidate"), "--model", "qwen3-moe-tiny", "--workflow",
+                         "sft", "--cards", str(verification), "--model-name", "Qwen3-MoE tiny",
+                         "--reference", str(runs / "reference"), "--command",
+                         f"openrecipes train {recipes / 'demo-candidate.yaml'} --nproc {nproc}"])[0]
     # the demo's card beside the published ones, when this checkout has the catalog
     from openrecipes.site.build import published_catalog
 
     catalog = published_catalog()
     extra = ["--recipes", str(catalog)] if catalog is not None else []
-    site_status = _call(["site", "build", "--recipes", str(out / "recipes"), *extra, "--out", str(out / "site")])[0]
+    site_status = _call(["site", "build", "--recipes", str(out / "recipes"), *extra, "--verification",
+                         str(verification), "--out", str(out / "site")])[0]
 
     checks = {"convergence": conv_status, "numerics rules": rules_status, "optimizer component test": optimizer_status,
-              "recipe card": card_status, "site": site_status}
+              "recipe card": card_status, "verification item": item_status, "site": site_status}
     summary = {"device": where, "steps": args.steps, "seconds": round(time.perf_counter() - started, 1),
                "runs": {name: {k: measured[name].get(k) for k in ("tokens_per_s_per_gpu", "step_time_cv", "gpus")}
                         for name in measured},

@@ -247,3 +247,61 @@ def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
     assert case in ("exists", "inside-run") or not out.exists()
     if case == "inside-run":
         assert out.read_bytes() == before
+
+
+def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
+    from openrecipes.cards.verification_load import load_verification_card
+    from openrecipes.measure import measure_run_dir
+
+    cards = tmp_path / "verification"
+    cards.mkdir()
+    path = cards / "qwen3-moe-tiny.yaml"
+    shutil.copy(Path(__file__).resolve().parents[2] / "verification" / "qwen3-moe-tiny.yaml", path)
+    before = yaml.safe_load(path.read_text())["items"]
+    args = ["card", "verify-item", str(runs["cand"]), "--model", "qwen3-moe-tiny", "--workflow", "sft",
+            "--cards", str(cards)]
+    text = path.read_text()
+    # a workflow the run did not train is refused
+    assert main(args[:6] + ["pretrain"] + args[7:]) == 2
+    assert "--workflow pretrain, but" in capsys.readouterr().err and path.read_text() == text
+    # verified is refused: the run saved nothing, so no hash identifies its checkpoint; the card stays as it was
+    assert main(args + ["--status", "verified"]) == 1 and path.read_text() == text
+    assert f"items[{len(before)}].checkpoint" in capsys.readouterr().err
+    assert main(args + ["--reference", str(runs["ref"])]) == 0
+    loaded = load_verification_card(path)
+    assert loaded.ok, [str(p) for p in loaded.problems]
+    written = yaml.safe_load(path.read_text())["items"]
+    assert len(written) == len(before) + 1 and written[:-1] == before  # the other items untouched
+    item = loaded.card.items[-1]
+    met = item.metrics
+    losses = [json.loads(line)["loss"] for line in (runs["cand"] / "metrics.jsonl").read_text().splitlines()]
+    assert [p.loss for p in item.loss_curve] == losses and (met.initial_loss, met.final_loss) == (losses[0], losses[-1])
+    measured = measure_run_dir(runs["cand"], window=(0, 5))
+    assert met.window == [0, 5] and met.steps == 6 and met.window_tokens == measured.window_tokens
+    assert met.tokens_per_s_per_gpu == pytest.approx(measured.tokens_per_s_per_gpu, rel=1e-5)
+    assert met.step_time_ms == pytest.approx(measured.step_time_mean_s * 1000, rel=1e-5)
+    assert met.nan_steps == met.skipped_steps == 0 and item.precision == "fp32" and item.hardware.type == "cpu"
+    assert item.recipe == (runs["cand"] / "recipe.yaml").read_text()
+    from openrecipes.verify.convergence import Thresholds, check_convergence
+    from openrecipes.verify.curves import read_loss_curve
+
+    report = check_convergence(read_loss_curve(runs["cand"]), read_loss_curve(runs["ref"]), Thresholds())
+    finite, convergence = item.checks
+    assert finite.result == "pass" and convergence.result == ("pass" if report.passed else "fail")
+    assert f"correlation {report.correlation:.7g}" in convergence.detail
+    manifest = json.loads((runs["rows"] / "manifest.json").read_text())
+    assert item.data.hashes == {"rows": manifest["rows_sha256"], "parquet": manifest["parquet_sha256"]}
+
+    # a step whose loss is NaN: counted, left out of the curve; the same combination is replaced, not appended
+    broken = _copy_run(runs, "nan-step", source="cand")
+    lines = (broken / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[3])
+    record["loss"] = "nan"
+    lines[3] = json.dumps(record)
+    (broken / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["card", "verify-item", str(broken), *args[3:], "--observed", "Step 3 diverged."]) == 0
+    written = yaml.safe_load(path.read_text())["items"]
+    assert len(written) == len(before) + 1 and written[:-1] == before
+    assert written[-1]["metrics"]["nan_steps"] == written[-1]["metrics"]["skipped_steps"] == 1
+    assert [p["step"] for p in written[-1]["loss_curve"]] == [0, 1, 2, 4, 5]
+    assert written[-1]["observed"].endswith("Step 3 diverged.") and load_verification_card(path).ok

@@ -22,7 +22,7 @@ def test_schema_check_flags_a_stale_file(tmp_path, capsys):
 
     stale = tmp_path / "recipe.schema.json"
     stale.write_text(card_json_schema_text().replace('"tp"', '"tensor_parallel"'))
-    args = argparse.Namespace(out=stale, check=True)
+    args = argparse.Namespace(out=stale, check=True, kind="recipe")
     assert _schema(args) == 1
     stale.write_text(card_json_schema_text())
     assert _schema(args) == 0

@@ -11,6 +11,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "recipes"
 QWEN_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml"
+MUSE_CARD = CATALOG / "muse-spark-open" / "h200" / "attune-tp4-pp16-ep8.yaml"
+SEED_CARDS = (QWEN_CARD, MUSE_CARD)  # the catalog's cards from the seeds: what the site tests are written against
 
 
 def qwen_data() -> dict[str, Any]:
@@ -23,10 +25,17 @@ def write(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def copy_seed_cards(recipes: Path) -> Path:
+    """The catalog's seed cards alone, at their paths under ``recipes``."""
+    for card in SEED_CARDS:
+        (recipes / card.parent.relative_to(CATALOG)).mkdir(parents=True, exist_ok=True)
+        shutil.copy(card, recipes / card.relative_to(CATALOG))
+    return recipes
+
+
 def catalog_with_variant(root: Path) -> Path:
     """The catalog plus an unverified pretrain variant of the Qwen card that has loss curves."""
-    recipes = root / "recipes"
-    shutil.copytree(CATALOG, recipes)
+    recipes = copy_seed_cards(root / "recipes")
     data = qwen_data()
     data["status"] = "unverified"
     data["workload"]["workflow"] = "pretrain"

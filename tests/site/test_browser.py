@@ -12,11 +12,13 @@ import shutil
 import threading
 
 import pytest
-from .site_fixtures import catalog_with_variant
+from .site_fixtures import REPO, catalog_with_variant
 
+from openrecipes.cards.verification_load import load_verification_card
 from openrecipes.site.build import build_site
 from openrecipes.site.serve import make_server
 
+VERIFICATION = REPO / "verification"
 CHROMIUM = os.environ.get("OPENRECIPES_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -43,7 +45,7 @@ def _sync_playwright():
 @pytest.fixture
 def served_site(tmp_path):
     recipes = catalog_with_variant(tmp_path)
-    build_site(recipes, tmp_path / "site")
+    build_site(recipes, tmp_path / "site", VERIFICATION)
     server = make_server(tmp_path / "site", 0, quiet=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -130,5 +132,66 @@ def test_filter_then_open_a_recipe(served_site):
             assert phone.evaluate("(td) => getComputedStyle(td, '::before').content", cell.element_handle()) \
                 == '"Model: "'
             assert outside == []
+        finally:
+            browser.close()
+
+
+def _shown(page) -> dict[str, str]:
+    choice = {key: page.locator(f"#select-{key}").input_value() for key in SELECTOR_KEYS}
+    [section] = [s for s in page.locator("section.item").all() if s.is_visible()]
+    return {"choice": choice, **{key: section.get_attribute(f"data-{key}") for key in SELECTOR_KEYS},
+            "id": section.get_attribute("id"), "command": section.locator(".command, .command-none").inner_text(),
+            "result": section.locator(".result").inner_text()}
+
+
+SELECTOR_KEYS = ("workflow", "hardware", "precision", "combination")
+
+
+def test_model_page_selector_shows_only_recorded_combinations(served_site):
+    sync_playwright = _sync_playwright()
+    card = load_verification_card(VERIFICATION / "muse-spark-open-816b-a42b.yaml").card
+    recorded = {(i.workflow, i.hardware.type, i.precision, i.layout.label): i for i in card.items}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(served_site + "index.html")
+            page.locator("#models a", has_text="Muse-Spark-Open-816B-A42B").click()
+            page.wait_for_load_state()
+            assert page.url.endswith("models/muse-spark-open-816b-a42b.html")
+            assert "Megatron Bridge" in page.locator("#engine-notice").inner_text()
+            assert page.locator("#recipe-links a").first.get_attribute("href").endswith("attune-tp4-pp16-ep8.html")
+            seen = set()
+            # walk every enabled option of every select: each reachable state is one recorded item, shown as written
+            for workflow in page.locator("#select-workflow option").all_inner_texts():
+                page.select_option("#select-workflow", label=workflow)
+                for hardware in page.locator("#select-hardware option:not([disabled])").all():
+                    page.select_option("#select-hardware", hardware.get_attribute("value"))
+                    shown = _shown(page)
+                    key = tuple(shown[k] for k in SELECTOR_KEYS)
+                    assert key == tuple(shown["choice"][k] for k in SELECTOR_KEYS) and key in recorded
+                    item = recorded[key]
+                    assert shown["command"] == (item.command or "No runnable command is recorded for this item.")
+                    assert shown["result"] == item.observed
+                    seen.add(key)
+            assert seen == set(recorded)  # and every recorded item is reachable
+            # a changed selection changes command and result together; a verified GB200 item has metrics and copy
+            page.select_option("#select-workflow", "pretrain")
+            pretrain = _shown(page)
+            page.select_option("#select-workflow", "lora")
+            lora = _shown(page)
+            assert pretrain["command"] != lora["command"] and pretrain["result"] != lora["result"]
+            assert "--mode lora" in lora["command"]
+            section = page.locator(f"#{lora['id']}")
+            assert section.locator(".metric-final-loss").inner_text() == "0.7489657"
+            assert section.locator("button.copy").get_attribute("data-copy") == lora["command"]
+            assert "not pinned" in section.locator(".rejected").inner_text()
+            # the tiny model's page: its own commands, a loss curve per training item
+            page.goto(served_site + "models/qwen3-moe-tiny.html")
+            page.select_option("#select-workflow", "sft")
+            sft = page.locator(f"#{_shown(page)['id']}")
+            assert sft.locator(".command").inner_text().startswith("openrecipes train examples/tiny-qwen3-sft.yaml")
+            assert sft.locator(".loss-curve svg polyline").count() == 1
+            assert page.locator("#engine-notice").count() == 0
         finally:
             browser.close()

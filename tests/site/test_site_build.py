@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from .site_fixtures import CATALOG, catalog_with_variant, qwen_data, write
+from .site_fixtures import CATALOG, catalog_with_variant, copy_seed_cards, qwen_data, write
 
 from openrecipes.site.build import SITE_MARKER, build_site
 
@@ -158,7 +158,7 @@ def test_index_shows_each_cards_name_and_correctness_verdict_in_colour(tmp_path)
     data["correctness"]["summary"] = "failed: convergence check (final loss)"
     data["correctness"]["convergence"]["result"] = "fail"
     recipes = tmp_path / "recipes"
-    shutil.copytree(CATALOG, recipes)
+    copy_seed_cards(recipes)
     write(recipes / "qwen3-30b-a3b" / "h200" / "failing-run.yaml", data)
     out = tmp_path / "site"
     build_site(recipes, out)
@@ -177,7 +177,7 @@ def test_seed_cards_say_their_command_is_not_ours(tmp_path):
     data = qwen_data()
     data["stack"] = {"framework": "openrecipes 0.1.0", "pytorch": "2.11.0"}
     recipes = tmp_path / "recipes"
-    shutil.copytree(CATALOG, recipes)
+    copy_seed_cards(recipes)
     write(recipes / "qwen3-30b-a3b" / "h200" / "ours.yaml", data)
     out = tmp_path / "site"
     build_site(recipes, out)
@@ -199,8 +199,36 @@ def test_several_catalogs_on_one_site_as_the_demo_builds_it(tmp_path, capsys):
     out = tmp_path / "site"
     assert main(["site", "build", "--recipes", str(demo), "--recipes", str(CATALOG), "--out", str(out)]) == 0
     index = (out / "index.html").read_text()
-    assert index.count('class="recipe"') == 3 and "Demo-Model" in index and "Muse-Spark-Open-816B-A42B" in index
+    published = len(list(CATALOG.glob("*/*/*.yaml")))
+    assert index.count('class="recipe"') == 1 + published and "Demo-Model" in index and "Muse-Spark-Open-816B-A42B" in index
     assert (out / "demo-model" / "cpu" / "demo-candidate.html").is_file()
     assert (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").is_file()
     # the numeric columns sort by the number, not its text
     assert 'data-key="tokens" data-kind="number"' in index and 'data-sort="6913.23"' in index
+
+
+def test_model_pages_hold_exactly_the_recorded_items_escaped(tmp_path):
+    import json
+    import re
+
+    from openrecipes.cards.verification_load import load_verification_card
+
+    verification = tmp_path / "verification"
+    shutil.copytree(CATALOG.parent / "verification", verification)
+    # text from a card is escaped on the model page too
+    path = verification / "qwen3-moe-tiny.yaml"
+    path.write_text(path.read_text().replace("observed: 'Round trip", "observed: '<script>x</script> Round trip", 1))
+    site = build_site(CATALOG, tmp_path / "site", verification)
+    assert [p.name for p in site.model_pages] == sorted(p.with_suffix(".html").name
+                                                       for p in verification.glob("*.yaml"))
+    index = (site.out / "index.html").read_text()
+    for page in site.model_pages:
+        assert f'href="{page.as_posix()}"' in index
+        html = (site.out / page).read_text()
+        card = load_verification_card(verification / page.with_suffix(".yaml").name).card
+        combos = json.loads(re.search(r'<script type="application/json" id="combinations">(.*?)</script>', html).group(1))
+        assert [(c["workflow"], c["hardware"], c["precision"], c["combination"]) for c in combos] == [
+            (i.workflow, i.hardware.type, i.precision, i.layout.label) for i in card.items]
+        assert html.count('<section class="item"') == len(card.items)
+    qwen = (site.out / "models" / "qwen3-moe-tiny.html").read_text()
+    assert "<script>x</script>" not in qwen and "&lt;script&gt;x&lt;/script&gt;" in qwen

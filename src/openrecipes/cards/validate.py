@@ -74,7 +74,7 @@ def _line_for(lines: dict[tuple[Any, ...], int], loc: Loc) -> int | None:
     return None
 
 
-def _schema_problems(error: pydantic.ValidationError, source: str,
+def schema_problems(error: pydantic.ValidationError, source: str,
                      lines: dict[tuple[Any, ...], int]) -> list[Problem]:
     problems = []
     for item in error.errors(include_url=False):
@@ -109,12 +109,12 @@ def load_card(path: str | os.PathLike) -> LoadedCard:
     try:
         card = RecipeCard.model_validate(data)
     except pydantic.ValidationError as error:
-        raise CardError(_schema_problems(error, source, lines)) from None
-    problems = [_to_problem(finding, source, lines) for finding in check_card(card)]
+        raise CardError(schema_problems(error, source, lines)) from None
+    problems = [to_problem(finding, source, lines) for finding in check_card(card)]
     return LoadedCard(path=path, card=card, text=text, problems=problems)
 
 
-def _to_problem(finding: Finding, source: str, lines: dict[tuple[Any, ...], int]) -> Problem:
+def to_problem(finding: Finding, source: str, lines: dict[tuple[Any, ...], int]) -> Problem:
     return Problem(file=source, line=_line_for(lines, finding.loc), path=format_loc(finding.loc),
                    message=finding.message, severity=finding.severity)
 

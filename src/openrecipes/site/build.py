@@ -18,6 +18,8 @@ import jinja2
 from markupsafe import Markup
 
 from openrecipes.cards.validate import LoadedCard, validate_paths
+from openrecipes.cards.verification_load import LoadedVerification, load_verification_dir
+from openrecipes.site.models import model_page_path, render_model_page
 from openrecipes.site.plot import loss_plot_svg, memory_bars_svg, step_plots, tuning_plot_svg
 from openrecipes.utils import check_output_dir, guarded_output_dir
 
@@ -31,6 +33,7 @@ class BuiltSite:
     out: Path
     pages: list[Path]  # relative to out, one per card
     filters: dict[str, list[str]]
+    model_pages: list[Path] = ()  # relative to out, one per verification card
 
 
 def _environment() -> jinja2.Environment:
@@ -152,9 +155,11 @@ def _root_of(loaded: LoadedCard, roots: list[Path]) -> Path:
     return next((root for root in roots if root.resolve() in path.parents), roots[0])
 
 
-def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path]) -> dict[Path, str]:
+def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
+                verifications: list[LoadedVerification] | None = None) -> dict[Path, str]:
     """Every page of the site as text (and each card's YAML beside its page), keyed by its path relative to the site
-    root. Several catalogs may be given: each card's page sits at its path under its own catalog."""
+    root. Several catalogs may be given: each card's page sits at its path under its own catalog. Each verification
+    card gets a model page."""
     roots = recipes_root if isinstance(recipes_root, list) else [recipes_root]
     env = _environment()
     css, js = _asset("style.css"), _asset("filters.js")
@@ -178,9 +183,19 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path]) -> dic
         )
         pages[relative.with_suffix(".yaml")] = loaded.text  # the card itself, linked from its page
         rows.append(_index_row(loaded, _href(relative)))
+    models = []
+    for loaded in sorted(verifications or [], key=lambda v: v.card.model):
+        relative = model_page_path(loaded)
+        if relative in pages:
+            raise ValueError(f"{loaded.path}: two verification cards would share the page {relative}")
+        links = [("../" + row["href"], f"{row['name']}: {row['gpus']}, {row['label']}") for row in rows
+                 if row["model"].lower() == loaded.card.model.lower()]
+        pages[relative] = render_model_page(env, loaded, css=css, js=_asset("selector.js"), recipe_links=links)
+        models.append({"model": loaded.card.model, "href": _href(relative), "items": len(loaded.card.items),
+                       "engine": loaded.card.engine})
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(
         rows=rows, filters=filter_options(ordered), filter_labels=FILTER_LABELS,
-        css=css, js=js, root="",
+        css=css, js=js, root="", models=models,
     )
     return pages
 
@@ -196,11 +211,14 @@ def published_catalog() -> Path | None:
     return None
 
 
-def build_site(recipes: str | os.PathLike | list[str | os.PathLike], out: str | os.PathLike) -> BuiltSite:
-    """Validate every card under ``recipes`` (one catalog or several) and write the site to ``out`` atomically.
+def build_site(recipes: str | os.PathLike | list[str | os.PathLike], out: str | os.PathLike,
+               verification: str | os.PathLike | None = None) -> BuiltSite:
+    """Validate every card under ``recipes`` (one catalog or several) and write the site to ``out`` atomically, with
+    a model page for each verification card under ``verification``.
 
-    Refuses to build from a catalog with any invalid card, and refuses to replace a non-empty
-    directory that an earlier build did not write.
+    Refuses to build from a catalog with any invalid recipe card, and refuses to replace a non-empty
+    directory that an earlier build did not write. A verification item that fails its checks is published with
+    the reason (the model page says what the validator rejects); a verification card that does not load is an error.
     """
     roots = [Path(r) for r in recipes] if isinstance(recipes, list) else [Path(recipes)]
     out = Path(out)
@@ -210,14 +228,18 @@ def build_site(recipes: str | os.PathLike | list[str | os.PathLike], out: str | 
         listed = "; ".join(str(p) for p in errors[:5])
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise ValueError(f"invalid cards, site not built: {listed}{more}")
-    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=roots)
+    verifications = load_verification_dir(verification) if verification is not None else []
+    inputs = roots + ([Path(verification)] if verification is not None else [])
+    guard = dict(marker=SITE_MARKER, writer="openrecipes site build", overwrite=True, inputs=inputs)
     check_output_dir(out, **guard)
-    pages = render_site(cards, [root if root.is_dir() else root.parent for root in roots])
+    pages = render_site(cards, [root if root.is_dir() else root.parent for root in roots], verifications)
     with guarded_output_dir(out, **guard) as staging:
         staging.chmod(0o755)  # mkdtemp makes it private; a static site is meant to be read
         for relative, text in pages.items():
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html") and p.suffix == ".html"),
-                     filters=filter_options(cards))
+    models = sorted(model_page_path(v) for v in verifications)
+    return BuiltSite(out=out, pages=sorted(p for p in pages if p != Path("index.html") and p.suffix == ".html"
+                                           and p not in models),
+                     filters=filter_options(cards), model_pages=models)

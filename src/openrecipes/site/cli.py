@@ -15,6 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = verbs.add_parser("build", help="write the static site from the card catalog")
     build.add_argument("--recipes", type=Path, action="append", metavar="DIR",
                        help="catalog directory; repeat it to put several catalogs on one site (default: ./recipes)")
+    build.add_argument("--verification", type=Path, default=None, metavar="DIR",
+                       help="verification cards, one model page each (default: verification/ beside the first "
+                            "--recipes, when it exists)")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="site directory to write")
     build.set_defaults(func=_build)
 
@@ -31,8 +34,13 @@ def _build(args: argparse.Namespace) -> int:
     for catalog in catalogs:
         if not catalog.is_dir():
             raise FileNotFoundError(f"{catalog}: no such catalog directory")
-    site = build_site(catalogs, args.out)
-    print(f"wrote {args.out}/index.html and {len(site.pages)} recipe page(s)")
+    verification = args.verification
+    if verification is None and (catalogs[0].resolve().parent / "verification").is_dir():
+        verification = catalogs[0].resolve().parent / "verification"
+    elif verification is not None and not verification.is_dir():
+        raise FileNotFoundError(f"{verification}: no such verification directory")
+    site = build_site(catalogs, args.out, verification)
+    print(f"wrote {args.out}/index.html, {len(site.pages)} recipe page(s) and {len(site.model_pages)} model page(s)")
     return 0
 
 

@@ -39,10 +39,11 @@ def _ticks(low: float, high: float) -> list[float]:
     return [low + (high - low) * i / (TICKS - 1) for i in range(TICKS)]
 
 
-def loss_plot_svg(curves: Curves) -> Markup:
+def loss_plot_svg(curves: Curves, title_id: str = "plot-title") -> Markup:
     """SVG markup for the candidate (solid) and reference (dashed) loss per step.
 
     Only numbers go into the markup; the labels are fixed text, so nothing from a card needs escaping.
+    ``title_id`` must be unique on the page (a model page has one plot per item); the caller makes it.
     """
     arms: list[tuple[str, list[CurvePoint]]] = [("candidate", list(curves.candidate))]
     if curves.reference:
@@ -60,7 +61,7 @@ def loss_plot_svg(curves: Curves) -> Markup:
     def sy(loss: float) -> float:
         return TOP + plot_h * (1 - (loss - y_low) / (y_high - y_low))
 
-    parts = _frame("plot", "plot-title", "Training loss per step", y_low, y_high, sy)
+    parts = _frame("plot", title_id, "Training loss per step", y_low, y_high, sy)
     steps = sorted({round(v) for v in _ticks(x_low, x_high)})
     for step in steps:
         x = sx(step)

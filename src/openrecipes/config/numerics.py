@@ -76,6 +76,9 @@ FIELD_RULES: dict[str, FieldRule] = {
              "kernels.attention"),
     **_rules(PERFORMANCE, "torch.compile fuses the same element-wise operations into fewer kernels; only the "
              "rounding of intermediate values kept in registers instead of memory can differ", "kernels.compile"),
+    **_rules(PERFORMANCE, "the LM head and cross entropy computed over chunks of tokens are the same products and "
+             "the same fp32 loss; only the weight gradient's sum over tokens is blocked differently (rounding)",
+             "kernels.loss_chunk_tokens"),
     **_rules(PERFORMANCE, _LAYOUT_REASON, "layout.tp", "layout.pp", "layout.cp", "layout.ep", "layout.etp",
              "layout.dp", "layout.vpp", "layout.sequence_parallel", "layout.pp_first_stage_layers",
              "layout.pp_last_stage_layers"),

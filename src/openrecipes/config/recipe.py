@@ -158,6 +158,8 @@ class Kernels(BaseModel):
     experts: Literal["auto", "grouped_mm", "loop"] = "auto"
     # torch.compile of each layer's attention and MoE blocks (fused element-wise work, fewer launches)
     compile: bool = False
+    # > 0: the LM head and the loss run this many tokens at a time, never holding all the logits (train/chunked_loss.py)
+    loss_chunk_tokens: int = Field(0, ge=0)
 
 
 class Debug(BaseModel):

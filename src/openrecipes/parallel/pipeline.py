@@ -35,12 +35,19 @@ class StageModule(nn.Module):
     """What a pipeline stage runs: tensors in, tensors out (documents travel as ids and are rebuilt per stage).
     Checkpoints use the wrapped model itself, so its parameter names stay the whole model's."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, loss_inputs=None) -> None:
         super().__init__()
         self.model = model
+        # when the last stage's head computes the loss itself: target -> the ``with`` block it reads them in
+        self.loss_inputs = loss_inputs
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(x, position_ids, Documents.from_document_ids(document_ids))
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor,
+                loss_target: torch.Tensor | None = None) -> torch.Tensor:
+        documents = Documents.from_document_ids(document_ids)
+        if self.loss_inputs is None or loss_target is None:
+            return self.model(x, position_ids, documents)
+        with self.loss_inputs(loss_target):
+            return self.model(x, position_ids, documents)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,10 +139,11 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         from openrecipes.parallel.pipeline import StageModule, build_pipeline
 
         per_rank_rows = recipe.global_batch // parallel.dp_size
-        pipeline = build_pipeline(StageModule(model), stage_index=parallel.pp_rank, num_stages=parallel.pp_size,
-                                  device=device, group=parallel.pp_group,
-                                  microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
+        stage_loss = engine.StageLoss(_sequence_slices(parallel)[1],
+                                      head_computes_loss=bool(recipe.kernels.loss_chunk_tokens))
+        pipeline = build_pipeline(StageModule(model, stage_loss.loss_inputs(model)), stage_index=parallel.pp_rank,
+                                  num_stages=parallel.pp_size, device=device, group=parallel.pp_group,
+                                  microbatches=-(-per_rank_rows // rows_per_microbatch), loss_fn=stage_loss)
 
     start = 0
     if resume:
@@ -369,8 +370,11 @@ def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device
     stage = pipeline.stage
     losses: list[torch.Tensor] = []
     args = (stacked["input_ids"],) if stage.is_first else ()
+    # a chunked loss head reads the targets in the last stage's forward (every stage gets the same kwargs)
+    head_inputs = {"loss_target": target} if pipeline.loss.head_computes_loss else {}
     pipeline.schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
-                  target=target if stage.is_last else None, losses=losses if stage.is_last else None)
+                           **head_inputs, target=target if stage.is_last else None,
+                           losses=losses if stage.is_last else None)
     if not stage.is_last:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([l.detach().double() for l in losses]).sum() * supervised

@@ -90,6 +90,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(PERFORMANCE, "the same Adam step for part of the state kept in host memory, run on the CPU or "
              "streamed through the GPU; the component test bounds its error", "offload.fraction", "offload.overlap",
              "offload.update"),
+    **_rules(PERFORMANCE, "saved activations are copied to host memory and back unchanged: the backward reads the "
+             "same values", "offload.activations"),
     **_rules(PERFORMANCE, "when and how many checkpoints are saved; saving reads the state, never changes it",
              "checkpoint.every", "checkpoint.keep", "checkpoint.at_end"),
     **_rules(PERFORMANCE, "the Hugging Face export reads the last save after training; it changes no trained value",

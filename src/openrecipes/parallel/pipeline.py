@@ -47,7 +47,8 @@ class StageModule(nn.Module):
         if self.loss_inputs is None or loss_target is None:
             return self.model(x, position_ids, documents)
         with self.loss_inputs(loss_target):
-            return self.model(x, position_ids, documents)
+            # one element, not a scalar: the schedule concatenates the microbatches' outputs
+            return self.model(x, position_ids, documents).reshape(1)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,7 +66,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32, parameter_dtype=dtype,
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
-        compile=recipe.kernels.compile))
+        compile=recipe.kernels.compile, offload_activations=recipe.offload.activations))
     return model, grads
 
 
@@ -199,7 +199,7 @@ class StageLoss:
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.head_computes_loss:  # the stage's output is already the loss sum (``stage_loss_inputs``)
-            return logits / self.supervised_tokens
+            return logits.sum() / self.supervised_tokens
         if self.sequence_slice is not None:
             target = self.sequence_slice(target)
         return token_loss_sum(logits, target[..., 0].long(), target[..., 1]) / self.supervised_tokens

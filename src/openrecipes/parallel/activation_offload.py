@@ -1,0 +1,68 @@
+"""Activation CPU offload (``offload.activations``): what each decoder layer saves for its backward waits in host
+memory instead of on the device, and comes back when the backward needs it.
+
+Hooks on each decoder layer install saved-tensor hooks for the duration of its forward. With full recompute the
+layer saves only its input (the checkpoint keeps it for the recomputation), so that input is what moves; without
+recompute every activation the layer saves moves. Parameters are never copied (they stay where they live). On a
+GPU the copies go to pinned memory without blocking the host; on the CPU there is nothing to move and the hooks
+only count. The cost is host memory (the planner counts it, ``plan/memory.py``) and the transfer time, which the
+backward waits for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+
+class ActivationOffload:
+    """The saved-tensor hooks; ``offloaded_bytes`` counts what went to the host since the last ``reset``."""
+
+    def __init__(self) -> None:
+        self.offloaded_bytes = 0
+
+    def reset(self) -> None:
+        self.offloaded_bytes = 0
+
+    def pack(self, tensor: torch.Tensor):
+        if isinstance(tensor, nn.Parameter):
+            return tensor
+        self.offloaded_bytes += tensor.numel() * tensor.element_size()
+        if tensor.device.type == "cpu":
+            return tensor
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        return tensor.device, host
+
+    @staticmethod
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        device, host = packed
+        return host.to(device, non_blocking=True)
+
+
+def apply_activation_offload(layers: list[nn.Module]) -> ActivationOffload:
+    """Offload what each of ``layers`` saves. Call after recompute is applied: the hooks must be entered before the
+    checkpoint's (so the input it saves is offloaded) and left after it."""
+    offload = ActivationOffload()
+    contexts: list = []
+
+    def enter(_module, _args):
+        # a recomputation in the backward runs the layer's forward again: its saved tensors belong to the
+        # checkpoint there (no graph task runs outside the backward)
+        in_backward = torch._C._current_graph_task_id() != -1
+        context = (contextlib.nullcontext() if in_backward
+                   else torch.autograd.graph.saved_tensors_hooks(offload.pack, offload.unpack))
+        context.__enter__()
+        contexts.append(context)
+
+    def leave(_module, _args, _output):
+        contexts.pop().__exit__(None, None, None)
+
+    for layer in layers:
+        layer.register_forward_pre_hook(enter, prepend=True)
+        layer.register_forward_hook(leave, always_call=True)  # a raising forward leaves too
+    return offload

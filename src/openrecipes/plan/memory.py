@@ -24,7 +24,7 @@ from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.shape import ModelShape
 
 GIB = 1024 ** 3
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "attention_core", "experts")
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 ENGINES = ("megatron", "openrecipes")
@@ -32,6 +32,9 @@ ENGINES = ("megatron", "openrecipes")
 # fp32 log-softmax (4 B) are alive together for a moment, 6 B stay for the backward. 8 B is fitted to the memory
 # phases of our DP2-EP2 and DP4-EP4 runs (both rise 15.4 GiB above the resident state; docs/plan.md).
 OPENRECIPES_LOGITS_BYTES = 8
+# A training process's own host memory besides what it offloads (Python, torch and CUDA libraries, the rows it reads):
+# an allowance, not a measurement; the offloaded state dominates whenever host memory is short.
+HOST_PROCESS_GIB = 3.0
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -43,6 +46,8 @@ class TrainingSetup:
     grad_dtype: str = "fp32"
     global_batch_tokens: int = 128 * 8192
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
+    loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
+    offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -57,6 +62,8 @@ class TrainingSetup:
             raise ValueError(f"grad_dtype: {self.grad_dtype!r} is not one of {', '.join(GRAD_BYTES)}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens: must be 0 (off) or positive, got {self.loss_chunk_tokens}")
         if self.global_batch_tokens < 1:
             raise ValueError(f"global_batch_tokens: must be positive, got {self.global_batch_tokens}")
 
@@ -70,6 +77,8 @@ class StageMemory:
     allocated_gib: float = 0.0  # comparable with torch.cuda.max_memory_allocated
     reserved_gib: float = 0.0  # what has to fit: allocated x allocator overhead + CUDA context
     cpu_optimizer_gib: float = 0.0  # host memory for the offloaded optimizer state
+    host_parts_gib: dict[str, float] = field(default_factory=dict)  # host memory of one rank of this stage
+    host_gib: float = 0.0  # their sum
 
 
 def microbatches_per_step(layout: LayoutConfig, setup: TrainingSetup) -> int:
@@ -123,6 +132,10 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
     if recompute == "selective":
         per_copy -= 2 * shape.expert_ffn / layout.etp  # SwiGLU output rebuilt from its input
         lse_bytes = 0
+    elif recompute == "attention_core":
+        lse_bytes = 0  # the kernel's softmax statistics are rebuilt; q, k, v and its output stay
+    elif recompute == "experts":
+        per_copy = 4 * shape.expert_in  # the experts keep their input and output only
     copies = tokens / layout.tp * shape.top_k * layout.etp * imbalance
     return (h_tokens * (hidden_elems + router_bytes) + head_tokens * (head_elems + lse_bytes)
             + copies * per_copy)
@@ -162,9 +175,13 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         held = inflight(layout, i, layers, m)
         transient = working
         if last:
-            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP)
-            logits = tokens * shape.vocab / layout.tp * (
+            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP); the chunked
+            # loss holds one chunk's and an fp32 accumulator of the head's weight gradient
+            logit_tokens = min(tokens, setup.loss_chunk_tokens) if setup.loss_chunk_tokens else tokens
+            logits = logit_tokens * shape.vocab / layout.tp * (
                 OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4)
+            if setup.loss_chunk_tokens:
+                logits += 4 * shape.lm_head_params / layout.tp
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
@@ -176,9 +193,11 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         else:
             weights = {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
+        stored = stored_per_layer * held
         parts = {
             **weights,
-            "activations": (stored_per_layer * held + p2p) / GIB,
+            # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
+            "activations": ((stored_per_layer if setup.offload_activations else stored) + p2p) / GIB,
             "transient": transient / GIB,
             "buffers": mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0),
         }
@@ -190,7 +209,24 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             reserved_gib=allocated * mem.allocator_overhead + mem.cuda_context_gib,
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
+        stages[-1].host_parts_gib = host_parts_gib(
+            offloaded_elements=(dense / (layout.dp * layout.cp) + experts / edp) * setup.offload_fraction,
+            # streamed through the GPU (offload_update device), the update reads the gradients where they are
+            state_bytes=state_bytes, grad_bytes=grad_bytes if setup.offload_update == "host" else 0,
+            activations=stored * setup.offload_activations)
+        stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
+
+
+def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes: float, activations: float
+                   ) -> dict[str, float]:
+    """Host memory of one rank (GiB): the optimizer state it keeps on the CPU (pinned on a GPU host: master or
+    remainder and moments, per ``state_bytes``), the host copies of those parameters' gradients the CPU update reads
+    (all alive during the step), the offloaded activations, and the process itself (``HOST_PROCESS_GIB``)."""
+    return {"optimizer_state": offloaded_elements * state_bytes / GIB,
+            "gradient_copies": offloaded_elements * grad_bytes / GIB,
+            "activations": activations / GIB,
+            "process": HOST_PROCESS_GIB}
 
 
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,

@@ -58,8 +58,15 @@ def test_the_space_holds_every_kind_of_change(start_yaml):
     assert any(c.get("recompute.method") == "block" for c in changes)
     assert any(c.get("offload.fraction") == 0.5 for c in changes)
     assert any(c.get("layout.rows_per_microbatch") == 4 for c in changes)
-    moves = {knob for knob, _ in neighbours(start_settings(start, FACTS), start, FACTS)}
-    assert moves == {"layout", "rows", "recompute", "offload", "attention", "experts", "compile"}
+    assert any(c.get("recompute.granularity") == "attention_core" for c in changes)
+    assert any(c.get("recompute.granularity") == "experts" and c.get("recompute.method") == "block" for c in changes)
+    moves = neighbours(start_settings(start, FACTS), start, FACTS)
+    assert {knob for knob, _ in moves} == {"layout", "rows", "recompute", "offload", "attention", "experts",
+                                           "compile", "offload_activations", "loss_chunk"}
+    moved = {knob: candidate_recipe(start, settings, FACTS).changes for knob, settings in moves
+             if knob in ("offload_activations", "loss_chunk")}
+    assert moved["offload_activations"] == {"offload.activations": True}
+    assert moved["loss_chunk"] in ({"kernels.loss_chunk_tokens": 2048}, {"kernels.loss_chunk_tokens": 8192})
 
 
 def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):

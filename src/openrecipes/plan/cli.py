@@ -28,8 +28,9 @@ def register(subparsers: Any) -> None:
                         f"{', '.join(map(str, _SWEEP_TOKENS))})")
     p.add_argument("--rows-per-microbatch", type=int,
                    help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
-    p.add_argument("--recompute", choices=["none", "selective", "full"],
-                   help="activation recompute (default: full for one layout; a ranking tries all three)")
+    p.add_argument("--recompute", choices=["none", "selective", "full", "attention_core", "experts"],
+                   help="activation recompute (default: full for one layout; a ranking tries none, selective and "
+                        "full)")
     p.add_argument("--optimizer", choices=["adam", "precision-aware"],
                    help="optimizer state (default: adam for one layout; a ranking tries both)")
     p.add_argument("--offload-fraction", type=float,
@@ -116,6 +117,9 @@ def _print_plan(plan: Any, model: str, gpu: str) -> None:
     for s in plan.stages:
         print(f"{s.stage:>5} {s.layers:>6} {s.inflight_microbatches:>9} {s.allocated_gib:>13.1f} "
               f"{s.reserved_gib:>9.1f}")
+    host = max(plan.stages, key=lambda s: s.host_gib)
+    print(f"host memory per rank (stage {host.stage}): {host.host_gib:.1f} GiB ("
+          + ", ".join(f"{k} {v:.1f}" for k, v in host.host_parts_gib.items()) + ")")
     verdict = "fits" if plan.fits else "does NOT fit"
     print(f"peak {plan.peak_memory_gib:.1f} GiB of {plan.capacity_gib} GiB: {verdict}")
     print(f"predicted {t.tokens_per_s_per_gpu:.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "

@@ -50,8 +50,9 @@ def test_every_candidate_changes_performance_only_fields(start_yaml):
 
 def test_the_space_holds_every_kind_of_change(start_yaml):
     start = load_recipe(start_yaml)
-    changes = [c.changes for c in _candidates(start).values()]
-    layouts = {c.recipe.layout.label() for c in _candidates(start).values()}
+    candidates = _candidates(start).values()
+    changes = [c.changes for c in candidates]
+    layouts = {c.recipe.layout.label() for c in candidates}
     assert {"TP2 PP1 EP1 DP1 SP", "TP1 PP1 CP2 EP1 DP1", "TP1 PP1 EP2 DP2", "TP1 PP1 EP1 ETP2 DP2",
             "TP1 PP2 EP1 DP1", "TP1 PP2(1/3) EP1 DP1", "TP1 PP2(3/1) EP1 DP1"} <= layouts
     assert any(c.get("recompute.granularity") == "none" for c in changes)

@@ -84,6 +84,29 @@ def test_activation_offload_moves_the_layer_inputs_and_computes_the_same(make_re
     assert len(hooks) == 1
     assert hooks[0].offloaded_bytes == config.num_hidden_layers * (rows * tokens * config.hidden_size
                                                                    + angles.numel()) * 4
+    # without recompute every activation a layer saves moves (more bytes)
+    everything = _step(make_recipe(offload={"activations": True}), batch)
+    _assert_same_numbers(everything, reference, "offload.activations without recompute")
+    assert hooks[1].offloaded_bytes > 4 * hooks[0].offloaded_bytes
+
+
+def test_activation_offload_leaves_weights_and_their_views():
+    from openrecipes.parallel.activation_offload import apply_activation_offload
+
+    class TransposedWeight(torch.nn.Module):  # the matmul saves its input and a view of the weight
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(16, 8))
+
+        def forward(self, x):
+            return x @ self.weight.t()
+
+    layer = TransposedWeight()
+    offload = apply_activation_offload([layer])
+    x = torch.randn(4, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert offload.offloaded_bytes == x.numel() * 4
+    assert layer.weight.grad is not None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="device memory needs a GPU")

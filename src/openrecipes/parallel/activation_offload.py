@@ -22,12 +22,23 @@ class ActivationOffload:
 
     def __init__(self) -> None:
         self.offloaded_bytes = 0
+        self.layer: nn.Module | None = None  # the layer whose forward runs
+        self._weights: set[int] | None = None  # its parameters' storages, found at the first tensor it saves
 
     def reset(self) -> None:
         self.offloaded_bytes = 0
 
-    def pack(self, tensor: torch.Tensor):
+    def _is_weight(self, tensor: torch.Tensor) -> bool:
+        """A parameter, or a view of one (a transposed weight a matmul saves): it stays where it lives. Looked up
+        during the forward, when data parallelism has gathered the layer's parameters."""
         if isinstance(tensor, nn.Parameter):
+            return True
+        if self._weights is None:
+            self._weights = {p.untyped_storage().data_ptr() for p in self.layer.parameters()} if self.layer else set()
+        return tensor.untyped_storage().data_ptr() in self._weights
+
+    def pack(self, tensor: torch.Tensor):
+        if self._is_weight(tensor):
             return tensor
         self.offloaded_bytes += tensor.numel() * tensor.element_size()
         if tensor.device.type == "cpu":
@@ -50,12 +61,13 @@ def apply_activation_offload(layers: list[nn.Module]) -> ActivationOffload:
     offload = ActivationOffload()
     contexts: list = []
 
-    def enter(_module, _args):
+    def enter(module, _args):
         # a recomputation in the backward runs the layer's forward again: its saved tensors belong to the
         # checkpoint there (no graph task runs outside the backward)
         in_backward = torch._C._current_graph_task_id() != -1
         context = (contextlib.nullcontext() if in_backward
                    else torch.autograd.graph.saved_tensors_hooks(offload.pack, offload.unpack))
+        offload.layer, offload._weights = module, None
         context.__enter__()
         contexts.append(context)
 

@@ -15,6 +15,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 class ActivationOffload:
@@ -34,8 +35,9 @@ class ActivationOffload:
         if isinstance(tensor, nn.Parameter):
             return True
         if self._weights is None:
-            self._weights = {p.untyped_storage().data_ptr() for p in self.layer.parameters()} if self.layer else set()
-        return tensor.untyped_storage().data_ptr() in self._weights
+            self._weights = {_storage(p) for p in self.layer.parameters()} if self.layer else set()
+        storage = _storage(tensor)
+        return storage is None or storage in self._weights  # a tensor without plain storage stays too
 
     def pack(self, tensor: torch.Tensor):
         if self._is_weight(tensor):
@@ -53,6 +55,17 @@ class ActivationOffload:
             return packed
         device, host = packed
         return host.to(device, non_blocking=True)
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where a tensor's data lives: a sharded parameter (DTensor, e.g. experts split by expert tensor parallelism)
+    by its local shard; None for a tensor subclass without a plain storage."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
 
 
 def apply_activation_offload(layers: list[nn.Module]) -> ActivationOffload:

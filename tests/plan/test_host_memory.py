@@ -72,3 +72,20 @@ def test_available_memory_is_read_from_meminfo(tmp_path):
     meminfo.write_text("MemTotal:       16000000 kB\n")
     assert available_host_bytes(str(meminfo)) is None
     assert available_host_bytes(str(tmp_path / "absent")) is None
+
+
+@pytest.mark.parametrize("optimizer,per_element", [
+    ({"precision_aware": False}, 12),                                   # fp32 master, fp32 moments
+    ({"precision_aware": True, "moment_dtype": "bf16"}, 6),             # int16 remainder, bf16 moments
+    ({"precision_aware": True, "moment_dtype": "fp32"}, 10),            # int16 remainder, fp32 moments
+    ({"precision_aware": True, "param_remainders": False, "moment_dtype": "bf16"}, 8),  # fp32 master, bf16 moments
+])
+def test_offloaded_state_follows_the_recipe_optimizer(optimizer, per_element):
+    """Host bytes per offloaded element as the optimizer stores them (docs/train.md's table)."""
+    from openrecipes.plan.host import optimizer_state_bytes
+
+    recipe = _recipe(offload={"fraction": 1.0}, optimizer=optimizer)
+    assert optimizer_state_bytes(recipe) == per_element
+    base = _predict(_recipe(offload={"fraction": 1.0}))
+    assert _predict(recipe).parts_gib["optimizer_state"] == pytest.approx(
+        base.parts_gib["optimizer_state"] * per_element / 12)

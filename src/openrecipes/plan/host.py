@@ -22,7 +22,16 @@ def recipe_setup(recipe: Recipe, row_tokens: int) -> TrainingSetup:
                          engine="openrecipes",
                          global_batch_tokens=recipe.global_batch * row_tokens,
                          loss_chunk_tokens=recipe.kernels.loss_chunk_tokens,
-                         offload_activations=recipe.offload.activations)
+                         offload_activations=recipe.offload.activations,
+                         optimizer_state_bytes=optimizer_state_bytes(recipe))
+
+
+def optimizer_state_bytes(recipe: Recipe) -> float:
+    """Optimizer state per parameter the engine keeps (docs/train.md's table): an int16 remainder (2 B) or an fp32
+    master (4 B; none for fp32 training, where the parameter is its own master) and two moments."""
+    master = {"remainder": 2, "fp32": 4, "param": 0}[recipe.optimizer_master()]
+    moment = 2 if recipe.optimizer.moment_dtype == "bf16" else 4
+    return master + 2 * moment
 
 
 @dataclass(frozen=True, kw_only=True)

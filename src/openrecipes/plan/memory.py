@@ -49,6 +49,12 @@ class TrainingSetup:
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
+    # bytes of optimizer state per parameter when the recipe says exactly (master or remainder + two moments);
+    # None: by ``optimizer``
+    optimizer_state_bytes: float | None = None
+
+    def state_bytes(self) -> float:
+        return self.optimizer_state_bytes if self.optimizer_state_bytes is not None else OPTIMIZERS[self.optimizer]
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -155,7 +161,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     mem = hw.memory
     edp = expert_data_parallel_size(layout)
     m = microbatches_per_step(layout, setup)
-    state_bytes = OPTIMIZERS[setup.optimizer]
+    state_bytes = setup.state_bytes()
     grad_bytes = GRAD_BYTES[setup.grad_dtype]
     if setup.grad_dtype == "bf16":
         state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
@@ -240,11 +246,11 @@ def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, set
     if layout.dp * layout.pp == 1:
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
-                "optimizer": OPTIMIZERS[setup.optimizer] * (dense + experts) * on_gpu / GIB}
+                "optimizer": setup.state_bytes() * (dense + experts) * on_gpu / GIB}
     sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
     gathered = 2 * root + 2 * 2 * (dense - root + (0 if layout.ep > 1 else experts)) / max(1, layers)
     if setup.optimizer == "precision-aware":  # bf16 shards + int16 remainders, bf16 moments
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": (2 * sharded + gathered) / GIB, "grads": grad_bytes * sharded / GIB,
-                "optimizer": OPTIMIZERS["precision-aware"] * sharded * on_gpu / GIB}
+                "optimizer": setup.state_bytes() * sharded * on_gpu / GIB}
     return {"params": (4 * sharded + gathered) / GIB, "grads": 4 * sharded / GIB, "optimizer": 8 * sharded / GIB}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
-from openrecipes.plan.memory import GRAD_BYTES, OPTIMIZERS, TrainingSetup, microbatches_per_step, stage_params
+from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, stage_params
 from openrecipes.plan.shape import ModelShape
 
 
@@ -117,11 +117,11 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         if edp > 1:
             s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
         elements = dense / dp_group + experts / edp
-        touched = (OPTIMIZERS[setup.optimizer] + grad_bytes + 2) * 2  # read and write
+        touched = (setup.state_bytes() + grad_bytes + 2) * 2  # read and write
         cpu_elems = elements * setup.offload_fraction
         if setup.offload_update == "device":
             gpu_opt = elements * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
-            cpu_opt = cpu_elems * OPTIMIZERS[setup.optimizer] / (hw.gpu.pcie_gb_s * 1e9)
+            cpu_opt = cpu_elems * setup.state_bytes() / (hw.gpu.pcie_gb_s * 1e9)
         else:
             gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
             cpu_opt = max(cpu_elems / cpu_adam_rate,

@@ -237,8 +237,22 @@ def test_precision_aware_bf16_dp2_ep2_tracks_one_process(tmp_path):
 
 
 def test_cpu_offload_changes_nothing_in_a_parallel_run(tmp_path):
+    """Optimizer state and activations (the layers' inputs kept for full recompute; experts are DTensors under
+    ep) offloaded under FSDP2 and expert parallelism: the same losses."""
     bf16 = ("precision=bf16", "optimizer.precision_aware=true", "layout.dp=2", "layout.ep=2")
     plain = train(tmp_path / "plain", *bf16, nproc=2)
-    offloaded = train(tmp_path / "offloaded", *bf16, "offload.fraction=0.5", nproc=2)
+    offloaded = train(tmp_path / "offloaded", *bf16, "offload.fraction=0.5", "offload.activations=true", nproc=2)
     assert plain.returncode == 0 and offloaded.returncode == 0, offloaded.stderr[-3000:]
     assert [r["loss"] for r in metrics(tmp_path / "offloaded")] == [r["loss"] for r in metrics(tmp_path / "plain")]
+
+
+def test_chunked_loss_matches_one_process_with_logits(tmp_path, reference):
+    """kernels.loss_chunk_tokens on the last pipeline stage, where the head sees each TP rank's sequence slice of a
+    microbatch (128 of its 256 tokens; chunks of 100 tokens do not divide them). The first step's loss and gradient
+    norm against the reference's."""
+    run_dir = tmp_path / "run"
+    result = train(run_dir, "kernels.loss_chunk_tokens=100", "layout.dp=1", "layout.tp=2", "layout.pp=2",
+                   "layout.sequence_parallel=true", "layout.max_tokens_per_gpu=256", nproc=4,
+                   extra=["--stop-after", "0"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same(metrics(run_dir), reference[:1])

@@ -50,16 +50,24 @@ def test_every_candidate_changes_performance_only_fields(start_yaml):
 
 def test_the_space_holds_every_kind_of_change(start_yaml):
     start = load_recipe(start_yaml)
-    changes = [c.changes for c in _candidates(start).values()]
-    layouts = {c.recipe.layout.label() for c in _candidates(start).values()}
+    candidates = _candidates(start).values()
+    changes = [c.changes for c in candidates]
+    layouts = {c.recipe.layout.label() for c in candidates}
     assert {"TP2 PP1 EP1 DP1 SP", "TP1 PP1 CP2 EP1 DP1", "TP1 PP1 EP2 DP2", "TP1 PP1 EP1 ETP2 DP2",
             "TP1 PP2 EP1 DP1", "TP1 PP2(1/3) EP1 DP1", "TP1 PP2(3/1) EP1 DP1"} <= layouts
     assert any(c.get("recompute.granularity") == "none" for c in changes)
     assert any(c.get("recompute.method") == "block" for c in changes)
     assert any(c.get("offload.fraction") == 0.5 for c in changes)
     assert any(c.get("layout.rows_per_microbatch") == 4 for c in changes)
-    moves = {knob for knob, _ in neighbours(start_settings(start, FACTS), start, FACTS)}
-    assert moves == {"layout", "rows", "recompute", "offload", "attention", "experts", "compile"}
+    assert any(c.get("recompute.granularity") == "attention_core" for c in changes)
+    assert any(c.get("recompute.granularity") == "experts" and c.get("recompute.method") == "block" for c in changes)
+    moves = neighbours(start_settings(start, FACTS), start, FACTS)
+    assert {knob for knob, _ in moves} == {"layout", "rows", "recompute", "offload", "attention", "experts",
+                                           "compile", "offload_activations", "loss_chunk"}
+    moved = {knob: candidate_recipe(start, settings, FACTS).changes for knob, settings in moves
+             if knob in ("offload_activations", "loss_chunk")}
+    assert moved["offload_activations"] == {"offload.activations": True}
+    assert moved["loss_chunk"] in ({"kernels.loss_chunk_tokens": 2048}, {"kernels.loss_chunk_tokens": 8192})
 
 
 def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):

@@ -182,8 +182,9 @@ def layout_block(recipe: Any, row_tokens: int, num_layers: int) -> dict[str, Any
         "rows_per_microbatch": rows_per_microbatch(lay, row_tokens),
         "recompute": None if recompute.granularity == "none" else {
             "granularity": recompute.granularity,
-            "method": recompute.method if recompute.granularity == "full" else None,
-            "num_layers": recompute.num_layers if recompute.granularity == "full" else None},
+            "method": recompute.method if recompute.granularity == "full" or recompute.method == "block" else None,
+            "num_layers": recompute.num_layers if recompute.granularity == "full" or recompute.method == "block"
+            else None},
         "offload": {"optimizer_fraction": recipe.offload.fraction, "overlap_d2h_h2d": recipe.offload.overlap}
         if recipe.offload.fraction else None,
         "dispatcher": "alltoall" if lay.ep > 1 else "local (EP 1, no token exchange)",

@@ -108,7 +108,9 @@ class LayerSplit(_Strict):
 
 
 class Recompute(_Strict):
-    granularity: Literal["full", "selective"]
+    """What each decoder layer recomputes (the recipe's ``recompute``; docs/train.md)."""
+
+    granularity: Literal["full", "selective", "attention_core", "experts"]
     method: Literal["uniform", "block"] | None = None
     num_layers: PosInt | None = None
 

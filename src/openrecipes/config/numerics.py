@@ -78,6 +78,9 @@ FIELD_RULES: dict[str, FieldRule] = {
              "kernels.attention"),
     **_rules(PERFORMANCE, "torch.compile fuses the same element-wise operations into fewer kernels; only the "
              "rounding of intermediate values kept in registers instead of memory can differ", "kernels.compile"),
+    **_rules(PERFORMANCE, "the LM head and cross entropy computed over chunks of tokens are the same products and "
+             "the same fp32 loss; only the weight gradient's sum over tokens is blocked differently (rounding)",
+             "kernels.loss_chunk_tokens"),
     **_rules(PERFORMANCE, _LAYOUT_REASON, "layout.tp", "layout.pp", "layout.cp", "layout.ep", "layout.etp",
              "layout.dp", "layout.vpp", "layout.sequence_parallel", "layout.pp_first_stage_layers",
              "layout.pp_last_stage_layers"),
@@ -89,6 +92,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(PERFORMANCE, "the same Adam step for part of the state kept in host memory, run on the CPU or "
              "streamed through the GPU; the component test bounds its error", "offload.fraction", "offload.overlap",
              "offload.update"),
+    **_rules(PERFORMANCE, "saved activations are copied to host memory and back unchanged: the backward reads the "
+             "same values", "offload.activations"),
     **_rules(PERFORMANCE, "when and how many checkpoints are saved; saving reads the state, never changes it",
              "checkpoint.every", "checkpoint.keep", "checkpoint.at_end"),
     **_rules(PERFORMANCE, "the Hugging Face export reads the last save after training; it changes no trained value",

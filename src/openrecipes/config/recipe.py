@@ -68,9 +68,13 @@ class Data(BaseModel):
 
 
 class Recompute(BaseModel):
+    """What each decoder layer recomputes in the backward, and which layers (parallel/recompute.py)."""
+
     model_config = _STRICT
-    granularity: Literal["none", "selective", "full"] = "none"
-    method: Literal["uniform", "block"] = "uniform"
+    # full: the whole layer; selective: the attention block; attention_core: the attention kernel alone;
+    # experts: the routed experts alone
+    granularity: Literal["none", "selective", "full", "attention_core", "experts"] = "none"
+    method: Literal["uniform", "block"] = "uniform"  # uniform: every layer; block: the first num_layers layers
     num_layers: int = Field(1, ge=1)
 
 
@@ -130,10 +134,11 @@ class Lora(BaseModel):
 
 class Offload(BaseModel):
     model_config = _STRICT
-    fraction: float = Field(0.0, ge=0, le=1)
+    fraction: float = Field(0.0, ge=0, le=1)  # share of the optimizer state kept and updated on the CPU
     overlap: bool = True
     # where the offloaded state is updated: streamed through the GPU (device) or by the CPU (host)
     update: Literal["device", "host"] = "device"
+    activations: bool = False  # what decoder layers save for the backward waits in host memory
 
 
 class Checkpoint(BaseModel):
@@ -164,6 +169,8 @@ class Kernels(BaseModel):
     experts: Literal["auto", "grouped_mm", "loop"] = "auto"
     # torch.compile of each layer's attention and MoE blocks (fused element-wise work, fewer launches)
     compile: bool = False
+    # > 0: the LM head and the loss run this many tokens at a time, never holding all the logits (train/chunked_loss.py)
+    loss_chunk_tokens: int = Field(0, ge=0)
 
 
 class Debug(BaseModel):
@@ -226,8 +233,9 @@ class Recipe(BaseModel):
         if self.kernels.compile and (self.layout.tp > 1 or self.layout.cp > 1):
             raise ValueError("kernels.compile: not supported with tensor or context parallelism yet (their hooks and "
                              "collectives run inside the attention block); set it to false")
-        if self.recompute.granularity == "full" and self.recompute.method == "uniform" and self.recompute.num_layers != 1:
-            raise ValueError("recompute.num_layers: only 1 is supported with method uniform (each layer is one unit)")
+        if self.recompute.method == "uniform" and self.recompute.num_layers != 1:
+            raise ValueError("recompute.num_layers: only 1 is supported with method uniform (every layer is "
+                             "recomputed); method block recomputes the first num_layers layers")
         return self
 
     def optimizer_master(self) -> str:

@@ -7,7 +7,7 @@ The order (each step relies on the ones before it):
    then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
-6. activation recompute;
+6. activation recompute, then activation offload around it;
 7. torch.compile of the attention and MoE blocks below the recompute boundary (``kernels.compile``);
 8. FSDP2 over the data-parallel ranks (dense weights; experts are left to expert parallelism).
 
@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from openrecipes.models.common.lora import LoraSpec
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.parallel.mesh import ParallelState
-from openrecipes.parallel.recompute import apply_recompute
+from openrecipes.parallel.recompute import RecomputedAttentionCore, apply_recompute
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +41,7 @@ class ParallelizeOptions:
     recompute_num_layers: int = 1
     compile: bool = False                   # kernels.compile
     lora: LoraSpec | None = None            # adapters to train on a frozen base
+    offload_activations: bool = False       # decoder layers' saved tensors wait in host memory
 
 
 def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
@@ -86,15 +87,21 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         from openrecipes.parallel.context import apply_context_parallel
 
         apply_context_parallel(model, plan, layers, parallel.cp_mesh)
-    recomputed = apply_recompute([plan.attention_of(layer) for layer in layers]
-                                 if options.recompute_granularity == "selective" else layers,
-                                 granularity=options.recompute_granularity, method=options.recompute_method,
-                                 num_layers=options.recompute_num_layers)
+    recomputed = apply_recompute(layers, granularity=options.recompute_granularity, method=options.recompute_method,
+                                 num_layers=options.recompute_num_layers, attention_of=plan.attention_of,
+                                 experts_of=lambda layer: plan.moe_of(layer).experts)
+    if options.offload_activations:  # after recompute: its hooks go around the checkpoint's
+        from openrecipes.parallel.activation_offload import apply_activation_offload
+
+        apply_activation_offload(layers)
     if options.compile:
         from openrecipes.parallel.compile import apply_compile
 
-        apply_compile([block for layer in layers for block in (plan.attention_of(layer), plan.moe_of(layer))],
-                      recomputed=recomputed)
+        blocks = [block for layer in layers for block in (plan.attention_of(layer), plan.moe_of(layer))]
+        # a block holding a recomputed part (the experts, the attention core) stays eager like a recomputed block
+        eager = recomputed + [block for block in blocks if any(m in recomputed for m in block.modules())
+                              or isinstance(getattr(block, "backend", None), RecomputedAttentionCore)]
+        apply_compile(blocks, recomputed=eager)
     if distributed and parallel.dense_mesh is not None:
         from openrecipes.parallel.expert import expert_parameters
         from openrecipes.parallel.fsdp import apply_fsdp

@@ -42,16 +42,23 @@ class StageModule(nn.Module):
     ``layers``: the chunk's decoder layers when the rank's model holds several chunks (interleaved), else None (all it
     holds). Checkpoints use the wrapped model itself, so its parameter names stay the whole model's."""
 
-    def __init__(self, model: nn.Module, layers: range | None = None) -> None:
+    def __init__(self, model: nn.Module, layers: range | None = None, *, runs_head: bool = False,
+                 loss_inputs=None) -> None:
         super().__init__()
         self.model = model
         self.layers = layers
+        # when the last stage's head computes the loss itself: target -> the ``with`` block it reads them in
+        self.loss_inputs = loss_inputs if runs_head else None
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor,
+                loss_target: torch.Tensor | None = None) -> torch.Tensor:
         documents = Documents.from_document_ids(document_ids)
-        if self.layers is None:
-            return self.model(x, position_ids, documents)
-        return self.model(x, position_ids, documents, layers=self.layers)
+        chunk = {} if self.layers is None else {"layers": self.layers}
+        if self.loss_inputs is None or loss_target is None:
+            return self.model(x, position_ids, documents, **chunk)
+        with self.loss_inputs(loss_target):
+            # one element, not a scalar: the schedule concatenates the microbatches' outputs
+            return self.model(x, position_ids, documents, **chunk).reshape(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +81,10 @@ class Pipeline:
 
 
 def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_stages: int, device: torch.device,
-                   group, microbatches: int, loss_fn) -> Pipeline:
+                   group, microbatches: int, loss_fn, loss_inputs=None) -> Pipeline:
     """The stages of this rank's ``chunks`` ((virtual stage index, layers), config/layout.py ``rank_layers``) over
-    ``num_stages`` virtual stages: 1F1B for one chunk per rank, interleaved 1F1B for several."""
+    ``num_stages`` virtual stages: 1F1B for one chunk per rank, interleaved 1F1B for several. ``loss_inputs``: when
+    the head computes the loss (a chunked loss), how the last stage hands it the targets."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     ranks = num_stages // len(chunks)
@@ -85,7 +93,9 @@ def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_sta
                          f"data-parallel rank, got {microbatches} (raise global_batch or lower "
                          "layout.max_tokens_per_gpu)")
     if len(chunks) == 1:
-        stage = PipelineStage(StageModule(model), chunks[0][0], num_stages, device, group=group)
+        index = chunks[0][0]
+        stage = PipelineStage(StageModule(model, runs_head=index == num_stages - 1, loss_inputs=loss_inputs), index,
+                              num_stages, device, group=group)
         schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
         return Pipeline(stages=[stage], schedule=schedule, loss=loss_fn)
     rounds = max(1, microbatches // ranks)  # the interleaved schedule runs whole rounds of microbatches
@@ -93,7 +103,7 @@ def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_sta
         raise ValueError(f"layout.vpp: interleaved 1F1B over pp={ranks} runs the {microbatches} microbatches per "
                          f"data-parallel rank in {rounds} equal rounds, which {microbatches} does not divide "
                          "(choose global_batch so the microbatches are a multiple of pp)")
-    stages = [PipelineStage(StageModule(model, layers), index, num_stages, device, group=group)
-              for index, layers in chunks]
+    stages = [PipelineStage(StageModule(model, layers, runs_head=index == num_stages - 1, loss_inputs=loss_inputs),
+                            index, num_stages, device, group=group) for index, layers in chunks]
     schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
     return Pipeline(stages=stages, schedule=schedule, loss=loss_fn)

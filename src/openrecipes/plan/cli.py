@@ -26,6 +26,7 @@ def _setting_help(name: str, what: str) -> str:
 
 def register(subparsers: Any) -> None:
     from openrecipes.config.hardware import add_gpus_option
+    from openrecipes.plan.memory import RECOMPUTE_MODES
 
     p = subparsers.add_parser("plan", help="predict memory and throughput of a layout, or rank layouts",
                               description=__doc__ + " Any layout flag plans that one layout; none ranks every layout "
@@ -44,7 +45,9 @@ def register(subparsers: Any) -> None:
                                                                           "microbatch"))
     p.add_argument("--rows-per-microbatch", type=int,
                    help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
-    p.add_argument("--recompute", choices=SWEEPS["recompute"], help=_setting_help("recompute", "activation recompute"))
+    p.add_argument("--recompute", choices=RECOMPUTE_MODES,
+                   help=_setting_help("recompute", "activation recompute (attention_core and experts: one layout "
+                                      "only)"))
     p.add_argument("--optimizer", choices=SWEEPS["optimizer"], help=_setting_help("optimizer", "optimizer state"))
     p.add_argument("--offload-fraction", type=float,
                    help=_setting_help("offload_fraction", "share of the optimizer state kept on the CPU"))
@@ -193,6 +196,9 @@ def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) 
     for s in plan.stages:
         print(f"{s.stage:>5} {s.layers:>6} {s.inflight_microbatches:>9} {s.allocated_gib:>13.1f} "
               f"{s.reserved_gib:>9.1f}")
+    host = max(plan.stages, key=lambda s: s.host_gib)
+    print(f"host memory per rank (stage {host.stage}): {host.host_gib:.1f} GiB ("
+          + ", ".join(f"{k} {v:.1f}" for k, v in host.host_parts_gib.items()) + ")")
     verdict = "fits" if plan.fits else "does NOT fit"
     print(f"peak {plan.peak_memory_gib:.1f} GiB of {plan.capacity_gib} GiB: {verdict}")
     print(f"predicted {t.tokens_per_s_per_gpu:.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "

@@ -49,6 +49,8 @@ class Plan:
             "bubble_fraction": round(self.throughput.bubble_fraction, 4),
             "step_time_s": round(self.throughput.step_time_s, 3),
             "cpu_optimizer_gib_per_rank": round(max(s.cpu_optimizer_gib for s in self.stages), 2),
+            "host_gib_per_rank": round(max(s.host_gib for s in self.stages), 2),
+            "host_parts_gib": [{k: round(v, 3) for k, v in s.host_parts_gib.items()} for s in self.stages],
             "engine": self.setup.engine,
             "openrecipes_runs_it": unsupported_reason(self.layout) is None,
             "memory_parts_gib": [s.parts_gib for s in self.stages],

@@ -27,7 +27,7 @@ from openrecipes.plan.lora import LoraSetup, adapter_params, merged_expert_bytes
 from openrecipes.plan.shape import ModelShape
 
 GIB = 1024 ** 3
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "attention_core", "experts")
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 ENGINES = ("megatron", "openrecipes")
@@ -35,6 +35,10 @@ ENGINES = ("megatron", "openrecipes")
 # fp32 log-softmax (4 B) are alive together for a moment, 6 B stay for the backward. 8 B is fitted to the memory
 # phases of our DP2-EP2 and DP4-EP4 runs (both rise 15.4 GiB above the resident state; docs/plan.md).
 OPENRECIPES_LOGITS_BYTES = 8
+# A training process's own host memory besides what it offloads (Python, torch and CUDA libraries, the rows it reads):
+# an allowance. A CPU process of the tiny model peaks near 0.3 GiB (measured); a CUDA process's host side is not
+# measured here. The offloaded state dominates whenever host memory is short.
+HOST_PROCESS_GIB = 1.0
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -47,6 +51,14 @@ class TrainingSetup:
     global_batch_tokens: int = 128 * 8192
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
     lora: LoraSetup | None = None  # adapters on a frozen base
+    loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
+    offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
+    # bytes of optimizer state per parameter when the recipe says exactly (master or remainder + two moments);
+    # None: by ``optimizer``
+    optimizer_state_bytes: float | None = None
+
+    def state_bytes(self) -> float:
+        return self.optimizer_state_bytes if self.optimizer_state_bytes is not None else OPTIMIZERS[self.optimizer]
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -61,6 +73,8 @@ class TrainingSetup:
             raise ValueError(f"grad_dtype: {self.grad_dtype!r} is not one of {', '.join(GRAD_BYTES)}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens: must be 0 (off) or positive, got {self.loss_chunk_tokens}")
         if self.global_batch_tokens < 1:
             raise ValueError(f"global_batch_tokens: must be positive, got {self.global_batch_tokens}")
 
@@ -74,6 +88,8 @@ class StageMemory:
     allocated_gib: float = 0.0  # comparable with torch.cuda.max_memory_allocated
     reserved_gib: float = 0.0  # what has to fit: allocated x allocator overhead + CUDA context
     cpu_optimizer_gib: float = 0.0  # host memory for the offloaded optimizer state
+    host_parts_gib: dict[str, float] = field(default_factory=dict)  # host memory of one rank of this stage
+    host_gib: float = 0.0  # their sum
 
 
 def microbatches_per_step(layout: LayoutConfig, setup: TrainingSetup) -> int:
@@ -132,6 +148,10 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
     if recompute == "selective":
         per_copy -= 2 * shape.expert_ffn / layout.etp  # SwiGLU output rebuilt from its input
         lse_bytes = 0
+    elif recompute == "attention_core":
+        lse_bytes = 0  # the kernel's softmax statistics are rebuilt; q, k, v and its output stay
+    elif recompute == "experts":
+        per_copy = 4 * shape.expert_in  # the experts keep their input and output only
     adapters = 0.0
     if lora is not None:
         adapters = tokens * rank_product_bytes_per_token(shape, layout, lora)
@@ -155,7 +175,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     mem = hw.memory
     edp = expert_data_parallel_size(layout)
     m = microbatches_per_step(layout, setup)
-    state_bytes = OPTIMIZERS[setup.optimizer]
+    state_bytes = setup.state_bytes()
     grad_bytes = GRAD_BYTES[setup.grad_dtype]
     if setup.grad_dtype == "bf16":
         state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
@@ -188,9 +208,13 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         held = inflight(layout, i, layers, m)
         transient = working
         if last:
-            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP)
-            logits = tokens * shape.vocab / layout.tp * (
+            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP); the chunked
+            # loss holds one chunk's and an fp32 accumulator of the head's weight gradient
+            logit_tokens = min(tokens, setup.loss_chunk_tokens) if setup.loss_chunk_tokens else tokens
+            logits = logit_tokens * shape.vocab / layout.tp * (
                 OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4)
+            if setup.loss_chunk_tokens:
+                logits += 4 * shape.lm_head_params / layout.tp
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
@@ -210,9 +234,11 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             frozen = 2 * shape.frozen_encoder_params if first else 0.0
             weights = {"params": (2 * kept + frozen) / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
+        stored = stored_per_layer * held
         parts = {
             **weights,
-            "activations": (stored_per_layer * held + p2p) / GIB,
+            # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
+            "activations": ((stored_per_layer if setup.offload_activations else stored) + p2p) / GIB,
             "transient": transient / GIB,
             "buffers": mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0),
         }
@@ -224,7 +250,24 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             reserved_gib=allocated * mem.allocator_overhead + mem.cuda_context_gib,
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
+        stages[-1].host_parts_gib = host_parts_gib(
+            offloaded_elements=(dense / (layout.dp * layout.cp) + experts / edp) * setup.offload_fraction,
+            # streamed through the GPU (offload_update device), the update reads the gradients where they are
+            state_bytes=state_bytes, grad_bytes=grad_bytes if setup.offload_update == "host" else 0,
+            activations=stored * setup.offload_activations)
+        stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
+
+
+def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes: float, activations: float
+                   ) -> dict[str, float]:
+    """Host memory of one rank (GiB): the optimizer state it keeps on the CPU (pinned on a GPU host: master or
+    remainder and moments, per ``state_bytes``), the host copies of those parameters' gradients the CPU update reads
+    (all alive during the step), the offloaded activations, and the process itself (``HOST_PROCESS_GIB``)."""
+    return {"optimizer_state": offloaded_elements * state_bytes / GIB,
+            "gradient_copies": offloaded_elements * grad_bytes / GIB,
+            "activations": activations / GIB,
+            "process": HOST_PROCESS_GIB}
 
 
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
@@ -237,11 +280,11 @@ def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, set
     if layout.dp * layout.pp == 1:
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
-                "optimizer": OPTIMIZERS[setup.optimizer] * (dense + experts) * on_gpu / GIB}
+                "optimizer": setup.state_bytes() * (dense + experts) * on_gpu / GIB}
     sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
     gathered = 2 * root + 2 * 2 * (dense - root + (0 if layout.ep > 1 else experts)) / max(1, layers)
     if setup.optimizer == "precision-aware":  # bf16 shards + int16 remainders, bf16 moments
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": (2 * sharded + gathered) / GIB, "grads": grad_bytes * sharded / GIB,
-                "optimizer": OPTIMIZERS["precision-aware"] * sharded * on_gpu / GIB}
+                "optimizer": setup.state_bytes() * sharded * on_gpu / GIB}
     return {"params": (4 * sharded + gathered) / GIB, "grads": 4 * sharded / GIB, "optimizer": 8 * sharded / GIB}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
-from openrecipes.plan.memory import GRAD_BYTES, OPTIMIZERS, TrainingSetup, microbatches_per_step, stage_params
+from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, stage_params
 from openrecipes.plan.shape import ModelShape
 
 
@@ -58,8 +58,9 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     rows = layout.rows_per_microbatch or 1
     seq_len = T * layout.cp / rows  # upper bound: packed documents are no longer than a row
     tok = T / layout.tp  # tokens whose matmul work one rank does per microbatch
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[setup.recompute]
-    attn_passes = passes + (1.0 if setup.recompute == "selective" else 0.0)
+    passes = 4.0 if setup.recompute == "full" else 3.0
+    attn_passes = passes + (1.0 if setup.recompute in ("selective", "attention_core") else 0.0)
+    expert_passes = passes + (1.0 if setup.recompute == "experts" else 0.0)
     comm_passes = passes - 1.0  # forward and backward move the same bytes; recompute repeats the forward
 
     dense_fwd = 2 * tok * shape.dense_layer_matmul_params()
@@ -84,10 +85,11 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         attn_flops = sum(4 * tok * shape.q_width * mean_context(seq_len, shape.attention_windows[j])
                          for j in range(lo, lo + layers))
         compute = (passes * layers * dense_fwd / (peak * eff.dense_matmul)
-                   + passes * layers * expert_fwd / (peak * eff.expert_matmul)
+                   + expert_passes * layers * expert_fwd / (peak * eff.expert_matmul)
                    + attn_passes * attn_flops / (peak * eff.attention))
         if i == len(counts) - 1:
-            compute += 3 * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
+            head_passes = 4 if setup.loss_chunk_tokens else 3  # the chunked loss computes the logits again
+            compute += head_passes * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
         p2p = 0.0
         if layout.pp > 1:
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T
@@ -115,11 +117,11 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         if edp > 1:
             s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
         elements = dense / dp_group + experts / edp
-        touched = (OPTIMIZERS[setup.optimizer] + grad_bytes + 2) * 2  # read and write
+        touched = (setup.state_bytes() + grad_bytes + 2) * 2  # read and write
         cpu_elems = elements * setup.offload_fraction
         if setup.offload_update == "device":
             gpu_opt = elements * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
-            cpu_opt = cpu_elems * OPTIMIZERS[setup.optimizer] / (hw.gpu.pcie_gb_s * 1e9)
+            cpu_opt = cpu_elems * setup.state_bytes() / (hw.gpu.pcie_gb_s * 1e9)
         else:
             gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
             cpu_opt = max(cpu_elems / cpu_adam_rate,

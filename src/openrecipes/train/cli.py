@@ -59,6 +59,22 @@ def _check_layout(recipe, world_size: int) -> None:
         raise ValueError(reason)
 
 
+def _check_host_memory(recipe, processes: int, available_bytes: int | None = None) -> None:
+    """Refuse a run whose planned host memory (plan/host.py) exceeds this host's available memory (MemAvailable,
+    or ``available_bytes``), naming both."""
+    from openrecipes.plan.host import available_host_bytes, check_host_memory, predict_host_memory
+    from openrecipes.train.engine import model_config
+
+    if recipe.data.build is not None:
+        row_tokens = recipe.data.build.row_tokens
+    else:
+        from openrecipes.data.manifest import read_manifest
+
+        row_tokens = int(read_manifest(recipe.data.rows)["row_tokens"])
+    prediction = predict_host_memory(recipe, model_config(recipe), row_tokens=row_tokens, processes_per_node=processes)
+    check_host_memory(prediction, available_host_bytes() if available_bytes is None else available_bytes)
+
+
 def _load_recipe(args: argparse.Namespace):
     from pathlib import Path
 
@@ -100,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.node_rank != 0:  # the first node's launcher checks, builds the rows and holds the run directory
         return _launch_or_train(args, recipe)
     _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written
+    _check_host_memory(recipe, args.nproc)      # and so is a run this host's memory cannot hold
     with run_dir_lock(recipe.run_dir, _typed_command(args)):
         if recipe.data.build is not None:  # once, before any training process starts
             from openrecipes.config.rundir import rows_directory

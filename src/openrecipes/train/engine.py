@@ -15,6 +15,7 @@ from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.parallel.gradients import GradientSync
+from openrecipes.train.chunked_loss import chunked_head
 
 
 def model_config(recipe: Recipe) -> Any:
@@ -48,6 +49,10 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None, kernels=kernels)
     else:
         model = family_for_config(config).build(config, device=device, dtype=dtype, seed=recipe.seed, kernels=kernels)
+    if recipe.kernels.loss_chunk_tokens:  # before parallelize: data parallelism must see the head it will run
+        from openrecipes.train.chunked_loss import install_chunked_loss
+
+        install_chunked_loss(model, family_for_config(config).sharding.lm_head, recipe.kernels.loss_chunk_tokens)
     stage_layers = None
     if pipelined:  # every chunk this rank runs (one without interleaving)
         stage_layers = frozenset(i for _, layers in rank_layers(recipe.layout, config.num_hidden_layers,
@@ -56,7 +61,8 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32, parameter_dtype=dtype,
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
-        compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None))
+        compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None,
+        offload_activations=recipe.offload.activations))
     return model, grads
 
 
@@ -115,14 +121,17 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
     if input_slice is not None:
         input_ids, position_ids = input_slice(input_ids), input_slice(position_ids)
-    logits = model(input_ids, position_ids, documents)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
     targets = torch.roll(batch["input_ids"], -1, dims=1)
     weights = F.pad(loss_weights(batch), (0, 1))
     if target_slice is not None:
         targets, weights = target_slice(targets), target_slice(weights)
-    return (loss_fn or token_loss_sum)(logits, targets, weights)
+    head = chunked_head(model)
+    if head is not None:  # the head returns the loss sum itself (kernels.loss_chunk_tokens)
+        with head.targets(targets, weights):
+            return model(input_ids, position_ids, documents)
+    return (loss_fn or token_loss_sum)(model(input_ids, position_ids, documents), targets, weights)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -179,11 +188,27 @@ class StageLoss:
     parallelism the logits cover this rank's slice of the sequence, and ``sequence_slice`` cuts the targets to
     match."""
 
-    def __init__(self, sequence_slice=None) -> None:
+    def __init__(self, sequence_slice=None, *, head_computes_loss: bool = False) -> None:
         self.supervised_tokens = 1.0
         self.sequence_slice = sequence_slice
+        self.head_computes_loss = head_computes_loss
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.head_computes_loss:  # the stage's output is already the loss sum (``stage_loss_inputs``)
+            return logits.sum() / self.supervised_tokens
         if self.sequence_slice is not None:
             target = self.sequence_slice(target)
         return token_loss_sum(logits, target[..., 0].long(), target[..., 1]) / self.supervised_tokens
+
+    def loss_inputs(self, model: nn.Module):
+        """For the pipeline's last stage with a chunked loss head: a function of one microbatch's packed target
+        returning the ``with`` block its forward runs in (the head reads its targets there); else None."""
+        head = chunked_head(model)
+        if not self.head_computes_loss or head is None:
+            return None
+
+        def inputs(target: torch.Tensor):
+            if self.sequence_slice is not None:
+                target = self.sequence_slice(target)
+            return head.targets(target[..., 0].long(), target[..., 1])
+        return inputs

@@ -142,10 +142,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
         per_rank_rows = recipe.global_batch // parallel.dp_size
         chunks = rank_layers(recipe.layout, config.num_hidden_layers, parallel.pp_rank)
+        stage_loss = engine.StageLoss(_sequence_slices(parallel)[1],
+                                      head_computes_loss=bool(recipe.kernels.loss_chunk_tokens))
         pipeline = build_pipeline(model, chunks, num_stages=parallel.pp_size * recipe.layout.vpp,
                                   device=device, group=parallel.pp_group,
                                   microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=engine.StageLoss(_sequence_slices(parallel)[1]))
+                                  loss_fn=stage_loss, loss_inputs=stage_loss.loss_inputs(model))
 
     start = 0
     if rank == 0:
@@ -403,8 +405,11 @@ def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device
     pipeline.loss.supervised_tokens = supervised
     losses: list[torch.Tensor] = []
     args = (stacked["input_ids"],) if pipeline.is_first else ()
+    # a chunked loss head reads the targets in the last stage's forward (every stage gets the same kwargs)
+    head_inputs = {"loss_target": target} if pipeline.loss.head_computes_loss else {}
     pipeline.schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
-                           target=target if pipeline.is_last else None, losses=losses if pipeline.is_last else None)
+                           **head_inputs, target=target if pipeline.is_last else None,
+                           losses=losses if pipeline.is_last else None)
     if not pipeline.is_last:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([l.detach().double() for l in losses]).sum() * supervised

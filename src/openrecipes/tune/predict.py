@@ -27,8 +27,7 @@ from openrecipes.config.layout import layout_problems, rows_per_microbatch, unsu
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
 from openrecipes.plan.hardware import Hardware, load_hardware
-from openrecipes.plan.lora import LoraSetup
-from openrecipes.plan.memory import TrainingSetup
+from openrecipes.plan.host import recipe_setup
 from openrecipes.plan.shape import ModelShape, model_shape
 
 CPU = "cpu"
@@ -175,13 +174,7 @@ class Planner:
         layout = recipe.layout
         if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
             layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, self.row_tokens)})
-        setup = TrainingSetup(recompute=recipe.recompute.granularity,
-                              optimizer="precision-aware" if recipe.optimizer.precision_aware else "adam",
-                              offload_fraction=recipe.offload.fraction, offload_update=recipe.offload.update,
-                              engine="openrecipes", global_batch_tokens=recipe.global_batch * self.row_tokens,
-                              lora=None if recipe.lora is None else LoraSetup(rank=recipe.lora.rank,
-                                                                              targets=tuple(recipe.lora.targets)))
-        plan: Plan = evaluate(self.shape, layout, setup, self.hardware)
+        plan: Plan = evaluate(self.shape, layout, recipe_setup(recipe, self.row_tokens), self.hardware)
         t = plan.throughput
         return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),

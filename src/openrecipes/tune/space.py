@@ -2,8 +2,8 @@
 
 A candidate is the starting recipe with some *knobs* turned. Each knob sets performance-only fields
 (``openrecipes.verify.rules``): the parallel layout, rows per microbatch (at the same global batch), recompute,
-optimizer offload (its fraction, overlap and where the update runs), the attention and expert kernels and
-compiled blocks. ``candidate_recipe`` builds the recipe and
+optimizer offload (its fraction, overlap and where the update runs), activation offload, the attention and expert
+kernels, compiled blocks and the chunked loss. ``candidate_recipe`` builds the recipe and
 refuses it unless ``compare_recipes`` against the start finds no numerics-affecting difference, so a candidate that
 changes what the run computes can never reach a trial.
 """
@@ -27,6 +27,9 @@ LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "sequence_parallel", "pp_f
 OFFLOAD_FRACTIONS = (0.0, 0.5, 1.0)
 ATTENTION_KERNELS = typing.get_args(Kernels.model_fields["attention"].annotation)
 EXPERT_KERNELS = typing.get_args(Kernels.model_fields["experts"].annotation)
+# tokens per chunk of the LM head + loss (0: the whole microbatch's logits at once); a few thousand tokens keep the
+# chunk's logits small against a ~150k vocabulary while each head matmul stays large
+LOSS_CHUNKS = (0, 2048, 8192)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,12 +56,15 @@ class Settings:
     experts: str
     compile: bool = False
     offload_update: str = "device"
+    offload_activations: bool = False
+    loss_chunk: int = 0  # kernels.loss_chunk_tokens
 
     def layout_dict(self) -> dict[str, Any]:
         return dict(self.layout)
 
 
-KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "offload_update", "attention", "experts", "compile")
+KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "offload_update", "attention", "experts", "compile",
+         "offload_activations", "loss_chunk")
 OFFLOAD_UPDATES = typing.get_args(Offload.model_fields["update"].annotation)
 
 
@@ -94,7 +100,8 @@ def start_settings(start: Recipe, facts: ModelFacts) -> Settings:
                     recompute=(rec.granularity, rec.method, rec.num_layers),
                     offload=start.offload.fraction, overlap=start.offload.overlap,
                     attention=start.kernels.attention, experts=start.kernels.experts,
-                    compile=start.kernels.compile, offload_update=start.offload.update)
+                    compile=start.kernels.compile, offload_update=start.offload.update,
+                    offload_activations=start.offload.activations, loss_chunk=start.kernels.loss_chunk_tokens)
 
 
 def check_performance_only(changes: dict[str, Any]) -> None:
@@ -120,8 +127,10 @@ def candidate_recipe(start: Recipe, settings: Settings, facts: ModelFacts) -> Ca
         layout["max_tokens_per_gpu"] = -(-settings.rows * facts.row_tokens // layout["cp"])
     granularity, method, num_layers = settings.recompute
     tree["recompute"].update(granularity=granularity, method=method, num_layers=num_layers)
-    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap, update=settings.offload_update)
-    tree["kernels"].update(attention=settings.attention, experts=settings.experts, compile=settings.compile)
+    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap, update=settings.offload_update,
+                           activations=settings.offload_activations)
+    tree["kernels"].update(attention=settings.attention, experts=settings.experts, compile=settings.compile,
+                           loss_chunk_tokens=settings.loss_chunk)
     recipe = recipe_from_dict(tree, source="tune candidate")
     report = compare_recipes(recipe, start, candidate_name="candidate", reference_name="start")
     if not report.passed:  # the one guarantee of the tuner: numerics never change
@@ -168,8 +177,11 @@ def rows_options(start: Recipe, layout: dict[str, Any]) -> list[int]:
 
 
 def recompute_options(facts: ModelFacts) -> list[tuple[str, str, int]]:
-    options = [("none", "uniform", 1), ("selective", "uniform", 1), ("full", "uniform", 1)]
-    options += [("full", "block", n) for n in sorted({1, 2, max(1, facts.num_layers // 2)}) if n <= facts.num_layers]
+    """Every granularity on every layer; the whole layer or the experts on the first few layers or half of them."""
+    options = [(granularity, "uniform", 1) for granularity in ("none", "selective", "attention_core", "experts", "full")]
+    blocks = sorted(n for n in {1, 2, max(1, facts.num_layers // 2)} if n <= facts.num_layers)
+    options += [("full", "block", n) for n in blocks]
+    options += [("experts", "block", n) for n in blocks if n >= 2]
     return options
 
 
@@ -206,6 +218,10 @@ def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -
         # compiled blocks run with one process and data parallelism (config.recipe refuses tp and cp)
         layout = around.layout_dict()
         return [False, True] if layout["tp"] == 1 and layout["cp"] == 1 else [False]
+    if knob == "offload_activations":
+        return [False, True]
+    if knob == "loss_chunk":
+        return list(LOSS_CHUNKS)
     return list(ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS)
 
 

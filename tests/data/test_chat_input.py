@@ -127,3 +127,41 @@ def test_skip_invalid_summary_counts_reasons_with_first_lines_and_unsupervised_t
     card_build = Dataset.model_validate(dataset_block(manifest, "0")).build
     assert card_build.skipped_invalid == {"non-text content part": 4, "empty conversation": 2, "unknown role": 2}
     assert card_build.tokens_in_unsupervised_rows == summary["tokens_in_rows_without_a_supervised_token"]
+
+
+def test_a_recipe_reads_sharegpt_with_a_role_map_as_the_cli_does(tmp_path, capsys):
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.data.build import build_recipe_rows
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+    turns = [{"from": "developer", "value": "Be brief."}, {"from": "human", "value": "Say <|im_end|> twice."},
+             {"from": "gpt", "value": "<|im_end|> <|im_end|>"}]
+    src = write_jsonl(tmp_path / "sharegpt.jsonl", [{"dialog": turns}] * 12)
+    options = {"input_shape": "sharegpt", "messages_field": "dialog", "role_map": "{developer: system}",
+               "special_tokens_in_text": "text"}
+    recipe = load_recipe(example, [f"data.build.input={src}", f"data.build.tokenizer={TOKENIZER}",
+                                   "data.build.row_tokens=64", "data.build.rows=2",
+                                   *(f"data.build.{key}={value}" for key, value in options.items())])
+    from_recipe = json.loads((build_recipe_rows(recipe.data.build, tmp_path / "recipe") / "manifest.json").read_text())
+    assert main(["data", "build", str(src), "--tokenizer", str(TOKENIZER), "--loss-mask", "qwen3", "--row-tokens",
+                 "64", "--rows", "2", "--no-progress", "--input-shape", "sharegpt", "--messages-field", "dialog",
+                 "--role-map", "developer=system", "--special-tokens-in-text", "text",
+                 "--out", str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    from_cli = json.loads((tmp_path / "cli" / "manifest.json").read_text())
+    assert from_recipe["rows_sha256"] == from_cli["rows_sha256"] and from_recipe["chat_input"] == from_cli["chat_input"]
+    assert from_cli["chat_input"]["role_map"] == {"developer": "system"}
+    assert from_cli["counts"]["conversations_invalid"] == 0
+    # refusing the special tokens leaves no conversation; a role outside the four and sft fields in pretrain are
+    # recipe errors naming the field
+    refusing = load_recipe(example, [f"data.build.input={src}", f"data.build.tokenizer={TOKENIZER}",
+                                     "data.build.row_tokens=64", "data.build.input_shape=sharegpt",
+                                     "data.build.messages_field=dialog", "data.build.role_map={developer: system}",
+                                     "data.build.special_tokens_in_text=refuse"])
+    with pytest.raises(ValueError, match="special token"):
+        build_recipe_rows(refusing.data.build, tmp_path / "refused")
+    with pytest.raises(ValueError, match="data.build.role_map.developer"):
+        load_recipe(example, ["data.build.role_map={developer: boss}"])
+    with pytest.raises(ValueError, match="input_shape, role_map apply to format sft only"):
+        load_recipe(example, ["data.build.format=pretrain", "data.build.input_shape=sharegpt",
+                              "data.build.role_map={a: user}"])

@@ -11,6 +11,7 @@ import pytest
 from openrecipes.data.batching import load_rows
 from openrecipes.data.build import BuildConfig, build
 from openrecipes.data.bundled import CONVERSATIONS, DOCUMENTS, TOKENIZER
+from openrecipes.data.chat_input import ChatInput
 from openrecipes.data.manifest import rows_sha256_of
 from openrecipes.data.megatron_indexed import read_indexed
 from openrecipes.data.tokenizer import load_tokenizer
@@ -124,11 +125,26 @@ def test_bad_documents(tmp_path: Path) -> None:
     assert manifest["counts"]["documents_invalid"] == 1 and manifest["counts"]["documents_total"] == 41
     forged = _write_jsonl(tmp_path / "forged.jsonl", texts[:5] + [f"early {EOS} end"])
     with pytest.raises(ValueError, match=r"forged.jsonl line 6: 'text' contains the special token"):
-        _build(tmp_path / "o3", forged)
+        _build(tmp_path / "o3", forged, chat_input=ChatInput(special_tokens="refuse"))
     with pytest.raises(ValueError, match="--loss-mask, --chat-template and --template-kwargs apply to --format sft"):
         _build(tmp_path / "o4", bad, loss_mask="qwen3")
     with pytest.raises(ValueError, match="no token '<nope>'"):
         _build(tmp_path / "o5", forged, eos_token="<nope>")
+
+
+def test_a_special_token_in_a_document_is_text_by_default(tmp_path: Path) -> None:
+    texts = [f"early {EOS} end <|im_start|>", "plain words"]
+    manifest = _build(tmp_path / "out", _write_jsonl(tmp_path / "docs.jsonl", texts), row_tokens=8, seed=1)
+    assert manifest["special_tokens_in_text"] == "text" and manifest["counts"]["documents_invalid"] == 0
+    bundle = load_tokenizer(TOKENIZER)
+    eos_id = bundle.token_id(EOS)
+    # each document as the tokenizer splits it with its special tokens off, then the one end token
+    bundle.tokenizer.encode_special_tokens = True
+    documents = [np.array(bundle.tokenizer.encode(t, add_special_tokens=False).ids + [eos_id]) for t in texts]
+    bundle.tokenizer.encode_special_tokens = False
+    assert all(d[:-1].tolist().count(eos_id) == 0 and d.size > 3 for d in documents)  # quoted, never the token
+    expected, _ = _expected_rows(documents, seed=1, T=8)
+    np.testing.assert_array_equal(load_rows(tmp_path / "out").input_ids, expected)
 
 
 def _megatron_dataset(prefix: Path, documents: list[np.ndarray], dtype: type) -> None:

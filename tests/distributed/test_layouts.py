@@ -35,11 +35,16 @@ def metrics(run_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
     result = train(run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
-    return metrics(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return metrics(reference_run)
 
 
 def assert_same(candidate, reference, rel=1e-5, grad_rel=1e-4):
@@ -102,12 +107,51 @@ def test_sequence_split_inside_data_parallel_matches_one_process(tmp_path, refer
     (2, ("layout.pp=2", "layout.dp=1", "layout.pp_first_stage_layers=1")),  # uneven: 1 + 3 layers
     (4, ("layout.pp=2", "layout.dp=2", "layout.ep=2")),                      # FSDP2 and EP inside each stage
 ], ids=["PP2-uneven", "PP2-DP2-EP2"])
-def test_pipeline_matches_one_process(tmp_path, reference, nproc, sets):
+def test_pipeline_matches_one_process(tmp_path, reference, reference_run, nproc, sets):
     run_dir = tmp_path / "run"
     # one-row microbatches, so each data-parallel rank runs at least pp microbatches through 1F1B
     result = train(run_dir, *sets, "layout.max_tokens_per_gpu=256", nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same(metrics(run_dir), reference)
+    # every step records the peak of each of the two stages (on CPU the processes' peak resident memory)
+    stages = [r["peak_memory_gib_per_stage"] for r in metrics(run_dir)]
+    assert all(len(s) == 2 and min(s) > 0 for s in stages), stages
+    assert all("peak_memory_gib_per_stage" not in r for r in reference)  # one stage: the overall peak says it
+    if nproc == 2:
+        assert_stage_memory_reaches_card_item_and_site(tmp_path, run_dir, reference_run, stages)
+
+
+def assert_stage_memory_reaches_card_item_and_site(tmp_path, run_dir, reference_run, stages):
+    """The per-stage peaks travel into the card's curves, its site page and a verification item."""
+    import shutil
+
+    import yaml
+
+    from openrecipes.cards.validate import load_card
+    from openrecipes.cli import main
+    from openrecipes.site.build import build_site
+
+    out = tmp_path / "recipes" / "qwen3-moe-tiny" / "cpu" / "pp2.yaml"
+    assert main(["card", "new", str(run_dir), "--reference", str(reference_run), "--out", str(out),
+                 "--author", "openrecipes tests", "--window", "1", "4", "--gpu-memory-gb", "16"]) == 0
+    loaded = load_card(out)
+    assert loaded.ok, [str(p) for p in loaded.problems]
+    assert [p.peak_memory_gib_per_stage for p in loaded.card.curves.candidate] == stages
+    build_site(tmp_path / "recipes", tmp_path / "site")
+    page = (tmp_path / "site" / "qwen3-moe-tiny" / "cpu" / "pp2.html").read_text()
+    assert 'id="pipeline-memory"' in page and page.count('class="bar"') >= 2
+    for index, value in enumerate(max(column) for column in zip(*stages)):
+        assert f">stage {index}<" in page and f">{value:.3g} GiB<" in page
+
+    cards = tmp_path / "verification"
+    cards.mkdir()
+    shutil.copy(EXAMPLE.parents[1] / "verification" / "qwen3-moe-tiny.yaml", cards)
+    assert main(["card", "verify-item", str(run_dir), "--model", "qwen3-moe-tiny", "--workflow", "sft",
+                 "--cards", str(cards)]) == 0
+    item = yaml.safe_load((cards / "qwen3-moe-tiny.yaml").read_text())["items"][-1]
+    window = item["metrics"]["window"]
+    in_window = stages[window[0]:window[1] + 1]
+    assert item["metrics"]["peak_memory_gib_per_stage"] == [round(max(c), 3) for c in zip(*in_window)]
 
 
 @pytest.mark.parametrize("split", [

@@ -227,6 +227,9 @@ class CurvePoint(_Strict):
         default=None, description="the step's tokens / its time / GPUs")
     peak_memory_gib: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="the step's peak allocated memory, the largest over ranks")
+    peak_memory_gib_per_stage: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=1)] | None = Field(
+        default=None, description="with pipeline stages: the largest peak over the ranks of each stage, stage 0 "
+                                  "first (on CPU the process's peak resident memory)")
 
 
 class Curves(_Strict):

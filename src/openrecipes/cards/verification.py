@@ -57,7 +57,8 @@ class ItemMetrics(_Strict):
     tokens_per_s_per_gpu: Positive | None = Field(default=None, description="window tokens / window time / GPUs")
     active_params: PosInt | None = Field(default=None, description="N: active parameters per token")
     peak_memory_gib_per_stage: list[Annotated[float, Field(ge=0)]] | None = Field(
-        default=None, description="peak allocated memory of each pipeline stage (null on CPU)")
+        default=None, description="peak allocated memory of each pipeline stage, the largest over its ranks (with one "
+                                  "stage null on CPU; with more, on CPU the peak resident memory of the processes)")
     skipped_steps: NonNegInt = Field(description="steps whose update was not applied")
     nan_steps: NonNegInt = Field(description="steps with a non-finite loss or gradient norm")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from openrecipes.cards.step_curves import window_stage_peaks
 from openrecipes.cards.verification import TRAINING_WORKFLOWS
 
 LAST_STEPS = 10
@@ -98,8 +99,12 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
     lay = recipe.layout
     sizes = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp,
              "dp": lay.dp or run.gpu.count // (lay.tp * lay.pp * lay.cp)}
-    # the loop records the peak over all ranks; per stage it is that value only with one stage
-    peaks = [round(measured.peak_memory_gib, 3)] if measured.peak_memory_gib is not None and lay.pp == 1 else None
+    # with one stage its peak is the loop's peak over all ranks; with more, the loop records each stage's
+    if lay.pp > 1:
+        peaks = window_stage_peaks(run_dir, window)
+        peaks = [round(p, 3) for p in peaks] if peaks is not None else None  # the item's check compares to pp
+    else:
+        peaks = [round(measured.peak_memory_gib, 3)] if measured.peak_memory_gib is not None else None
     metrics = {
         "steps": len(records), "initial_loss": curve[0]["loss"] if curve else None,
         "final_loss": curve[-1]["loss"] if curve else None, "window": list(window),

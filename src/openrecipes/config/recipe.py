@@ -21,6 +21,12 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
+# how data build reads a chat dataset (data/chat_input.py takes its choices from these)
+ChatInputShape = Literal["openai", "sharegpt"]
+ChatRole = Literal["system", "user", "assistant", "tool"]
+SpecialTokensInText = Literal["text", "refuse"]
+
+
 class DataBuild(BaseModel):
     """Rows built at the start of the run (into RUN_DIR/rows) with `openrecipes data build` semantics."""
 
@@ -40,12 +46,19 @@ class DataBuild(BaseModel):
     # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)
     max_conversation_tokens: int | None = Field(None, ge=1)
     too_long: Literal["skip", "truncate"] = "skip"
+    # sft only: the dataset's shape (openai role/content, or sharegpt from/value), the key holding each
+    # conversation (default messages, or conversations for sharegpt), and roles renamed before the check
+    input_shape: ChatInputShape = "openai"
+    messages_field: str | None = Field(None, min_length=1)
+    role_map: dict[str, ChatRole] = Field(default_factory=dict)
+    # a special token inside a conversation's or document's own text: tokenized as text, or the input refused
+    special_tokens_in_text: SpecialTokensInText = "text"
 
     @model_validator(mode="after")
     def _sft_fields_only_for_sft(self) -> "DataBuild":
         # by value, not by "was it written": the run directory's recipe.yaml spells out every default
         given = [name for name in ("loss_mask", "template_kwargs", "chat_template", "max_conversation_tokens",
-                                   "too_long")
+                                   "too_long", "input_shape", "messages_field", "role_map")
                  if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "

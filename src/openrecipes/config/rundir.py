@@ -35,6 +35,9 @@ def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
 # strict JSON has no NaN or infinity: metrics.jsonl writes them as these strings, and readers take them back as floats
 NONFINITE_TEXT = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
+# with layout.pp > 1: a list, stage 0 first, of the largest peak (GiB) over the ranks of each pipeline stage
+PEAK_MEMORY_PER_STAGE = "peak_memory_gib_per_stage"
+
 
 def encode_metric(value: Any) -> Any:
     """A metrics.jsonl value: non-finite floats as "nan", "inf" or "-inf", visible and valid JSON."""
@@ -160,3 +163,16 @@ def require_number(record: StepRecord, key: str, path: str | os.PathLike, *, all
         return float(value)
     except OverflowError:  # an integer of hundreds of digits
         raise ValueError(f"{path}:{record.line}: step {record.step}: field '{key}' is too large a number") from None
+
+
+def stage_peaks(record: StepRecord, path: str | os.PathLike) -> list[float] | None:
+    """The record's peak memory per pipeline stage (``PEAK_MEMORY_PER_STAGE``), or None when it has none; a value
+    that is not a list of non-negative numbers is a ValueError naming file, line and field."""
+    value = record.fields.get(PEAK_MEMORY_PER_STAGE)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in value):
+        raise ValueError(f"{path}:{record.line}: step {record.step}: field '{PEAK_MEMORY_PER_STAGE}' must be a "
+                         f"non-empty list of non-negative numbers, got {value!r}")
+    return [float(v) for v in value]

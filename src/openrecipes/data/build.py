@@ -410,5 +410,7 @@ def build_recipe_rows(spec: Any, out: Path) -> Path:
             loss_mask=spec.loss_mask if sft else None, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
             template_kwargs=dict(spec.template_kwargs) if sft else {}, chat_template=spec.chat_template if sft else None,
             eos_token=spec.eos_token, max_conversation_tokens=spec.max_conversation_tokens if sft else None,
-            too_long=spec.too_long, out=out, progress=False))
+            too_long=spec.too_long, out=out, progress=False,
+            chat_input=ChatInput(shape=spec.input_shape, messages_field=spec.messages_field,
+                                 role_map=dict(spec.role_map), special_tokens=spec.special_tokens_in_text)))
     return out

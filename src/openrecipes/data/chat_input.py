@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-ROLES = ("system", "user", "assistant", "tool")
-SHAPES = ("openai", "sharegpt")
-SPECIAL_TOKEN_POLICIES = ("text", "refuse")
+from openrecipes.config.recipe import ChatInputShape, ChatRole, SpecialTokensInText
+
+ROLES = get_args(ChatRole)
+SHAPES = get_args(ChatInputShape)
+SPECIAL_TOKEN_POLICIES = get_args(SpecialTokensInText)
 # ShareGPT speakers and the roles they are (LLaMA-Factory's and FastChat's spellings)
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
                   "function_call": "assistant", "observation": "tool", "tool": "tool"}

@@ -67,8 +67,8 @@ def register(subparsers: Any) -> None:
                        help="rename roles before the check, e.g. developer=system,function=tool,ipython=tool "
                             "(default: none)")
     build.add_argument("--special-tokens-in-text", choices=SPECIAL_TOKEN_POLICIES, default="text",
-                       help="a special token inside a conversation's own text: tokenized as text, never a turn "
-                            "marker (text), or the conversation is refused (refuse)")
+                       help="a special token inside a conversation's or document's own text: tokenized as text, "
+                            "never a turn marker or a document's end (text), or that input is refused (refuse)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier output of data build at --out "
                        "(never another directory)")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
@@ -35,13 +36,28 @@ class InvalidDocument(ValueError):
 
 
 def _check_text(record: Any, where: str, forbidden: re.Pattern[str] | None) -> str:
+    """The record's text; ``forbidden`` (special tokens, with ``special_tokens_in_text: refuse``) refuses a text
+    quoting one."""
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise InvalidDocument(f"{where}: expected an object with a 'text' string")
     text = record["text"]
-    # a document quoting the end-of-document (or any special) token would be tokenized as that token and end early
     if forbidden is not None and (hit := forbidden.search(text)):
-        raise InvalidDocument(f"{where}: 'text' contains the special token {hit.group(0)!r}")
+        raise InvalidDocument(f"{where}: 'text' contains the special token {hit.group(0)!r} "
+                              "(--special-tokens-in-text refuse)")
     return text
+
+
+@contextmanager
+def _special_tokens_as_text(bundle: TokenizerBundle, policy: str) -> Iterator[None]:
+    """With the ``text`` policy a special token quoted in a document is tokenized as text (``split_special_tokens``):
+    it can never end the document early, only the appended end token does. A document without one encodes to the
+    same ids either way."""
+    previous = bundle.tokenizer.encode_special_tokens
+    bundle.tokenizer.encode_special_tokens = policy == "text"
+    try:
+        yield
+    finally:
+        bundle.tokenizer.encode_special_tokens = previous
 
 
 def _end_token(config: BuildConfig, bundle: TokenizerBundle) -> tuple[str, int]:
@@ -139,7 +155,8 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
         source_fields = {"description": f"Megatron indexed dataset {prefix} ({n_total} documents)",
                          "files": [f"{prefix}.idx", f"{prefix}.bin"]}
     else:
-        forbidden = bundle.special_token_pattern()
+        policy = config.chat_input.special_tokens
+        forbidden = bundle.special_token_pattern() if policy == "refuse" else None
         source, scan = open_source(config.input, column="text")
         for index, where, record in scan:
             try:
@@ -158,7 +175,8 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid documents")
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        packed = pack_rows(config, pieces(order), staging)
+        with _special_tokens_as_text(bundle, config.chat_input.special_tokens):
+            packed = pack_rows(config, pieces(order), staging)
         T = config.row_tokens
         manifest = {
             **rows_fields(config, packed.writer),
@@ -171,6 +189,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
             "loss_mask": LOSS_MASK,
             "eos_token": eos,
             "eos_token_id": eos_id,
+            "special_tokens_in_text": config.chat_input.special_tokens,
             "tokenizer": {"directory": str(config.tokenizer), "files_sha256": bundle.file_sha256,
                           "vocab_size": vocab_size},
             **file_fields(packed.writer, staging),

@@ -20,7 +20,7 @@ from markupsafe import Markup
 from openrecipes.cards.validate import LoadedCard, validate_paths
 from openrecipes.cards.verification_load import LoadedVerification, load_verification_dir
 from openrecipes.site.models import model_page_path, render_model_page
-from openrecipes.site.plot import loss_plot_svg, memory_bars_svg, step_plots, tuning_plot_svg
+from openrecipes.site.plot import loss_plot_svg, memory_bars_svg, pipeline_memory_svg, step_plots, tuning_plot_svg
 from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
@@ -178,6 +178,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
             plot=loss_plot_svg(curves) if curves else None,
             step_plots=step_plots(curves) if curves else [],
             memory_plot=memory_bars_svg(curves.memory_phases_gib) if curves and curves.memory_phases_gib else None,
+            stage_memory_plot=pipeline_memory_svg(curves) if curves else None,
             tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
             name=loaded.path.stem, other_framework=other_framework(loaded), copy_js=_asset("copy.js"),
         )

@@ -175,15 +175,17 @@ def step_plots(curves: Curves) -> list[tuple[str, Markup]]:
     return plots
 
 
-def memory_bars_svg(phases: dict[str, float]) -> Markup:
-    """Horizontal bars of memory per stage of a step, in the order recorded; the stage names are escaped."""
+def memory_bars_svg(phases: dict[str, float], name: str = "memory-stages",
+                    title: str = "Memory per stage of a step (GiB)") -> Markup:
+    """Horizontal bars of memory per named part, in the order given; the names are escaped. ``name`` is the svg's
+    class and title id (unique on the page)."""
     row, left = 22, 170
     height = TOP + row * len(phases) + BOTTOM
     high = max(phases.values()) * 1.1 or 1.0
     width = WIDTH - left - RIGHT
-    parts = [f'<svg class="plot memory-stages" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
-             f'width="{WIDTH}" height="{height}" role="img" aria-labelledby="memory-stages-title">',
-             '<title id="memory-stages-title">Memory per stage of a step (GiB)</title>']
+    parts = [f'<svg class="plot {name}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
+             f'width="{WIDTH}" height="{height}" role="img" aria-labelledby="{name}-title">',
+             f'<title id="{name}-title">{escape(title)}</title>']
     for index, (name, value) in enumerate(phases.items()):
         y = TOP + row * index
         parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{escape(name)}</text>')
@@ -192,3 +194,14 @@ def memory_bars_svg(phases: dict[str, float]) -> Markup:
         parts.append(f'<text x="{left + width * value / high + 4:.1f}" y="{y + 14}">{value:.3g} GiB</text>')
     parts.append("</svg>")
     return Markup("\n".join(parts))
+
+
+def pipeline_memory_svg(curves: Curves) -> Markup | None:
+    """Bars of the candidate's peak memory of each pipeline stage (the largest over its recorded steps), or None when
+    the run recorded none."""
+    recorded = [p.peak_memory_gib_per_stage for p in curves.candidate if p.peak_memory_gib_per_stage]
+    if not recorded or len({len(stages) for stages in recorded}) != 1:
+        return None
+    peaks = [max(values) for values in zip(*recorded)]
+    return memory_bars_svg({f"stage {index}": value for index, value in enumerate(peaks)}, name="pipeline-memory",
+                           title="Peak memory per pipeline stage (GiB)")

@@ -22,10 +22,11 @@ from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
+from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
 from openrecipes.train.resume import record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PROFILE_FILE, RECIPE_FILE, RESUMES_FILE,
-                                       RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
+from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE, RECIPE_FILE,
+                                       RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 
@@ -350,6 +351,10 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
         record["peak_memory_gib"], record["peak_reserved_gib"] = (peaks / 2**30).tolist()
+    if parallel is not None and parallel.pp_size > 1:
+        record[PEAK_MEMORY_PER_STAGE] = peak_gib_per_stage(
+            rank_peak_bytes(device, trace.peak_allocated() if device.type == "cuda" else None),
+            parallel.pp_rank, parallel.pp_size, device)
     if trace.phases:
         record["memory_phases_gib"] = trace.phases
     return record

@@ -1,5 +1,5 @@
 """The pretraining workflow end to end on CPU: the example recipe builds its rows, trains, resumes bitwise, and
-its card says `workflow: pretrain`."""
+its card (`card new`) validates and says `workflow: pretrain`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.data.manifest import read_manifest
 from openrecipes.train.loop import train
+from tests.train.workflow_card import workflow_card
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-pretrain.yaml"
 
@@ -38,6 +39,8 @@ def test_pretrain_example_builds_trains_and_resumes_bitwise(tmp_path: Path) -> N
     train(cut, command="t", resume=True)
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     assert card_workflow(whole, manifest) == "pretrain"
+    card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
+    assert card.workload.workflow == "pretrain" and card.workload.rows == "pretraining documents"
     block = dataset_block(manifest, "0")
     assert block["name"] == "openrecipes bundled documents" and "documents.jsonl" in block["source"]
     assert "chat template" not in block["build"]["tokenizer"]

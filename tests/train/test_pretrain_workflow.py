@@ -51,6 +51,12 @@ def test_rows_built_before_the_workflow_field_are_sft() -> None:
     assert card_workflow(recipe, {"rows": 1}) == "sft"
 
 
+def test_sft_rows_over_context_parallel_ranks_are_long_context_sft() -> None:
+    cp2 = load_recipe(EXAMPLE, ["layout.cp=2"])
+    assert card_workflow(cp2, {"workflow": "sft"}) == "long-context-sft"
+    assert card_workflow(cp2, {"workflow": "pretrain"}) == "pretrain"  # long pretraining rows stay pretraining
+
+
 def test_sft_only_fields_are_refused_for_pretrain() -> None:
     import pytest
 

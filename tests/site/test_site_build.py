@@ -232,3 +232,45 @@ def test_model_pages_hold_exactly_the_recorded_items_escaped(tmp_path):
         assert html.count('<section class="item"') == len(card.items)
     qwen = (site.out / "models" / "qwen3-moe-tiny.html").read_text()
     assert "<script>x</script>" not in qwen and "&lt;script&gt;x&lt;/script&gt;" in qwen
+
+
+class _Rows(HTMLParser):
+    """Each index row's workflow and the page its first link opens."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[dict[str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and attrs.get("class") == "recipe":
+            self.rows.append({"workflow": attrs["data-workflow"]})
+        elif tag == "a" and self.rows and "href" not in self.rows[-1]:
+            self.rows[-1]["href"] = attrs["href"]
+
+
+def test_every_workflow_is_a_filter_choice_that_shows_its_card(tmp_path):
+    """A catalog with a card of each workflow the card schema knows: the index offers each in the workflow filter,
+    and the rows that choice keeps (filters.js keeps a row whose data-workflow is the choice; the browser test runs
+    it) are exactly that workflow's card."""
+    from typing import get_args
+
+    from openrecipes.cards.schema import Workload
+
+    workflows = [value for arg in get_args(Workload.model_fields["workflow"].annotation) for value in get_args(arg)]
+    assert {"pretrain", "sft", "long-context-sft", "lora"} <= set(workflows)
+    recipes = tmp_path / "recipes"
+    for workflow in workflows:
+        data = qwen_data()
+        data["workload"]["workflow"] = workflow
+        data["layout"]["label"] = f"TP1 PP1 EP8 DP8 {workflow}"
+        write(recipes / "qwen3-30b-a3b" / "h200" / f"{workflow}.yaml", data)
+    build_site(recipes, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    options, rows = _Options(), _Rows()
+    options.feed(index)
+    rows.feed(index)
+    assert sorted(options.options["workflow"]) == sorted(workflows)
+    for workflow in workflows:
+        kept = [row["href"] for row in rows.rows if row["workflow"] == workflow]
+        assert kept == [f"qwen3-30b-a3b/h200/{workflow}.html"]

@@ -1,5 +1,5 @@
 """The LoRA workflow on CPU: the example recipe trains only its adapters, resumes bitwise, writes a PEFT adapter,
-and its card says `workflow: lora`."""
+and its card (`card new`) validates and says `workflow: lora`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.train.loop import train
+from tests.train.workflow_card import workflow_card
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-lora.yaml"
 
@@ -43,6 +44,8 @@ def test_lora_example_trains_adapters_and_resumes_bitwise(tmp_path: Path) -> Non
     config = json.loads((tmp_path / "whole" / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     assert card_workflow(whole, {"workflow": "sft"}) == "lora"
+    card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
+    assert card.workload.workflow == "lora"
 
 
 def test_lora_recipe_errors() -> None:

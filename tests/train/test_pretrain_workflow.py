@@ -1,5 +1,5 @@
 """The pretraining workflow end to end on CPU: the example recipe builds its rows, trains, resumes bitwise, and
-its card says `workflow: pretrain`."""
+its card (`card new`) validates and says `workflow: pretrain`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.data.manifest import read_manifest
 from openrecipes.train.loop import train
+from tests.train.workflow_card import workflow_card
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-pretrain.yaml"
 
@@ -38,6 +39,8 @@ def test_pretrain_example_builds_trains_and_resumes_bitwise(tmp_path: Path) -> N
     train(cut, command="t", resume=True)
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     assert card_workflow(whole, manifest) == "pretrain"
+    card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
+    assert card.workload.workflow == "pretrain" and card.workload.rows == "pretraining documents"
     block = dataset_block(manifest, "0")
     assert block["name"] == "openrecipes bundled documents" and "documents.jsonl" in block["source"]
     assert "chat template" not in block["build"]["tokenizer"]
@@ -46,6 +49,12 @@ def test_pretrain_example_builds_trains_and_resumes_bitwise(tmp_path: Path) -> N
 def test_rows_built_before_the_workflow_field_are_sft() -> None:
     recipe = load_recipe(EXAMPLE)
     assert card_workflow(recipe, {"rows": 1}) == "sft"
+
+
+def test_sft_rows_over_context_parallel_ranks_are_long_context_sft() -> None:
+    cp2 = load_recipe(EXAMPLE, ["layout.cp=2"])
+    assert card_workflow(cp2, {"workflow": "sft"}) == "long-context-sft"
+    assert card_workflow(cp2, {"workflow": "pretrain"}) == "pretrain"  # long pretraining rows stay pretraining
 
 
 def test_sft_only_fields_are_refused_for_pretrain() -> None:

@@ -82,15 +82,17 @@ def read_rows_manifest(rows_dir: Path) -> dict[str, Any]:
 
 
 ROWS_TEXT = {"sft": "SFT conversations", "pretrain": "pretraining documents", "lora": "SFT conversations (LoRA)",
-             "long-context": "long SFT conversations"}
+             "long-context-sft": "long rows of SFT conversations (context parallel)"}
 
 
 def card_workflow(recipe: Any, manifest: dict[str, Any]) -> str:
     """The card's workload.workflow: lora when the recipe trains adapters, else what the rows were built for
-    (the manifest's workflow; rows built before that field existed are SFT rows)."""
+    (the manifest's workflow; rows built before that field existed are SFT rows); SFT rows split over
+    context-parallel ranks (layout.cp > 1) are long-context SFT, as on the verification cards."""
     if getattr(recipe, "lora", None) is not None:
         return "lora"
-    return str(manifest.get("workflow") or "sft")
+    workflow = str(manifest.get("workflow") or "sft")
+    return "long-context-sft" if workflow == "sft" and recipe.layout.cp > 1 else workflow
 
 
 def _is_bundled(path: str | None, name: str) -> bool:

@@ -94,8 +94,8 @@ class Workload(_Strict):
     rows: Text = Field(description="what a row holds, e.g. SFT conversations")
     global_batch: PosInt = Field(description="rows per optimizer step")
     precision: Literal["bf16", "fp16", "fp32", "fp8"]
-    workflow: Literal["pretrain", "sft", "long-context", "lora"] | None = Field(
-        default=None, description="training workflow; the site filters on it"
+    workflow: Literal["pretrain", "sft", "long-context-sft", "lora"] | None = Field(
+        default=None, description="training workflow (the verification cards' names); the site filters on it"
     )
     dataset: Dataset
 

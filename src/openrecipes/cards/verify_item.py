@@ -167,14 +167,13 @@ def _convergence_check(run_dir: Path, reference: Path, rows_sha256: str) -> dict
 
 
 def _check_workflow(claimed: str, trained: str, cp: int, run_dir: Path) -> None:
-    """The workflow an item claims must be the one the run trained: its rows (sft, pretrain) or its adapters (lora);
-    long-context SFT is SFT with the rows split over context-parallel ranks."""
-    if claimed == "long-context-sft":
-        if trained != "sft" or cp < 2:
-            raise ValueError(f"--workflow long-context-sft, but {run_dir} trained {trained} with layout.cp {cp}: "
-                             "long-context SFT is SFT rows with context parallelism (cp > 1)")
-    elif claimed != trained:
-        raise ValueError(f"--workflow {claimed}, but {run_dir} trained {trained} (its rows' manifest and recipe say so)")
+    """The workflow an item claims must be the one the run trained (``card_workflow``: its rows, its adapters, and
+    context parallelism for long-context SFT)."""
+    if claimed != trained:
+        hint = " (long-context SFT is SFT rows with context parallelism, cp > 1)" if "long-context-sft" in (
+            claimed, trained) else ""
+        raise ValueError(f"--workflow {claimed}, but {run_dir} trained {trained} with layout.cp {cp} (its rows' "
+                         f"manifest and recipe say so){hint}")
 
 
 def _checkpoint(options: ItemOptions, produced: Path | None, *, default_source: str) -> dict[str, Any]:

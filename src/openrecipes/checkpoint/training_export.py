@@ -67,16 +67,36 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
     family = family_for_config(config)
     # the model as the recipe trains it: names, shapes, and each tensor's dtype (KeepFP32 modules stay fp32)
     trained_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
-    expected = {name: param for name, param in
-                family.build(config, device="meta", dtype=trained_dtype, seed=None).named_parameters()}
-    state = _empty_model_state(ckpt_dir, expected)
+    model = family.build(config, device="meta", dtype=trained_dtype, seed=None)
+    expected = dict(model.named_parameters())
+    if recipe.lora is not None:  # the save holds the frozen base and the adapters under their training names
+        from openrecipes.models.common.lora import LoraSpec, apply_lora
+
+        apply_lora(model, LoraSpec.from_recipe(recipe))
+    state = _empty_model_state(ckpt_dir, dict(model.named_parameters()))
     load_dcp({"model": state}, ckpt_dir, no_dist=True)  # checksums checked; its pickles cannot run code
+    if recipe.lora is not None:
+        state = _merged_lora_state(model, state)
     if dtypes == "source":
         state = {name: tensor.to(expected[name].dtype) for name, tensor in state.items()}
     extra = {**_tokenizer_files(recipe, run_dir), **_generation_config(recipe.model)}
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, expert_layout), family.config_to_hf(config),
                  max_shard_bytes=max_shard_bytes, overwrite=overwrite, extra_files=extra, inputs=[ckpt_dir])
     return Path(hf_dir)
+
+
+def _merged_lora_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LoRA run's save as the merged model (base + s·BA, in fp32; each tensor back in the dtype its base was
+    saved in), under the base model's names: what a LoRA run exports is the model it trained."""
+    from openrecipes.models.common.lora import merge_adapters
+
+    saved = {name.replace(".parametrizations.", ".").removesuffix(".original"): tensor.dtype
+             for name, tensor in state.items() if "lora_" not in name}
+    unexpected = model.load_state_dict({name: t.float() for name, t in state.items()}, strict=False,
+                                       assign=True).unexpected_keys
+    assert not unexpected, unexpected  # the names were checked against this model's parameters
+    merge_adapters(model)
+    return {name: param.detach().to(saved[name]) for name, param in model.named_parameters()}
 
 
 def _check_run_model(run_dir: Path, config: Any) -> None:
@@ -132,6 +152,8 @@ def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:
                              "(its sha256 differs from the manifest's)")
         files[name] = path.read_text(encoding="utf-8")
     template_source = manifest.get("template_source") or ""
+    if not template_source:
+        return files  # pretraining rows: plain text, no chat template
     if template_source.endswith("(chat_template)") or template_source == str(directory / CHAT_TEMPLATE_FILE):
         return files  # the tokenizer's own template, already among its files
     text, _ = load_template_text(template_source.removeprefix("built-in "))

@@ -70,9 +70,7 @@ def lora_spec(recipe: Recipe):
     """The recipe's ``lora`` section as the model-side spec (adapters drawn from the recipe's seed)."""
     from openrecipes.models.common.lora import LoraSpec
 
-    lora = recipe.lora
-    return LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=tuple(lora.targets),
-                    seed=recipe.seed)
+    return LoraSpec.from_recipe(recipe)
 
 
 def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, parallel=None) -> None:

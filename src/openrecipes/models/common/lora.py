@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,6 +52,13 @@ class LoraSpec:
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
+
+    @classmethod
+    def from_recipe(cls, recipe: Any) -> LoraSpec:
+        """The recipe's ``lora`` section as the model-side spec (adapters drawn from the recipe's seed)."""
+        lora = recipe.lora
+        return cls(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=tuple(lora.targets),
+                   seed=recipe.seed)
 
 
 @torch.no_grad()
@@ -158,3 +166,21 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors by parameter name (``...q_proj.lora_A.weight``, ``...experts.lora_gate_up.lora_A``)."""
     return {name: param.detach() for name, param in model.named_parameters() if "lora_" in name}
+
+
+@torch.no_grad()
+def merge_adapters(model: nn.Module) -> None:
+    """Fold every adapter into its base weight and remove it, in place: each linear target's weight becomes
+    W + s · B A (summed in fp32, stored in W's dtype), each expert weight its parametrized value W + s · B_e A_e, and
+    the model is left with the base model's parameter names (an export of a LoRA run is the merged model)."""
+    for module in list(model.modules()):
+        if isinstance(module, GroupedExperts) and hasattr(module, "lora_gate_up"):
+            for weight in ("gate_proj", "up_proj", "down_proj"):
+                parametrize.remove_parametrizations(module, weight, leave_parametrized=True)
+            del module.lora_gate_up, module.lora_down
+        elif isinstance(module, nn.Linear) and hasattr(module, "lora_A"):
+            delta = module.lora_B.weight.float() @ module.lora_A.weight.float() * module.lora_scaling
+            module.weight.copy_((module.weight.float() + delta).to(module.weight.dtype))
+            for key in [k for k, hook in module._forward_hooks.items() if hook is _linear_hook]:
+                del module._forward_hooks[key]
+            del module.lora_A, module.lora_B, module.lora_dropout, module.lora_scaling

@@ -108,3 +108,28 @@ def test_config_round_trips_and_refuses_unknown_keys(models):
         text = {**raw["text_config"], "rope_parameters": {**raw["text_config"]["rope_parameters"],
                                                           "mrope_interleaved": False}}
         Qwen3VLMoeConfig.from_hf_dict({**raw, "text_config": text})
+
+
+def test_export_loads_in_transformers_with_the_same_logits(models, tmp_path):
+    from openrecipes.checkpoint.hf import save_hf
+
+    _, native = models
+    save_hf(native, tmp_path)
+    exported = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32)
+    input_ids, vision = _inputs(True)
+    with torch.no_grad():
+        expected = native(input_ids, **vision)
+        got = exported(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), **vision).logits
+    assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+def test_layer_chunks_compose_to_the_whole_forward(models):
+    _, native = models
+    input_ids, _ = _inputs(False)
+    with torch.no_grad():
+        whole = native(input_ids)
+        hidden = native(input_ids, layers=range(0, 1))
+        chunked = native(hidden, layers=range(1, 3))
+    assert torch.allclose(chunked, whole, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="images need"):
+        native(input_ids, layers=range(0, 1), **_inputs(True)[1])

@@ -9,6 +9,8 @@ Legend: B rows, T tokens per row, D hidden, V vocabulary, Dh head dim, F = Dh/2 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -49,24 +51,25 @@ def mrope_positions(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None
     m = config.vision.spatial_merge_size
     grids = iter([] if image_grid_thw is None else [[int(v) for v in g] for g in image_grid_thw.tolist()])
     out = torch.zeros(3, rows, tokens, dtype=torch.long, device=input_ids.device)
-    is_image = (input_ids == config.image_token_id).tolist()
-    for row in range(rows):
-        flags, t, pos = is_image[row], 0, 0
-        while t < tokens:
-            if not flags[t]:
-                out[:, row, t] = pos
-                t, pos = t + 1, pos + 1
-                continue
-            grid = next(grids, None)
-            if grid is None:
-                raise ValueError(f"row {row}: more images in input_ids than image_grid_thw entries")
-            frames, h, w = grid[0], grid[1] // m, grid[2] // m
-            count = frames * h * w
-            if flags[t:t + count] != [True] * count:
-                raise ValueError(f"row {row}: image at token {t} needs {count} consecutive image tokens")
-            f_ids, h_ids, w_ids = torch.meshgrid(torch.arange(frames), torch.arange(h), torch.arange(w), indexing="ij")
-            out[:, row, t:t + count] = torch.stack([f_ids, h_ids, w_ids]).flatten(1).to(out.device) + pos
-            t, pos = t + count, pos + max(h, w)
+    for row, flags in enumerate((input_ids == config.image_token_id).tolist()):
+        t, pos = 0, 0
+        for is_image, run in itertools.groupby(flags):
+            end = t + len(list(run))
+            if not is_image:  # a text run: positions count up on all three axes
+                out[:, row, t:end] = torch.arange(pos, pos + end - t, device=out.device)
+                t, pos = end, pos + end - t
+            while is_image and t < end:  # one or more images back to back
+                grid = next(grids, None)
+                if grid is None:
+                    raise ValueError(f"row {row}: more images in input_ids than image_grid_thw entries")
+                frames, h, w = grid[0], grid[1] // m, grid[2] // m
+                count = frames * h * w
+                if t + count > end:
+                    raise ValueError(f"row {row}: the image at token {t} needs {count} image tokens, "
+                                     f"the run has {end - t}")
+                axes = torch.meshgrid(torch.arange(frames), torch.arange(h), torch.arange(w), indexing="ij")
+                out[:, row, t:t + count] = torch.stack(axes).flatten(1).to(out.device) + pos
+                t, pos = t + count, pos + max(h, w)
     if next(grids, None) is not None:
         raise ValueError("image_grid_thw has more entries than images in input_ids")
     return out

@@ -133,3 +133,41 @@ def test_layer_chunks_compose_to_the_whole_forward(models):
     assert torch.allclose(chunked, whole, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="images need"):
         native(input_ids, layers=range(0, 1), **_inputs(True)[1])
+
+
+@pytest.mark.parametrize("name", ["qwen3-vl-moe-tiny", "qwen3-vl-30b-a3b"])
+def test_parameter_counts_equal_the_modules(name):
+    from openrecipes.models.qwen3_vl_moe.model import Qwen3VLMoeForConditionalGeneration
+    from openrecipes.models.registry import get_config
+
+    config = get_config(name)
+    with torch.device("meta"):
+        model = Qwen3VLMoeForConditionalGeneration(config)
+    counts = {True: 0, False: 0}
+    for param_name, param in model.named_parameters():
+        counts[param_name.startswith("model.visual.")] += param.numel()
+    assert counts == {True: config.vision.params(), False: config.total_params()}
+
+
+def test_the_published_30b_config_reads_as_the_named_config():
+    """Qwen/Qwen3-VL-30B-A3B-Instruct's config.json (transformers 4.x layout: rope_scaling beside rope_theta)."""
+    from openrecipes.models.qwen3_vl_moe import Qwen3VLMoeConfig
+    from openrecipes.models.registry import get_config
+
+    text = dict(attention_bias=False, decoder_sparse_step=1, head_dim=128, hidden_size=2048, intermediate_size=6144,
+                max_position_embeddings=262144, mlp_only_layers=[], model_type="qwen3_vl_moe_text",
+                moe_intermediate_size=768, norm_topk_prob=True, num_attention_heads=32, num_experts=128,
+                num_experts_per_tok=8, num_hidden_layers=48, num_key_value_heads=4, rms_norm_eps=1e-06,
+                rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+                rope_theta=5000000, vocab_size=151936, bos_token_id=151643, eos_token_id=151645, dtype="bfloat16",
+                hidden_act="silu", initializer_range=0.02, use_cache=True)
+    vision = dict(deepstack_visual_indexes=[8, 16, 24], depth=27, hidden_act="gelu_pytorch_tanh", hidden_size=1152,
+                  in_channels=3, intermediate_size=4304, model_type="qwen3_vl_moe", num_heads=16,
+                  num_position_embeddings=2304, out_hidden_size=2048, patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2, initializer_range=0.02, dtype="bfloat16")
+    raw = dict(architectures=["Qwen3VLMoeForConditionalGeneration"], image_token_id=151655, model_type="qwen3_vl_moe",
+               text_config=text, tie_word_embeddings=False, video_token_id=151656, vision_config=vision,
+               vision_end_token_id=151653, vision_start_token_id=151652, transformers_version="4.57.0.dev0")
+    assert Qwen3VLMoeConfig.from_hf_dict(raw) == get_config("qwen3-vl-30b-a3b")
+    shifted = {**text, "rope_scaling": {**text["rope_scaling"], "mrope_section": [32, 16, 16]}}
+    assert Qwen3VLMoeConfig.from_hf_dict({**raw, "text_config": shifted}).mrope_section == (32, 16, 16)

@@ -148,13 +148,18 @@ class Qwen3VLMoeConfig:
         text.pop("tie_word_embeddings", None)
         if text.get("model_type") == "qwen3_vl_moe_text":
             text["model_type"] = "qwen3_moe"
-        rope = dict(text.pop("rope_parameters", None) or {})
-        section = rope.pop("mrope_section", list(cls.mrope_section))
-        # transformers interleaves the sections whatever this flag says, so only the value it computes is accepted
-        if rope.pop("mrope_interleaved", True) is not True:
-            raise ValueError(f"{source}: text_config.rope_parameters.mrope_interleaved must be true (the "
-                             "sections are always interleaved)")
-        text["rope_parameters"] = rope
+        # M-RoPE keys sit in rope_parameters (transformers 5.x) or rope_scaling (4.x, with rope_theta beside it)
+        section = list(cls.mrope_section)
+        for key in ("rope_parameters", "rope_scaling"):
+            if not text.get(key):
+                continue
+            rope = dict(text[key])
+            section = rope.pop("mrope_section", section)
+            # transformers interleaves the sections whatever this flag says: only the value it computes is accepted
+            if rope.pop("mrope_interleaved", True) is not True:
+                raise ValueError(f"{source}: text_config.{key}.mrope_interleaved must be true (the sections are "
+                                 "always interleaved)")
+            text[key] = rope
         # the router of Qwen3-VL-MoE always renormalises its top-k weights
         text["norm_topk_prob"] = True
         return cls(text=Qwen3MoeConfig.from_hf_dict(text, source=f"{source} text_config"),

@@ -21,8 +21,8 @@ def planner_shape(config: Qwen3VLMoeConfig, name: str) -> ModelShape:
 
 
 NAMED_CONFIGS = {
-    # The Qwen3-VL-30B-A3B shape: the decoder of Qwen3-30B-A3B (rope_theta 5e6, 256k positions) and
-    # transformers' Qwen3VLMoeVisionConfig defaults with out_hidden_size set to the decoder width.
+    # Qwen/Qwen3-VL-30B-A3B-Instruct config.json, field by field: Qwen3-30B-A3B's decoder sizes with
+    # rope_theta 5e6 and 256k positions, a 27-block vision tower with DeepStack after blocks 8, 16 and 24.
     "qwen3-vl-30b-a3b": lambda: Qwen3VLMoeConfig(
         text=Qwen3MoeConfig(
             vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,

@@ -171,3 +171,17 @@ def test_the_published_30b_config_reads_as_the_named_config():
     assert Qwen3VLMoeConfig.from_hf_dict(raw) == get_config("qwen3-vl-30b-a3b")
     shifted = {**text, "rope_scaling": {**text["rope_scaling"], "mrope_section": [32, 16, 16]}}
     assert Qwen3VLMoeConfig.from_hf_dict({**raw, "text_config": shifted}).mrope_section == (32, 16, 16)
+
+
+def test_router_load_balancing_loss_matches_transformers(models):
+    from openrecipes.models.common.router_loss import RouterStatistics
+
+    reference, native = models
+    input_ids, vision = _inputs(True)
+    with torch.no_grad():
+        out = reference(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), output_router_logits=True,
+                        **vision)
+        with RouterStatistics(native) as routing:
+            native(input_ids, **vision)
+    assert out.aux_loss is not None
+    assert abs(routing.load_balancing_loss().item() - out.aux_loss.item()) <= 1e-5 * out.aux_loss.item()

@@ -31,7 +31,7 @@ def models(tmp_path_factory):
             param.normal_(0, 0.2)
     path = tmp_path_factory.mktemp("qwen3_vl_moe")
     reference.save_pretrained(path)
-    return reference.train(), openrecipes.from_hf(path, dtype=torch.float32)
+    return reference.train(), openrecipes.from_hf(path, dtype=torch.float32), path
 
 
 def _inputs(images: bool):
@@ -54,7 +54,7 @@ def _loss(logits, labels):
 def test_logits_loss_and_grads_match_transformers(models, images):
     from openrecipes.models.qwen3_vl_moe import hf
 
-    reference, native = models
+    reference, native, _ = models
     reference.zero_grad(), native.zero_grad()
     input_ids, vision = _inputs(images)
     labels = input_ids.masked_fill(input_ids == IMAGE, -100)  # image tokens are not predicted
@@ -83,7 +83,7 @@ def test_logits_loss_and_grads_match_transformers(models, images):
 def test_mrope_positions_match_transformers(models):
     from openrecipes.models.qwen3_vl_moe.model import mrope_positions
 
-    reference, native = models
+    reference, native, _ = models
     input_ids, vision = _inputs(True)
     input_ids = torch.cat([input_ids, input_ids.flip(1)])  # a second row: the images in the other order
     grid = torch.cat([GRID, GRID.flip(0)])
@@ -96,7 +96,7 @@ def test_mrope_positions_match_transformers(models):
 def test_config_round_trips_and_refuses_unknown_keys(models):
     from openrecipes.models.qwen3_vl_moe import Qwen3VLMoeConfig
 
-    reference, native = models
+    reference, native, _ = models
     raw = reference.config.to_dict()
     assert Qwen3VLMoeConfig.from_hf_dict(raw) == native.config
     assert Qwen3VLMoeConfig.from_hf_dict(native.config.to_hf_dict()) == native.config
@@ -113,7 +113,7 @@ def test_config_round_trips_and_refuses_unknown_keys(models):
 def test_export_loads_in_transformers_with_the_same_logits(models, tmp_path):
     from openrecipes.checkpoint.hf import save_hf
 
-    _, native = models
+    _, native, _ = models
     save_hf(native, tmp_path)
     exported = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32)
     input_ids, vision = _inputs(True)
@@ -124,7 +124,7 @@ def test_export_loads_in_transformers_with_the_same_logits(models, tmp_path):
 
 
 def test_layer_chunks_compose_to_the_whole_forward(models):
-    _, native = models
+    _, native, _ = models
     input_ids, _ = _inputs(False)
     with torch.no_grad():
         whole = native(input_ids)
@@ -176,7 +176,7 @@ def test_the_published_30b_config_reads_as_the_named_config():
 def test_router_load_balancing_loss_matches_transformers(models):
     from openrecipes.models.common.router_loss import RouterStatistics
 
-    reference, native = models
+    reference, native, _ = models
     input_ids, vision = _inputs(True)
     with torch.no_grad():
         out = reference(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE).int(), output_router_logits=True,
@@ -185,3 +185,17 @@ def test_router_load_balancing_loss_matches_transformers(models):
             native(input_ids, **vision)
     assert out.aux_loss is not None
     assert abs(routing.load_balancing_loss().item() - out.aux_loss.item()) <= 1e-5 * out.aux_loss.item()
+
+
+def test_convert_round_trip_of_the_transformers_checkpoint_is_bitwise(models, tmp_path):
+    from safetensors.torch import load_file
+
+    from openrecipes.cli import main
+
+    path = models[2]
+    assert main(["convert", "import", str(path), str(tmp_path / "native")]) == 0
+    assert main(["convert", "export", str(tmp_path / "native"), str(tmp_path / "back")]) == 0
+    before, after = (load_file(p / "model.safetensors") for p in (path, tmp_path / "back"))
+    assert before.keys() == after.keys() and any(name.startswith("model.visual.") for name in before)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert main(["convert", "audit", str(path), str(tmp_path / "back")]) == 0

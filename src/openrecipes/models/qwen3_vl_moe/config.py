@@ -119,7 +119,8 @@ class Qwen3VLMoeConfig:
             raise ValueError("more deepstack_visual_indexes than text decoder layers")
         for key in _TOKEN_KEYS:
             if not 0 <= getattr(self, key) < self.text.vocab_size:
-                raise ValueError(f"{key}={getattr(self, key)} is outside the vocabulary (0..{self.text.vocab_size - 1})")
+                raise ValueError(f"{key}={getattr(self, key)} is outside the vocabulary "
+                                 f"(0..{self.text.vocab_size - 1})")
 
     # the decoder's sizes, read by the code written against every family (planner, trainer, registry)
     def __getattr__(self, name: str) -> Any:
@@ -140,7 +141,8 @@ class Qwen3VLMoeConfig:
         check_other_keys(raw, handled={"text_config", "vision_config", "tie_word_embeddings", *_TOKEN_KEYS},
                          family="Qwen3-VL-MoE", source=source)
         if raw.get("tie_word_embeddings"):
-            raise ValueError(f"{source}: tie_word_embeddings=true is not supported: Qwen3-VL-MoE uses an untied LM head")
+            raise ValueError(f"{source}: tie_word_embeddings=true is not supported: Qwen3-VL-MoE uses an untied "
+                             "LM head")
         if "text_config" not in raw or "vision_config" not in raw:
             raise ValueError(f"{source}: needs both text_config and vision_config")
         text = dict(raw["text_config"])

@@ -96,7 +96,10 @@ class PatchMerger(nn.Module):
         self.linear_fc2 = nn.Linear(self.merged, config.out_hidden_size)
 
     def forward(self, x_PD: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x_PD.reshape(-1, self.merged)) if self.norm_after_join else self.norm(x_PD).reshape(-1, self.merged)
+        if self.norm_after_join:
+            x = self.norm(x_PD.reshape(-1, self.merged))
+        else:
+            x = self.norm(x_PD).reshape(-1, self.merged)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))  # exact (erf) GELU here, unlike the blocks
 
 

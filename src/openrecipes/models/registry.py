@@ -11,6 +11,7 @@ from typing import Any
 FAMILY_MODULES = (
     "openrecipes.models.qwen3_moe.family",
     "openrecipes.models.muse_spark.family",
+    "openrecipes.models.qwen3_vl_moe.family",
 )
 
 

@@ -7,9 +7,10 @@ Pure PyTorch: a sharded tensor (a pipeline stage's or an expert-parallel rank's)
 from __future__ import annotations
 
 import zlib
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
+from torch import nn
 
 
 class SeededFill(Protocol):
@@ -37,3 +38,17 @@ def seeded_uniform(shape: torch.Size | tuple[int, ...], name: str, *, seed: int,
 def fill_seeded_normal_(param: torch.Tensor, name: str, *, seed: int, std: float) -> None:
     """Fill a whole (unsharded) ``param`` in place with its seeded N(0, std) values."""
     param.copy_(seeded_normal(param.shape, name, seed=seed, std=std, device=param.device))
+
+
+def build_on_meta(make: Callable[[], nn.Module], *, device: str | torch.device, dtype: torch.dtype,
+                  seed: int | None) -> nn.Module:
+    """Build on the meta device, materialise on ``device`` in ``dtype`` and initialise (``init_weights``);
+    ``seed=None`` leaves memory uninitialised, and ``device="meta"`` returns the model unmaterialised."""
+    with torch.device("meta"):
+        model = make()
+    if str(device) == "meta":
+        return model.to(dtype)
+    model = model.to_empty(device=device).to(dtype)
+    if seed is not None:
+        model.init_weights(seed=seed)
+    return model

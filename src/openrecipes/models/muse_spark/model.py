@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
-from openrecipes.models.common.init import SeededFill, fill_seeded_normal_
+from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher
 from openrecipes.models.common.norms import RMSNorm
@@ -242,11 +242,4 @@ def build_muse_spark(config: MuseSparkConfig, *, device: str | torch.device = "c
 
     The router weight, expert bias and residual gates stay fp32 whatever ``dtype`` is (see ``KeepFP32``).
     """
-    with torch.device("meta"):
-        model = MuseSparkForCausalLM(config, kernels)
-    if str(device) == "meta":
-        return model.to(dtype)
-    model = model.to_empty(device=device).to(dtype)
-    if seed is not None:
-        model.init_weights(seed=seed)
-    return model
+    return build_on_meta(lambda: MuseSparkForCausalLM(config, kernels), device=device, dtype=dtype, seed=seed)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
-from openrecipes.models.common.init import SeededFill, fill_seeded_normal_
+from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.moe import SparseMoeBlock
 from openrecipes.models.common.norms import RMSNorm
@@ -131,9 +131,4 @@ def build_qwen3_moe(config: Qwen3MoeConfig, *, device: str | torch.device = "cpu
                     dtype: torch.dtype = torch.float32, seed: int | None = 0,
                     kernels: KernelOptions = KernelOptions()) -> Qwen3MoeForCausalLM:
     """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised."""
-    with torch.device("meta"):
-        model = Qwen3MoeForCausalLM(config, kernels)
-    model = model.to_empty(device=device).to(dtype)
-    if seed is not None:
-        model.init_weights(seed=seed)
-    return model
+    return build_on_meta(lambda: Qwen3MoeForCausalLM(config, kernels), device=device, dtype=dtype, seed=seed)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents
-from openrecipes.models.common.init import SeededFill, fill_seeded_normal_
+from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.qwen3_moe.model import Qwen3MoeBackbone
@@ -155,9 +155,4 @@ def build_qwen3_vl_moe(config: Qwen3VLMoeConfig, *, device: str | torch.device =
                        dtype: torch.dtype = torch.float32, seed: int | None = 0,
                        kernels: KernelOptions = KernelOptions()) -> Qwen3VLMoeForConditionalGeneration:
     """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised."""
-    with torch.device("meta"):
-        model = Qwen3VLMoeForConditionalGeneration(config, kernels)
-    model = model.to_empty(device=device).to(dtype)
-    if seed is not None:
-        model.init_weights(seed=seed)
-    return model
+    return build_on_meta(lambda: Qwen3VLMoeForConditionalGeneration(config, kernels), device=device, dtype=dtype, seed=seed)

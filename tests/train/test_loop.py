@@ -196,3 +196,15 @@ def test_compiled_blocks_change_no_number(make_recipe, tmp_path):
     for a, b in zip(losses(plain), losses(compiled)):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+def test_compile_wraps_the_blocks_below_the_recompute_boundary(make_recipe):
+    # full recompute hooks the layer: both its blocks are compiled; selective hooks the attention block: it stays eager
+    for granularity, attention_compiled in (("full", True), ("selective", False)):
+        model, _ = engine.build_model(make_recipe(recompute__granularity=granularity, kernels__compile=True),
+                                      torch.device("cpu"))
+        for layer in model.model.layers.values():
+            assert (getattr(layer.self_attn, "_compiled_call_impl", None) is not None) == attention_compiled
+            assert getattr(layer.mlp, "_compiled_call_impl", None) is not None
+    plain, _ = engine.build_model(make_recipe(recompute__granularity="full"), torch.device("cpu"))
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in plain.modules())

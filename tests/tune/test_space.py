@@ -68,6 +68,10 @@ def test_the_space_holds_every_kind_of_change(start_yaml):
              if knob in ("offload_activations", "loss_chunk")}
     assert moved["offload_activations"] == {"offload.activations": True}
     assert moved["loss_chunk"] in ({"kernels.loss_chunk_tokens": 2048}, {"kernels.loss_chunk_tokens": 8192})
+    # the exact oracle kernels are for checking, never a move
+    kernels = {settings.attention for knob, settings in moves if knob == "attention"} | \
+        {settings.experts for knob, settings in moves if knob == "experts"}
+    assert kernels and not kernels & {"reference", "loop"}
 
 
 def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):

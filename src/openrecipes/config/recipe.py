@@ -25,6 +25,7 @@ _Beta = Annotated[float, Field(ge=0, lt=1)]
 ChatInputShape = Literal["openai", "sharegpt"]
 ChatRole = Literal["system", "user", "assistant", "tool"]
 SpecialTokensInText = Literal["text", "refuse"]
+TooLong = Literal["skip", "truncate"]  # what a conversation over max_conversation_tokens gets
 
 
 class DataBuild(BaseModel):
@@ -45,7 +46,7 @@ class DataBuild(BaseModel):
     eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
     # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)
     max_conversation_tokens: int | None = Field(None, ge=1)
-    too_long: Literal["skip", "truncate"] = "skip"
+    too_long: TooLong = "skip"
     # sft only: the dataset's shape (openai role/content, or sharegpt from/value), the key holding each
     # conversation (default messages, or conversations for sharegpt), and roles renamed before the check
     input_shape: ChatInputShape = "openai"

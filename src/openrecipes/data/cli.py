@@ -9,6 +9,7 @@ from typing import Any
 
 from openrecipes.data import bundled
 from openrecipes.data.chat_input import SHAPES, SPECIAL_TOKEN_POLICIES
+from openrecipes.data.stream import TOO_LONG
 from openrecipes.data.templates import LOSS_MASKS
 
 
@@ -50,7 +51,7 @@ def register(subparsers: Any) -> None:
     build.add_argument("--max-conversation-tokens", type=int, default=None, metavar="N",
                        help="sft: a conversation of more than N tokens (its separator not counted) is skipped or "
                             "truncated (--too-long); the manifest records the limit and counts them")
-    build.add_argument("--too-long", default="skip", choices=["skip", "truncate"],
+    build.add_argument("--too-long", default="skip", choices=TOO_LONG,
                        help="with --max-conversation-tokens: skip such a conversation (default) or keep its first "
                             "N tokens")
     build.add_argument("--name", default=None, help="dataset name in the manifest (default: --out's name)")

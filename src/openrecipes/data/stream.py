@@ -18,16 +18,17 @@ falls on the window's own last boundary in that range, which may differ from a w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, get_args
 
 import numpy as np
 
+from openrecipes.config.recipe import TooLong
 from openrecipes.data.templates import token_mask
 
 WINDOW_CHARS = 1 << 16  # characters per tokenizer call for a long text (read at each call)
 MARGIN_CHARS = 1 << 10  # the look-ahead's context on each side of a window's cut
 BATCH_CHARS = 1 << 20  # rendered characters per encode_batch call of ordinary conversations
-TOO_LONG = ("skip", "truncate")
+TOO_LONG = get_args(TooLong)
 
 
 @dataclass(frozen=True, kw_only=True)

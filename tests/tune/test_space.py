@@ -4,6 +4,7 @@ does refuse one."""
 from __future__ import annotations
 
 import pytest
+from dataclasses import replace
 
 from openrecipes.config.layout import rows_per_microbatch
 from openrecipes.config.recipe import load_recipe
@@ -90,3 +91,21 @@ def test_a_numerics_change_is_refused_before_any_trial(start_yaml, monkeypatch):
         with pytest.raises(ValueError, match=f"{path} is a numerics field"):
             check_performance_only({path: 1})
     check_performance_only({"layout.dp": 2, "kernels.attention": "sdpa", "offload.fraction": 0.5})
+
+
+def test_kernels_a_target_cannot_run_are_never_offered(start_yaml):
+    """On CPU processes neither flash varlen attention nor grouped_mm experts run: a trial of them would only crash.
+    grouped_mm also needs bf16, so an fp32 start never gets it, even on GPUs."""
+    start = load_recipe(start_yaml)
+
+    def offered(facts, recipe):
+        moves = neighbours(start_settings(recipe, facts), recipe, facts)
+        return ({s.attention for knob, s in moves if knob == "attention"}
+                | {s.experts for knob, s in moves if knob == "experts"})
+
+    on_cpu = replace(FACTS, cuda=False)
+    assert not offered(on_cpu, start) & {"varlen", "grouped_mm"}
+    bf16 = start.model_copy(update={"precision": "bf16"})
+    assert {"varlen", "grouped_mm"} <= offered(FACTS, bf16)
+    fp32 = start.model_copy(update={"precision": "fp32"})
+    assert "grouped_mm" not in offered(FACTS, fp32) and "varlen" in offered(FACTS, fp32)

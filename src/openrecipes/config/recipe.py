@@ -187,6 +187,16 @@ class Kernels(BaseModel):
     loss_chunk_tokens: int = Field(0, ge=0)
 
 
+def backend_runs(kind: str, backend: str, *, cuda: bool, bf16: bool) -> bool:
+    """Whether ``backend`` (of ``kind``: attention or experts) can run on that device and precision: flash varlen
+    attention needs CUDA, grouped_mm needs bf16 on CUDA; the others run anywhere."""
+    if kind == "experts" and backend == "grouped_mm":
+        return cuda and bf16
+    if kind == "attention" and backend == "varlen":
+        return cuda
+    return True
+
+
 class Debug(BaseModel):
     model_config = _STRICT
     force_load_balance: bool = False   # route tokens round-robin over experts (benchmarks only)

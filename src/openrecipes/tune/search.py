@@ -101,7 +101,8 @@ class Search:
         self.planner = Planner(self.start, self.target, row_tokens)
         shape = self.planner.shape
         self.facts = ModelFacts(num_layers=shape.num_layers, num_experts=shape.num_experts, kv_heads=shape.kv_heads,
-                                row_tokens=row_tokens, world_size=self.target.count)
+                                row_tokens=row_tokens, world_size=self.target.count,
+                                cuda=not self.target.is_cpu)
         check_settings(self.out, {"start": dump_recipe(self.start), "target": self.target.label(),
                                   "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
         self.journal = Journal(self.out)

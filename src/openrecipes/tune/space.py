@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from openrecipes.config.layout import LayoutConfig, divisors, enumerate_layouts, layout_problems
 from openrecipes.config.layout import rows_per_microbatch
-from openrecipes.config.recipe import Kernels, Offload, Recipe, recipe_from_dict
+from openrecipes.config.recipe import Kernels, Offload, Recipe, backend_runs, recipe_from_dict
 from openrecipes.config.numerics import PERFORMANCE, classify
 from openrecipes.verify.rules import compare_recipes
 
@@ -46,6 +46,7 @@ class ModelFacts:
     kv_heads: int
     row_tokens: int
     world_size: int
+    cuda: bool = True  # the trials run on GPUs (False: CPU processes, where CUDA-only kernels are never offered)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +228,9 @@ def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -
         return [False, True]
     if knob == "loss_chunk":
         return list(LOSS_CHUNKS)
-    return list(ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS)
+    kernels = ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS
+    bf16 = start.precision == "bf16"
+    return [kernel for kernel in kernels if backend_runs(knob, kernel, cuda=facts.cuda, bf16=bf16)]
 
 
 def neighbours(around: Settings, start: Recipe, facts: ModelFacts) -> list[tuple[str, Settings]]:

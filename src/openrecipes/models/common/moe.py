@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from openrecipes.models.common.activations import ACTIVATIONS, check_activation
+from openrecipes.config.recipe import backend_runs
 from openrecipes.models.common.kernels import KernelOptions
 
 
@@ -64,7 +65,8 @@ def use_grouped_mm(x: torch.Tensor, backend: str = "auto") -> bool:
     """``auto``: grouped_mm for bf16 on CUDA, else the loop; ``loop`` forces the per-expert fallback."""
     if backend == "loop":
         return False
-    supported = x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+    supported = (backend_runs("experts", "grouped_mm", cuda=x.is_cuda, bf16=x.dtype == torch.bfloat16)
+                 and hasattr(torch, "_grouped_mm"))
     if backend == "grouped_mm" and not supported:
         raise ValueError(f"expert backend 'grouped_mm' needs bf16 tensors on CUDA, got {x.dtype} on {x.device}")
     return supported

@@ -82,17 +82,21 @@ def read_rows_manifest(rows_dir: Path) -> dict[str, Any]:
 
 
 ROWS_TEXT = {"sft": "SFT conversations", "pretrain": "pretraining documents", "lora": "SFT conversations (LoRA)",
-             "long-context-sft": "long rows of SFT conversations (context parallel)"}
+             "long-context-sft": "long rows of SFT conversations"}
+# rows at least this long are long-context SFT on any layout (the seeds' long-context packs: 32,768 and 65,536)
+LONG_CONTEXT_ROW_TOKENS = 32768
 
 
 def card_workflow(recipe: Any, manifest: dict[str, Any]) -> str:
     """The card's workload.workflow: lora when the recipe trains adapters, else what the rows were built for
     (the manifest's workflow; rows built before that field existed are SFT rows); SFT rows split over
-    context-parallel ranks (layout.cp > 1) are long-context SFT, as on the verification cards."""
+    context-parallel ranks (layout.cp > 1) or of at least LONG_CONTEXT_ROW_TOKENS tokens are long-context SFT, as on
+    the verification cards."""
     if getattr(recipe, "lora", None) is not None:
         return "lora"
     workflow = str(manifest.get("workflow") or "sft")
-    return "long-context-sft" if workflow == "sft" and recipe.layout.cp > 1 else workflow
+    long_rows = int(manifest.get("row_tokens") or 0) >= LONG_CONTEXT_ROW_TOKENS
+    return "long-context-sft" if workflow == "sft" and (recipe.layout.cp > 1 or long_rows) else workflow
 
 
 def _is_bundled(path: str | None, name: str) -> bool:

@@ -73,7 +73,7 @@ def _layout_label(sizes: dict[str, int]) -> str:
 
 
 def _training_item(options: ItemOptions) -> dict[str, Any]:
-    from openrecipes.cards.new import card_workflow, dataset_block, read_rows_manifest
+    from openrecipes.cards.new import LONG_CONTEXT_ROW_TOKENS, card_workflow, dataset_block, read_rows_manifest
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import (
         CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, decode_metric, read_metrics, read_run_info, rows_directory,
@@ -170,7 +170,8 @@ def _check_workflow(claimed: str, trained: str, cp: int, run_dir: Path) -> None:
     """The workflow an item claims must be the one the run trained (``card_workflow``: its rows, its adapters, and
     context parallelism for long-context SFT)."""
     if claimed != trained:
-        hint = " (long-context SFT is SFT rows with context parallelism, cp > 1)" if "long-context-sft" in (
+        hint = (" (long-context SFT is SFT rows with context parallelism, cp > 1, or rows of at least "
+                f"{LONG_CONTEXT_ROW_TOKENS:,} tokens)") if "long-context-sft" in (
             claimed, trained) else ""
         raise ValueError(f"--workflow {claimed}, but {run_dir} trained {trained} with layout.cp {cp} (its rows' "
                          f"manifest and recipe say so){hint}")

@@ -24,8 +24,7 @@ def loss_and_grads(dtype: torch.dtype, compiled: bool, granularity: str, packed:
     model = FAMILY.build(config, device="cuda", dtype=torch.float32, seed=0, kernels=kernels).to(dtype)
     layers = list(model.model.layers.values())
     blocks = [m for layer in layers for m in (layer.self_attn, layer.mlp)]
-    recomputed = apply_recompute([layer.self_attn for layer in layers] if granularity == "selective" else layers,
-                                 granularity=granularity)
+    recomputed = apply_recompute(layers, granularity=granularity, attention_of=lambda layer: layer.self_attn)
     if compiled:
         expected = len([b for b in blocks if all(b is not r for r in recomputed)])
         assert apply_compile(blocks, recomputed=recomputed) == expected

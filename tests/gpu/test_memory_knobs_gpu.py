@@ -61,5 +61,12 @@ def test_chunked_loss_peak_is_a_fraction_of_the_logits_path():
     chunked = peak(lambda: linear_cross_entropy(h, weight, targets, weights, chunk=1024))
     assert chunked[0] < reference[0] / 3
     torch.testing.assert_close(chunked[1], reference[1], rtol=1e-4, atol=1e-2)
-    torch.testing.assert_close(chunked[2].float(), reference[2].float(), rtol=2e-2, atol=1e-4)
-    torch.testing.assert_close(chunked[3].float(), reference[3].float(), rtol=2e-2, atol=1e-4)
+    # both bf16 paths against the same products in fp32: elementwise, bf16 gradients differ by an ulp where the
+    # softmax and the target's one-hot nearly cancel, so each is judged by its error against the oracle
+    h32, w32 = h.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    token_loss_sum(F.linear(h32, w32), targets, weights).backward()
+    for got, bf16, oracle in ((chunked[2], reference[2], h32.grad), (chunked[3], reference[3], w32.grad)):
+        scale = oracle.norm()
+        chunked_error = ((got.float() - oracle).norm() / scale).item()
+        unchunked_error = ((bf16.float() - oracle).norm() / scale).item()
+        assert chunked_error <= 1.5 * unchunked_error + 1e-4, (chunked_error, unchunked_error)

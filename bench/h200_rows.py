@@ -1,0 +1,32 @@
+"""Inputs of the one-H200 verification and long-row runs (bench/gpu_call_2026-12-01_f.sh), generated offline:
+long synthetic conversations (one per 32,768-token row) and documents of random words for the tuner's pretraining
+rows (the same generator as bench/gpu_call_2026-12-01_speed_d.sh). Writes JSONL files into the given directory."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+
+def words(rng: random.Random, count: int) -> list[str]:
+    return [''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(2, 9))) for _ in range(count)]
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    vocabulary = words(rng, 5000)
+    with open(out / "docs.jsonl", "w") as f:  # as speed_d: 250 documents of 300-2,500 words
+        for _ in range(250):
+            f.write(json.dumps({'text': ' '.join(rng.choice(vocabulary) for _ in range(rng.randint(300, 2500)))}) + '\n')
+    rng = random.Random(1)
+    with open(out / "long_conversations.jsonl", "w") as f:
+        for i in range(16):
+            question = f"Summarise report {i}: " + ' '.join(rng.choice(vocabulary) for _ in range(2000))
+            answer = ' '.join(rng.choice(vocabulary) for _ in range(9000))
+            f.write(json.dumps({"messages": [{"role": "user", "content": question},
+                                             {"role": "assistant", "content": answer}]}) + '\n')
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

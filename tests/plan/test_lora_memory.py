@@ -39,9 +39,23 @@ def test_adapter_params_count_the_built_model(name, targets):
     ep2 = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, ep=2, dp=2), LoraSetup(rank=3, targets=targets),
                          shape.num_layers)
     assert ep2 == (dense, experts / 2)
+    # expert tensor parallelism splits gate/up's B and down's A by the FFN width, as a rank of the engine holds them
+    etp2 = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, etp=2, dp=2), LoraSetup(rank=3, targets=targets),
+                          shape.num_layers)
+    if "experts" in targets:
+        assert etp2 == (dense, _etp_local_adapters(model, etp=2))
     tp2_dense, _ = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, tp=2, sequence_parallel=True),
                                   LoraSetup(rank=3, targets=targets), shape.num_layers)
     assert dense / 2 < tp2_dense < dense
+
+
+def _etp_local_adapters(model, *, etp):
+    """Expert adapter elements one etp rank holds: the factor split with the FFN width (``ffn_factor``) over etp."""
+    from openrecipes.models.common.lora import ExpertAdapter
+
+    adapters = [m for m in model.modules() if isinstance(m, ExpertAdapter)]
+    return sum(p.numel() / (etp if name == a.ffn_factor else 1) for a in adapters
+               for name, p in a.named_parameters(recurse=False))
 
 
 def _stage(setup, **layout):

@@ -9,7 +9,7 @@ unchanged): each layer's merged local expert weights (bf16) live from its forwar
 
 Adapter sizes per rank follow the engine's split (parallel/tensor.py): a column-parallel projection's B and a
 row-parallel projection's A split by TP, the other factor whole; latent projections whole; expert adapters with
-their experts (E/ep of them).
+their experts (E/ep of them), and by etp as their weights (gate/up's B and down's A; parallel/expert.py).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def adapter_params(shape: ModelShape, layout: LayoutConfig, lora: LoraSetup, lay
         raise ValueError(f"lora.targets: {shape.name or 'the model'} has no latent projections to adapt")
     dense = layers * lora.rank * sum(sum(linear[t]) for t in lora.targets if t in linear)
     experts = 0.0
-    if lora.experts:  # gate_up: A (r, in) + B (2F, r); down: A (r, F) + B (in, r)
-        per_expert = lora.rank * (2 * shape.expert_in + 3 * shape.expert_ffn)
+    if lora.experts:  # gate_up: A (r, in) + B (2F/etp, r); down: A (r, F/etp) + B (in, r), split like the FFN
+        per_expert = lora.rank * (2 * shape.expert_in + 3 * shape.expert_ffn / layout.etp)
         experts = layers * shape.num_experts / layout.ep * per_expert
     return dense, experts
 

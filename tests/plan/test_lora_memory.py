@@ -13,7 +13,7 @@ from openrecipes.models.registry import get_config
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.lora import LoraSetup, adapter_params
-from openrecipes.plan.memory import TrainingSetup, stage_memory
+from openrecipes.plan.memory import TrainingSetup, sharded_elements, stage_memory, stage_params
 from openrecipes.plan.shape import model_shape
 
 GIB = 1024 ** 3
@@ -78,6 +78,23 @@ def test_frozen_base_has_no_gradients_or_optimizer_state(engine):
     assert adapted.parts_gib["params"] == pytest.approx(full.parts_gib["params"] + 2 * (dense + experts) / GIB,
                                                         abs=2e-3)
     assert adapted.allocated_gib < full.allocated_gib / 2
+
+
+def test_frozen_base_is_bf16_under_several_processes():
+    # full training keeps fp32 masters (4 B) of every weight under several processes; LoRA keeps the frozen base in
+    # bf16 (2 B) and fp32 adapter masters (4 B) with their gradients and moments; FSDP's gathered bf16 copies of the
+    # adapters are below the parts' rounding. tests/distributed/test_lora_bf16_base.py checks these bytes against
+    # what the ranks of a run hold.
+    lora = LoraSetup(rank=16, targets=(*ATTENTION, "experts"))
+    common = dict(recompute="full", engine="openrecipes", global_batch_tokens=2 * 4096)
+    _, _, full = _stage(TrainingSetup(**common), dp=2, ep=2)
+    shape, layout, adapted = _stage(TrainingSetup(**common, lora=lora), dp=2, ep=2)
+    base = sharded_elements(*stage_params(shape, layout, shape.num_layers, first=True, last=True), layout)
+    adapters = sharded_elements(*adapter_params(shape, layout, lora, shape.num_layers), layout)
+    assert adapted.parts_gib["params"] == pytest.approx(full.parts_gib["params"] - 2 * base / GIB + 4 * adapters / GIB,
+                                                        abs=2e-3)
+    assert adapted.parts_gib["grads"] == pytest.approx(4 * adapters / GIB, abs=1e-3)
+    assert adapted.parts_gib["optimizer"] == pytest.approx(8 * adapters / GIB, abs=1e-3)
 
 
 def test_lora_predictions_move_the_right_way():

@@ -203,8 +203,8 @@ class _LocalExpertDelta(nn.Module):
 
     def forward(self, weight: DTensor) -> DTensor:
         adapter: ExpertAdapter = self._adapter[0]
-        delta = adapter.delta(self.part, _local(adapter.lora_A), _local(adapter.lora_B))
-        local = weight.to_local() + delta.to(weight.dtype)
+        local = weight.to_local()
+        local = local + adapter.delta(self.part, local.dtype, _local(adapter.lora_A), _local(adapter.lora_B))
         return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
                                   stride=weight.stride())
 

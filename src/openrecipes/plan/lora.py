@@ -1,11 +1,11 @@
 """What LoRA changes in the planner's memory model (plan/memory.py; models/common/lora.py is the engine's side).
 
-The base is frozen: its parameters stay (bf16, or this engine's sharded fp32 masters under several processes), but it
-has no gradients and no optimizer state. The adapters train: parameters, gradients and optimizer state as any
-trained weight. Activations: frozen experts without adapters need not keep the routed expert inputs (those serve
-only the experts' weight gradients); expert adapters keep them. Every linear adapter keeps its rank-r product A·x for
-B's gradient. This engine adds the expert adapters to the grouped weights (W + s·B A, so the grouped kernels run
-unchanged): each layer's merged local expert weights (bf16) live from its forward to its backward.
+The base is frozen: its parameters stay, in bf16 (this engine keeps no fp32 masters of it under several processes
+either), but it has no gradients and no optimizer state. The adapters train: parameters, gradients and optimizer state
+as any trained weight. Activations: frozen experts without adapters need not keep the routed expert inputs (those
+serve only the experts' weight gradients); expert adapters keep them. Every linear adapter keeps its rank-r product
+A·x for B's gradient. This engine adds the expert adapters to the grouped weights (W + s·B A, so the grouped kernels
+run unchanged): each layer's merged local expert weights (bf16) live from its forward to its backward.
 
 Adapter sizes per rank follow the engine's split (parallel/tensor.py): a column-parallel projection's B and a
 row-parallel projection's A split by TP, the other factor whole; latent projections whole; expert adapters with

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.functional import linear
 from torch.nn.utils import parametrize
 
 from openrecipes.models.common.init import seeded_uniform
@@ -71,7 +72,9 @@ def _kaiming_(tensor: torch.Tensor, name: str, fan_in: int, seed: int) -> None:
 
 def _linear_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
     x = module.lora_dropout(inputs[0])
-    return output + module.lora_B(module.lora_A(x)) * module.lora_scaling
+    # in the input's dtype: fp32 adapters on a bf16 base compute as bf16 ones do (their gradients come back fp32)
+    low_rank = linear(x, module.lora_A.weight.to(x.dtype))
+    return output + linear(low_rank, module.lora_B.weight.to(x.dtype)) * module.lora_scaling
 
 
 class ExpertAdapter(nn.Module):
@@ -91,10 +94,12 @@ class ExpertAdapter(nn.Module):
         self.scaling = scaling
         self.ffn_factor = ffn_factor
 
-    def delta(self, part: int | None, A: torch.Tensor | None = None, B: torch.Tensor | None = None) -> torch.Tensor:
-        """s · B A for the weight ``part`` (None: the only one), from this module's factors or the given ones."""
-        A = self.lora_A if A is None else A
-        B = self.lora_B if B is None else B
+    def delta(self, part: int | None, dtype: torch.dtype, A: torch.Tensor | None = None,
+              B: torch.Tensor | None = None) -> torch.Tensor:
+        """s · B A for the weight ``part`` (None: the only one), in ``dtype`` (the weight's: fp32 adapters on a bf16
+        base add what bf16 ones would), from this module's factors or the given ones."""
+        A = (self.lora_A if A is None else A).to(dtype)
+        B = (self.lora_B if B is None else B).to(dtype)
         return torch.bmm(B if part is None else B[:, part], A) * self.scaling
 
 
@@ -112,13 +117,13 @@ class AddExpertDelta(nn.Module):
         return self._adapter[0]
 
     def forward(self, weight_EOI: torch.Tensor) -> torch.Tensor:
-        return weight_EOI + self.adapter.delta(self.part).to(weight_EOI.dtype)
+        return weight_EOI + self.adapter.delta(self.part, weight_EOI.dtype)
 
 
-def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec) -> None:
-    weight = linear.weight
-    linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, device=weight.device, dtype=weight.dtype)
-    linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec, dtype: torch.dtype | None) -> None:
+    like = dict(device=linear.weight.device, dtype=dtype or linear.weight.dtype)
+    linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, **like)
+    linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, **like)
     _kaiming_(linear.lora_A.weight, f"{name}.lora_A.weight", linear.in_features, spec.seed)
     with torch.no_grad():
         linear.lora_B.weight.zero_()
@@ -127,10 +132,10 @@ def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec) -> None:
     linear.register_forward_hook(_linear_hook)
 
 
-def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec) -> None:
+def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec, dtype: torch.dtype | None) -> None:
     # the whole (E, F, D) shape: an expert-parallel base reports it too, and the layout then keeps its experts' slice
     E, F, D = experts.gate_proj.shape
-    like = dict(device=experts.gate_proj.device, dtype=experts.gate_proj.dtype)
+    like = dict(device=experts.gate_proj.device, dtype=dtype or experts.gate_proj.dtype)
     experts.lora_gate_up = ExpertAdapter(E, F, D, spec.rank, spec.scaling, parts=2, ffn_factor="lora_B", **like)
     experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, parts=None, ffn_factor="lora_A", **like)
     _kaiming_(experts.lora_gate_up.lora_A, f"{name}.lora_gate_up.lora_A", D, spec.seed)
@@ -142,10 +147,12 @@ def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec) -> None:
         parametrize.register_parametrization(experts, weight, AddExpertDelta(adapter, part), unsafe=True)
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
+def apply_lora(model: nn.Module, spec: LoraSpec, *, dtype: torch.dtype | None = None) -> list[str]:
     """Add adapters to every target of ``model`` (in place), freeze the rest; return the adapted module names.
 
-    A target no module of the model has is an error naming it (Qwen3-MoE has no latent projections)."""
+    ``dtype``: the adapters' parameters' (None: their base weight's); a bf16 base may train fp32 adapters, which then
+    compute in the dtype they meet (the input of a linear target, the weight of the experts). A target no module of
+    the model has is an error naming it (Qwen3-MoE has no latent projections)."""
     unknown = sorted(set(spec.targets) - set(TARGETS))
     if unknown:
         raise ValueError(f"lora.targets: unknown target(s) {unknown}; choose among {', '.join(TARGETS)}")
@@ -159,9 +166,9 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
         if leaf in spec.targets and isinstance(module, nn.Linear):
-            _adapt_linear(module, name, spec)
+            _adapt_linear(module, name, spec, dtype)
         elif EXPERTS in spec.targets and isinstance(module, GroupedExperts):
-            _adapt_experts(module, name, spec)
+            _adapt_experts(module, name, spec, dtype)
             leaf = EXPERTS
         else:
             continue

@@ -261,9 +261,12 @@ def all_reduce_expert_grads(model: nn.Module, expert_mesh) -> None:
     edp, etp = expert_mesh["edp"], expert_mesh["etp"]
     etp_dim = expert_mesh.mesh_dim_names.index("etp")
     for param in expert_parameters(model):
-        if param.grad is None:
+        # the step's gradient: bf16 parameters accumulating several microbatches keep it in their fp32 main_grad
+        grad = getattr(param, "main_grad", None)
+        grad = param.grad if grad is None else grad
+        if grad is None:
             continue
         if edp.size() > 1:
-            dist.all_reduce(_local(param.grad), group=edp.get_group())
+            dist.all_reduce(_local(grad), group=edp.get_group())
         if etp.size() > 1 and isinstance(param, DTensor) and param.placements[etp_dim].is_replicate():
-            dist.all_reduce(_local(param.grad), group=etp.get_group())
+            dist.all_reduce(_local(grad), group=etp.get_group())

@@ -92,7 +92,7 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     parts: dict[str, dict[Part, str]] = defaultdict(dict)
     ignored: list[str] = []
     for hf_key in checkpoint.keys():
-        if family.ignored_key is not None and family.ignored_key(hf_key):
+        if family.ignored_key is not None and family.ignored_key(hf_key, config):
             ignored.append(hf_key)
             continue
         _, stored = checkpoint.metadata(hf_key)

@@ -194,8 +194,12 @@ def test_vision_errors_name_the_grid(model):
 def test_tower_configs_round_trip_and_count_the_built_towers():
     from openrecipes.models.muse_spark.config import MuseSparkConfig
 
-    for config in (get_config(TINY), MuseSparkConfig(vision=MuseSparkVisionConfig(), audio=MuseSparkAudioConfig(),
-                                                     image_token_id=1, video_token_id=2, audio_token_id=3)):
+    # the tiny model, and the published decoder with towers of plausible full sizes (the widths are not published)
+    large = MuseSparkConfig(
+        vision=MuseSparkVisionConfig(hidden_size=1280, intermediate_size=5120, num_heads=16, out_hidden_size=4096),
+        audio=MuseSparkAudioConfig(depth=32, hidden_size=1280, intermediate_size=5120, num_heads=20),
+        image_token_id=1, video_token_id=2, audio_token_id=3)
+    for config in (get_config(TINY), large):
         raw = config.to_hf_dict()
         assert raw["vision_config"]["depth"] == config.vision.depth and "vision" not in raw
         assert MuseSparkConfig.from_hf_dict(raw) == config
@@ -207,7 +211,7 @@ def test_tower_configs_round_trip_and_count_the_built_towers():
                   for prefix in ("vision_tower.", "multi_modal_projector.", "audio_tower.", "audio_projector.")}
         assert counts["vision_tower."] + counts["multi_modal_projector."] == config.vision.params(config.hidden_size)
         assert counts["audio_tower."] + counts["audio_projector."] == config.audio.params(config.hidden_size)
-    assert MuseSparkVisionConfig().depth == 50  # published
+    assert large.vision.depth == 50  # published
 
 
 def test_tower_config_errors_name_the_field():
@@ -220,6 +224,7 @@ def test_tower_config_errors_name_the_field():
              ({"audio_config": {**raw["audio_config"], "num_heads": 3}}, "audio_config: hidden_size/num_heads"),
              ({"vision_config": {**raw["vision_config"], "hidden_act": "xielu"}}, "vision_config.hidden_act"),
              ({"vision_config": [1]}, "vision_config must be a JSON object"),
+             ({"audio_config": {"hidden_size": 16}}, r"audio_config is missing required field\(s\) \['depth', "),
              ({"audio_token_id": None}, "audio_config is given but audio_token_id is not"),
              ({"audio_token_id": 250}, "must differ"),
              ({"image_token_id": 256}, "image_token_id=256 is outside the vocabulary")]

@@ -51,16 +51,17 @@ class MuseSparkVisionConfig:
     """The NaViT tower (patches at each image's native resolution), its adapter (m×m neighbouring patches joined
     and passed through an MLP to ``out_hidden_size``) and the projection into the decoder's width."""
 
+    # widths and heads: not published, so config.json must give them (no default to be silently wrong)
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int                 # the adapter's output width, which the projection maps to the decoder's
     depth: int = 50                      # published: 50 layers
-    hidden_size: int = 1280
-    intermediate_size: int = 5120
-    num_heads: int = 16
     patch_size: int = 14
     temporal_patch_size: int = 2         # a still image is this many identical frames; a video stacks its frames
     spatial_merge_size: int = 2          # the adapter joins m×m patches into one decoder token
     in_channels: int = 3
     max_patches_per_side: int = 256      # NaViT's factorized position tables: one row and one column table
-    out_hidden_size: int = 4096          # the adapter's output width, which the projection maps to the decoder's
     hidden_act: str = "gelu_pytorch_tanh"
     rope_theta: float = 10_000.0         # 2-D rotary attention within each image (frame)
     initializer_range: float = 0.02
@@ -112,10 +113,11 @@ class MuseSparkAudioConfig:
     conv_dim: tuple[int, ...] = (512,) * 7
     conv_kernel: tuple[int, ...] = (10, 3, 3, 3, 3, 2, 2)
     conv_stride: tuple[int, ...] = (5, 2, 2, 2, 2, 2, 2)
-    depth: int = 32
-    hidden_size: int = 1280
-    intermediate_size: int = 5120
-    num_heads: int = 20
+    # depth, widths and heads: not published, so config.json must give them
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
     hidden_act: str = "gelu"
     rope_theta: float = 10_000.0
     sampling_rate: int = 16_000          # what the waveform must be sampled at (the extractor's frame rate follows)

@@ -219,7 +219,7 @@ def test_tower_config_errors_name_the_field():
 
     raw = get_config(TINY).to_hf_dict()
     cases = [({"vision_config": {**raw["vision_config"], "deepstack_visual_indexes": [1]}},
-              "unknown vision_config field 'deepstack_visual_indexes'"),
+              "unknown Muse Spark vision_config config field 'deepstack_visual_indexes'"),
              ({"audio_config": {**raw["audio_config"], "conv_kernel": [5]}}, "one entry per convolution"),
              ({"audio_config": {**raw["audio_config"], "num_heads": 3}}, "audio_config: hidden_size/num_heads"),
              ({"vision_config": {**raw["vision_config"], "hidden_act": "xielu"}}, "vision_config.hidden_act"),

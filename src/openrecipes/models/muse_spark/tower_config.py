@@ -15,20 +15,15 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import NO_COMPUTATION_KEYS
-
-# bookkeeping keys a transformers sub-config writes (model_type and the like): read and set aside
-_SET_ASIDE = {key for key, why in NO_COMPUTATION_KEYS.items() if "bookkeeping" in why or "storage" in why}
+from openrecipes.models.common.hf_config import check_other_keys
 
 
 def _from_dict(cls: type, raw: Any, *, source: str, section: str) -> Any:
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: {section} must be a JSON object, got {type(raw).__name__}")
     known = {f.name for f in fields(cls)}
-    unknown = [key for key in raw if key not in known and key not in _SET_ASIDE]
-    if unknown:
-        raise ValueError(f"{source}: unknown {section} field {unknown[0]!r}: it is neither implemented nor known "
-                         "to leave the computation unchanged")
+    # the rule of every config.json key (docs/models.md): honoured, known not to change the computation, or refused
+    check_other_keys(raw, handled=known, family=f"Muse Spark {section}", source=source)
     missing = [f.name for f in fields(cls) if f.name not in raw and f.default is MISSING]
     if missing:
         raise ValueError(f"{source}: {section} is missing required field(s) {missing}")

@@ -12,7 +12,7 @@ from openrecipes.models.shape import ModelShape
 
 # Every tensor of the published checkpoint, towers included (seed 001's export comparison: 822,036,529,664 elements);
 # what the text model does not hold is the vision and audio towers with their adapters, which Megatron-Bridge
-# instantiates and freezes in text-only training (this engine does not load them).
+# instantiates and freezes in text-only training (here text-only mode does not load them; full-checkpoint mode does).
 PUBLISHED_CHECKPOINT_ELEMENTS = 822_036_529_664
 
 

@@ -78,9 +78,9 @@ class MuseSparkAudioEncoder(nn.Module):
         weight = self.feature_projection.projection.weight
         valid_BS = torch.arange(waveforms_BS.shape[1], device=waveforms_BS.device) < lengths[:, None]
         x = waveforms_BS.to(weight.dtype).masked_fill(~valid_BS, 0.0)
-        count = lengths.to(x.dtype)[:, None]
-        mean = x.sum(1, keepdim=True) / count
-        var = ((x - mean).masked_fill(~valid_BS, 0.0) ** 2).sum(1, keepdim=True) / count
+        valid = lengths.to(x.dtype)[:, None]
+        mean = x.sum(1, keepdim=True) / valid
+        var = ((x - mean).masked_fill(~valid_BS, 0.0) ** 2).sum(1, keepdim=True) / valid
         x = ((x - mean) / torch.sqrt(var + NORMALIZE_EPS)).masked_fill(~valid_BS, 0.0)[:, None]
         for layer in self.conv_layers:
             x = layer(x)

@@ -141,7 +141,8 @@ class MuseSparkConfig:
             + ([("audio_config", "audio_token_id")] if self.audio else [])
         for section, key in needed:
             if getattr(self, key) is None:
-                raise ValueError(f"{section} is given but {key} is not: the decoder needs the token its features replace")
+                raise ValueError(f"{section} is given but {key} is not: the decoder needs the token its features "
+                                 "replace")
         ids = [getattr(self, key) for key in _TOKEN_KEYS if getattr(self, key) is not None]
         if len(set(ids)) != len(ids):
             raise ValueError(f"image_token_id, video_token_id and audio_token_id must differ, got {ids}")

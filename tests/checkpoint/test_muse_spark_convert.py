@@ -127,7 +127,9 @@ def _add_other_modalities(hf_dir):
     index["weight_map"].update({name: extra_file.name for name in NON_TEXT})
     (hf_dir / INDEX_NAME).write_text(json.dumps(index))
     config = json.loads((hf_dir / "config.json").read_text())
-    config["vision_config"] = {"depth": 50, "model_type": "navit"}
+    towers = get_config("muse-spark-tiny-full").to_hf_dict()
+    config.update({key: towers[key] for key in ("vision_config", "audio_config", "image_token_id", "video_token_id",
+                                                "audio_token_id")})
     (hf_dir / "config.json").write_text(json.dumps(config))
 
 

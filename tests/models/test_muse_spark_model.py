@@ -271,8 +271,11 @@ def test_config_json_round_trip_and_errors():
     assert raw["model_type"] == "muse_spark" and isinstance(raw["layer_types"], list)
     assert MuseSparkConfig.from_hf_dict(raw) == config
     nested = {"model_type": "muse_spark", "text_config": {k: v for k, v in raw.items() if k != "model_type"},
-              "vision_config": {"depth": 50}}
-    assert MuseSparkConfig.from_hf_dict(nested) == config
+              "vision_config": {"depth": 50, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                "out_hidden_size": 48}, "image_token_id": 5, "video_token_id": 6}
+    full = MuseSparkConfig.from_hf_dict(nested)
+    assert full.vision.depth == 50 and full.text_only().vision is None
+    assert dataclasses.replace(full, vision=None, image_token_id=None, video_token_id=None) == config
     with pytest.raises(ValueError, match="shared_expert_size"):
         MuseSparkConfig.from_hf_dict({**raw, "shared_expert_size": 3}, source="x/config.json")
     with pytest.raises(ValueError, match="model_type"):

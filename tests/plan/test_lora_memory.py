@@ -13,7 +13,7 @@ from openrecipes.models.registry import get_config
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.lora import LoraSetup, adapter_params
-from openrecipes.plan.memory import TrainingSetup, stage_memory
+from openrecipes.plan.memory import TrainingSetup, sharded_elements, stage_memory, stage_params
 from openrecipes.plan.shape import model_shape
 
 GIB = 1024 ** 3
@@ -39,9 +39,23 @@ def test_adapter_params_count_the_built_model(name, targets):
     ep2 = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, ep=2, dp=2), LoraSetup(rank=3, targets=targets),
                          shape.num_layers)
     assert ep2 == (dense, experts / 2)
+    # expert tensor parallelism splits gate/up's B and down's A by the FFN width, as a rank of the engine holds them
+    etp2 = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, etp=2, dp=2), LoraSetup(rank=3, targets=targets),
+                          shape.num_layers)
+    if "experts" in targets:
+        assert etp2 == (dense, _etp_local_adapters(model, etp=2))
     tp2_dense, _ = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, tp=2, sequence_parallel=True),
                                   LoraSetup(rank=3, targets=targets), shape.num_layers)
     assert dense / 2 < tp2_dense < dense
+
+
+def _etp_local_adapters(model, *, etp):
+    """Expert adapter elements one etp rank holds: the factor split with the FFN width (``ffn_factor``) over etp."""
+    from openrecipes.models.common.lora import ExpertAdapter
+
+    adapters = [m for m in model.modules() if isinstance(m, ExpertAdapter)]
+    return sum(p.numel() / (etp if name == a.ffn_factor else 1) for a in adapters
+               for name, p in a.named_parameters(recurse=False))
 
 
 def _stage(setup, **layout):
@@ -64,6 +78,23 @@ def test_frozen_base_has_no_gradients_or_optimizer_state(engine):
     assert adapted.parts_gib["params"] == pytest.approx(full.parts_gib["params"] + 2 * (dense + experts) / GIB,
                                                         abs=2e-3)
     assert adapted.allocated_gib < full.allocated_gib / 2
+
+
+def test_frozen_base_is_bf16_under_several_processes():
+    # full training keeps fp32 masters (4 B) of every weight under several processes; LoRA keeps the frozen base in
+    # bf16 (2 B) and fp32 adapter masters (4 B) with their gradients and moments; FSDP's gathered bf16 copies of the
+    # adapters are below the parts' rounding. tests/distributed/test_lora_bf16_base.py checks these bytes against
+    # what the ranks of a run hold.
+    lora = LoraSetup(rank=16, targets=(*ATTENTION, "experts"))
+    common = dict(recompute="full", engine="openrecipes", global_batch_tokens=2 * 4096)
+    _, _, full = _stage(TrainingSetup(**common), dp=2, ep=2)
+    shape, layout, adapted = _stage(TrainingSetup(**common, lora=lora), dp=2, ep=2)
+    base = sharded_elements(*stage_params(shape, layout, shape.num_layers, first=True, last=True), layout)
+    adapters = sharded_elements(*adapter_params(shape, layout, lora, shape.num_layers), layout)
+    assert adapted.parts_gib["params"] == pytest.approx(full.parts_gib["params"] - 2 * base / GIB + 4 * adapters / GIB,
+                                                        abs=2e-3)
+    assert adapted.parts_gib["grads"] == pytest.approx(4 * adapters / GIB, abs=1e-3)
+    assert adapted.parts_gib["optimizer"] == pytest.approx(8 * adapters / GIB, abs=1e-3)
 
 
 def test_lora_predictions_move_the_right_way():

@@ -51,3 +51,28 @@ def catalog_with_variant(root: Path) -> Path:
     data["recipe"] = "name: variant\nmodel: qwen3-30b-a3b\nglobal_batch: 128\n"
     write(recipes / "qwen3-30b-a3b" / "h200" / "variant-with-curves.yaml", data)
     return recipes
+
+
+def card_workflows() -> list[str]:
+    """The workflows the card schema knows, in its order."""
+    from typing import get_args
+
+    from openrecipes.cards.schema import Workload
+
+    return [value for arg in get_args(Workload.model_fields["workflow"].annotation) for value in get_args(arg)]
+
+
+def catalog_of_workflows(root: Path, copies: dict[str, int] | None = None) -> tuple[Path, dict[str, list[str]]]:
+    """A catalog of Qwen cards, ``copies[workflow]`` (default 1) of each workflow the card schema knows; returns it
+    and, per workflow, the site pages of its cards."""
+    recipes, pages = root / "recipes", {}
+    for workflow in card_workflows():
+        pages[workflow] = []
+        for copy in range((copies or {}).get(workflow, 1)):
+            data = qwen_data()
+            data["workload"]["workflow"] = workflow
+            data["layout"]["label"] = f"TP1 PP1 EP8 DP8 {workflow} {copy}"
+            write(recipes / "qwen3-30b-a3b" / "h200" / f"{workflow}-{copy}.yaml", data)
+            pages[workflow].append(f"qwen3-30b-a3b/h200/{workflow}-{copy}.html")
+    return recipes, pages
+

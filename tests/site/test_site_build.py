@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from .site_fixtures import CATALOG, catalog_with_variant, copy_seed_cards, qwen_data, write
+from .site_fixtures import (CATALOG, card_workflows, catalog_of_workflows, catalog_with_variant, copy_seed_cards,
+                            qwen_data, write)
 
 from openrecipes.site.build import SITE_MARKER, build_site
 
@@ -253,18 +254,9 @@ def test_every_workflow_is_a_filter_choice_that_shows_its_card(tmp_path):
     """A catalog with a card of each workflow the card schema knows: the index offers each in the workflow filter,
     and the rows that choice keeps (filters.js keeps a row whose data-workflow is the choice; the browser test runs
     it) are exactly that workflow's card."""
-    from typing import get_args
-
-    from openrecipes.cards.schema import Workload
-
-    workflows = [value for arg in get_args(Workload.model_fields["workflow"].annotation) for value in get_args(arg)]
+    workflows = card_workflows()
     assert {"pretrain", "sft", "long-context-sft", "lora"} <= set(workflows)
-    recipes = tmp_path / "recipes"
-    for workflow in workflows:
-        data = qwen_data()
-        data["workload"]["workflow"] = workflow
-        data["layout"]["label"] = f"TP1 PP1 EP8 DP8 {workflow}"
-        write(recipes / "qwen3-30b-a3b" / "h200" / f"{workflow}.yaml", data)
+    recipes, pages = catalog_of_workflows(tmp_path)
     build_site(recipes, tmp_path / "site")
     index = (tmp_path / "site" / "index.html").read_text()
     options, rows = _Options(), _Rows()
@@ -273,4 +265,4 @@ def test_every_workflow_is_a_filter_choice_that_shows_its_card(tmp_path):
     assert sorted(options.options["workflow"]) == sorted(workflows)
     for workflow in workflows:
         kept = [row["href"] for row in rows.rows if row["workflow"] == workflow]
-        assert kept == [f"qwen3-30b-a3b/h200/{workflow}.html"]
+        assert kept == pages[workflow]

@@ -26,13 +26,15 @@ class AuditReport:
     differing: list[tuple[str, float]] = field(default_factory=list)  # (name, max abs difference)
     max_abs_diff: float = 0.0
     compared: int = 0
+    elements: int = 0  # values compared (the tensors of matching shape)
 
     def passed(self, atol: float = 0.0) -> bool:
         beyond = [name for name, diff in self.differing if not diff <= atol]
         return not (self.missing or self.extra or self.reshaped or self.dtype_changed or beyond)
 
     def table(self, atol: float = 0.0) -> str:
-        rows = [("tensors compared", str(self.compared)), ("exact matches", str(self.exact)),
+        rows = [("tensors compared", str(self.compared)), ("elements compared", f"{self.elements:,}"),
+                ("exact matches", str(self.exact)),
                 ("missing in B", str(len(self.missing))), ("extra in B", str(len(self.extra))),
                 ("reshaped", str(len(self.reshaped))), ("dtype changed", str(len(self.dtype_changed))),
                 ("promoted to fp32", f"{len(self.promoted)} (values unchanged)"),
@@ -48,7 +50,8 @@ class AuditReport:
         return "\n".join(lines + ([""] + details[:50] if details else []))
 
     def to_dict(self, atol: float = 0.0) -> dict:
-        return {"passed": self.passed(atol), "atol": atol, "compared": self.compared, "exact": self.exact,
+        return {"passed": self.passed(atol), "atol": atol, "compared": self.compared, "elements": self.elements,
+                "exact": self.exact,
                 "missing": self.missing, "extra": self.extra,
                 "reshaped": [{"name": n, "a": list(a), "b": list(b)} for n, a, b in self.reshaped],
                 "dtype_changed": [{"name": n, "a": a, "b": b} for n, a, b in self.dtype_changed],
@@ -69,6 +72,7 @@ def audit(a_dir: str | Path, b_dir: str | Path) -> AuditReport:
         if ta.shape != tb.shape:
             report.reshaped.append((name, tuple(ta.shape), tuple(tb.shape)))
             continue
+        report.elements += ta.numel()
         if _is_promotion(ta, tb):
             report.promoted.append((name, _name(ta.dtype), _name(tb.dtype)))
             report.exact += 1

@@ -19,6 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("hf_dir", help="Hugging Face checkpoint directory")
     imp.add_argument("ckpt_dir", help="native checkpoint directory to write")
     imp.add_argument("--overwrite", action="store_true", help="replace CKPT_DIR if it exists")
+    imp.add_argument("--full", action="store_true",
+                     help="full-checkpoint mode: every tensor, the perception towers and their adapters as well as "
+                          "the text model (Muse Spark); without it (text-only mode) a Muse Spark checkpoint's "
+                          "towers are skipped and counted. Models without a text-only mode are always imported whole")
     imp.set_defaults(func=_import)
 
     exp = verbs.add_parser("export", help="native or training checkpoint -> HF safetensors directory",
@@ -45,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     aud = verbs.add_parser("audit", help="compare two HF checkpoint directories tensor by tensor",
                            description="Exit status 0 only when both hold the same keys, shapes and dtypes and "
-                                       "every value agrees within --atol.")
+                                       "every value agrees within --atol. Every tensor of both is compared (towers "
+                                       "included): none is skipped.")
     aud.add_argument("a_dir", help="first Hugging Face directory")
     aud.add_argument("b_dir", help="second Hugging Face directory")
     aud.add_argument("--atol", type=float, default=0.0, help="allowed max abs difference (default 0: bitwise)")
@@ -73,9 +78,10 @@ def _merge_lora(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import import_hf
 
-    manifest = import_hf(args.hf_dir, args.ckpt_dir, overwrite=args.overwrite)
+    manifest = import_hf(args.hf_dir, args.ckpt_dir, overwrite=args.overwrite, full=args.full)
     promoted = f" ({len(manifest['promoted'])} promoted to fp32, values unchanged)" if manifest["promoted"] else ""
-    print(f"wrote {len(manifest['tensors'])} native tensors to {args.ckpt_dir}{promoted}")
+    skipped = f"; {manifest['skipped']} tower tensor(s) skipped (text-only mode)" if manifest["skipped"] else ""
+    print(f"wrote {len(manifest['tensors'])} native tensors to {args.ckpt_dir}{promoted}{skipped}")
     return 0
 
 

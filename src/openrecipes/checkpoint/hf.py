@@ -18,10 +18,16 @@ from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.families import ModelFamily, family_for_config, family_for_model_type
 
 
-def read_config(checkpoint: HFCheckpoint) -> tuple[ModelFamily, Any]:
+def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelFamily, Any]:
+    """The family and model config of a checkpoint. ``full=False`` (text-only mode, the default): for a family with
+    that mode (``ModelFamily.text_only``: Muse Spark), the config of the text model alone, without the perception
+    towers; ``full=True``: the whole checkpoint's config, towers included."""
     source = str(checkpoint.path / "config.json")
     family = family_for_model_type(checkpoint.config.get("model_type"), source=source)
-    return family, family.config_from_hf(checkpoint.config, source)
+    config = family.config_from_hf(checkpoint.config, source)
+    if not full and family.text_only is not None:
+        config = family.text_only(config)
+    return family, config
 
 
 def recipe_model_config(recipe: Any) -> Any:
@@ -81,8 +87,9 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
 
     Unknown, missing, duplicated, misshapen or non-float (int, bool, fp8) tensors raise ValueError naming the tensor
     and its file.
-    Tensors the family ignores (``family.ignored_key``, e.g. a vision tower in text-only mode) are skipped: their
-    names are appended to ``skipped`` when given, and a warning states how many there were.
+    Tensors the family ignores for this config (``family.ignored_key``: the towers in text-only mode) are skipped:
+    their names are appended to ``skipped`` when given, and a warning states how many there were. A config with
+    towers (full-checkpoint mode) skips nothing.
     Parameters the model pins to fp32 (``KeepFP32``: router, expert bias, residual gates) that the file stores in a
     narrower float (the published checkpoint keeps its residual gates in bf16) are promoted to fp32, which leaves
     every value unchanged; ``promoted`` (when given) receives their names and source dtypes. Every other tensor keeps
@@ -92,7 +99,7 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     parts: dict[str, dict[Part, str]] = defaultdict(dict)
     ignored: list[str] = []
     for hf_key in checkpoint.keys():
-        if family.ignored_key is not None and family.ignored_key(hf_key):
+        if family.ignored_key is not None and family.ignored_key(hf_key, config):
             ignored.append(hf_key)
             continue
         _, stored = checkpoint.metadata(hf_key)
@@ -157,8 +164,9 @@ def _assemble(checkpoint: HFCheckpoint, name: str, shape: tuple[int, ...], parts
 
 
 def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-            kernels: KernelOptions | None = None) -> nn.Module:
-    """Load an HF checkpoint directory into the native model.
+            kernels: KernelOptions | None = None, full: bool = False) -> nn.Module:
+    """Load an HF checkpoint directory into the native model (``full``: with the perception towers, see
+    ``read_config``; by default a Muse Spark checkpoint loads its text model alone).
 
     ``dtype=None`` keeps each tensor's dtype from the file (fp32-pinned tensors stored narrower are promoted to fp32,
     see ``iter_native_tensors``). With a ``dtype`` the model decides each parameter's
@@ -167,7 +175,7 @@ def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str |
     that dtype, so no full-precision copy of the whole model is ever held.
     """
     checkpoint = HFCheckpoint(path)
-    family, config = read_config(checkpoint)
+    family, config = read_config(checkpoint, full=full)
     model = family.build(config, device="meta", dtype=dtype or torch.float32, seed=None,
                          kernels=kernels or KernelOptions())
     for name, tensor in iter_native_tensors(checkpoint, family, config):

@@ -50,7 +50,8 @@ def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             E = tensor.shape[0]
             if factor == "A":  # (E, r, in) -> (E·r, in)
                 tensor = tensor.reshape(E * tensor.shape[1], tensor.shape[2])
-            else:  # (E, out, r) -> (out, r·E), column k·E + e = B_e[:, k]
+            else:  # (E, out, r) -> (out, r·E), column k·E + e = B_e[:, k]; gate_up's (E, 2, F, r) is (E, 2F, r)
+                tensor = tensor.reshape(E, -1, tensor.shape[-1])
                 tensor = tensor.permute(1, 2, 0).reshape(tensor.shape[1], -1)
             out[_peft_expert_key(module, which, factor)] = tensor.contiguous()
         else:

@@ -31,24 +31,31 @@ MANIFEST = "openrecipes.json"
 NATIVE_MARKER = ".openrecipes-native"
 
 
-def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = False,
+              full: bool = False) -> dict[str, Any]:
     """HF safetensors directory -> native DCP directory. Dtypes are kept tensor by tensor, except that tensors the
     model pins to fp32 and the file stores narrower are promoted to fp32 (values unchanged). The manifest records
-    each tensor's ``source_dtype`` and the source's ``expert_layout`` so that export can write them again."""
+    each tensor's ``source_dtype`` and the source's ``expert_layout`` so that export can write them again.
+    ``full``: every tensor of the checkpoint, perception towers included; by default (text-only mode) a Muse Spark
+    checkpoint's towers are skipped and counted (``checkpoint.hf.read_config``). The manifest's ``mode`` and
+    ``skipped`` record which."""
     guard = dict(marker=NATIVE_MARKER, writer="openrecipes convert import", overwrite=overwrite, inputs=[hf_dir],
                  option="CKPT_DIR")
     check_output_dir(ckpt_dir, **guard)  # before reading every tensor: a refusal costs nothing
     checkpoint = HFCheckpoint(hf_dir)
-    family, config = read_config(checkpoint)
+    family, config = read_config(checkpoint, full=full)
     promoted: dict[str, torch.dtype] = {}
     layouts: set[str] = set()
-    state = dict(iter_native_tensors(checkpoint, family, config, promoted=promoted, expert_layouts=layouts))
+    skipped: list[str] = []
+    state = dict(iter_native_tensors(checkpoint, family, config, skipped, promoted=promoted, expert_layouts=layouts))
     manifest = {
         "format": "openrecipes-native-v1", "writer": f"openrecipes {__version__}", "source": str(hf_dir),
         "tensors": {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype),
                            "source_dtype": _dtype_name(promoted.get(name, t.dtype))}
                     for name, t in state.items()},
         "promoted": sorted(promoted),
+        "mode": "full" if full else "text-only",
+        "skipped": len(skipped),  # source tensors not imported (the towers, in text-only mode)
         # the source's expert layout, which export writes again by default (None: none, or both, were met)
         "expert_layout": layouts.pop() if len(layouts) == 1 else None,
     }

@@ -251,9 +251,6 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
-        if self.lora is not None and "experts" in self.lora.targets and self.layout.etp > 1:
-            raise ValueError(f"lora.targets: the experts target does not run with layout.etp={self.layout.etp} yet "
-                             "(expert tensor parallelism); use etp: 1 or leave experts out")
         if self.kernels.compile and (self.layout.tp > 1 or self.layout.cp > 1):
             raise ValueError("kernels.compile: not supported with tensor or context parallelism yet (their hooks and "
                              "collectives run inside the attention block); set it to false")

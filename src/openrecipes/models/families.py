@@ -82,8 +82,11 @@ class ModelFamily:
     native_parts: Callable[[str], list[tuple[str, Any]]]
     # (native (name, tensor) stream, config, expert layout or None for the family's default) -> HF tensors
     to_hf: Callable[[Iterable[tuple[str, torch.Tensor]], Any, str | None], Iterator[tuple[str, torch.Tensor]]]
-    # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
-    ignored_key: Callable[[str], bool] | None = None
+    # (HF name, config) -> True for a tensor import skips (and counts): a tower the config does not hold (text-only)
+    ignored_key: Callable[[str, Any], bool] | None = None
+    # config -> the config of the text model alone (text-only mode), for families whose checkpoints also hold
+    # perception towers that the language model can run without; None: the family has no such mode
+    text_only: Callable[[Any], Any] | None = None
 
 
 def _families() -> tuple[ModelFamily, ...]:

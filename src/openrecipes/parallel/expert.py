@@ -194,43 +194,57 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, expert_we
 
 
 class _LocalExpertDelta(nn.Module):
-    """LoRA's W -> W + s·B_e A_e on this rank's experts: the local base plus the local adapters' delta, handed on as
-    the base's DTensor (one bmm on local tensors; no DTensor dispatch per op)."""
+    """LoRA's W -> W + s·B_e A_e on this rank's experts (and its 1/etp of their FFN): the local base plus the local
+    factors' delta, handed on as the base's DTensor (one bmm on local tensors; no DTensor dispatch per op)."""
 
     def __init__(self, delta: AddExpertDelta) -> None:
         super().__init__()
-        self._adapter, self.rows = [delta.adapter], delta.rows  # a list: not registered as a submodule
+        self._adapter, self.part = [delta.adapter], delta.part  # a list: not registered as a submodule
 
     def forward(self, weight: DTensor) -> DTensor:
         adapter: ExpertAdapter = self._adapter[0]
-        delta = torch.bmm(_local(adapter.lora_B)[:, self.rows], _local(adapter.lora_A)) * adapter.scaling
-        local = weight.to_local() + delta.to(weight.dtype)
+        local = weight.to_local()
+        local = local + adapter.delta(self.part, local.dtype, _local(adapter.lora_A), _local(adapter.lora_B))
         return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
                                   stride=weight.stride())
 
 
+_FFN_DIM = 2  # of the factor an ExpertAdapter names ffn_factor
+
+
 def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
     """LoRA under expert parallelism: keep the adapters of this rank's E/ep experts, as DTensors placed like their
-    experts over edp and ep (whole over etp, which LoRA refuses), and add their delta on local tensors. The adapters
-    arrive whole (E, ...) with the values one process draws."""
+    experts (Replicate over edp, Shard(0) over ep), and add their delta on local tensors. Over etp each adapter is
+    split as its weight: gate/up are column-parallel (each etp rank holds F/etp of their output rows), so B is split
+    there and A whole; down is row-parallel (F/etp of its input columns), so A is split there and B whole. The whole
+    factor's gradient is then partial over etp (each rank's FFN slice contributes to it) and is summed there
+    (``all_reduce_expert_grads``), as the partial outputs of the base are. The adapters arrive whole (E, ...) with
+    the values one process draws."""
     ep_size, ep_rank = expert_mesh["ep"].size(), expert_mesh["ep"].get_local_rank()
+    etp_size, etp_rank = expert_mesh["etp"].size(), expert_mesh["etp"].get_local_rank()
     for block in moe_blocks:
         experts: GroupedExperts = block.experts
         adapters = [m for m in experts.children() if isinstance(m, ExpertAdapter)]
-        if not adapters:
-            continue
-        if expert_mesh["etp"].size() > 1:
-            raise ValueError("lora: the experts target does not run with layout.etp > 1 yet")
         for adapter in adapters:
             for name, full in list(adapter.named_parameters(recurse=False)):
                 local = full.shape[0] // ep_size
-                piece = full.detach()[ep_rank * local:(ep_rank + 1) * local].clone()
-                sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), Replicate()],
-                                             run_check=False)
+                index: list[slice] = [slice(ep_rank * local, (ep_rank + 1) * local)]
+                etp_placement = Replicate()
+                if name == adapter.ffn_factor:
+                    ffn = full.shape[_FFN_DIM]
+                    if ffn % etp_size:
+                        raise ValueError(f"layout.etp={etp_size} does not divide the expert FFN width {ffn}")
+                    part = ffn // etp_size
+                    index += [slice(None)] * (_FFN_DIM - 1) + [slice(etp_rank * part, (etp_rank + 1) * part)]
+                    etp_placement = Shard(_FFN_DIM)
+                piece = full.detach()[tuple(index)].clone()
+                sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), etp_placement],
+                                             run_check=False, shape=full.shape, stride=full.stride())
                 setattr(adapter, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
-        for parametrizations in experts.parametrizations.values():
-            if isinstance(parametrizations[0], AddExpertDelta):
-                parametrizations[0] = _LocalExpertDelta(parametrizations[0])
+        if adapters:
+            for parametrizations in experts.parametrizations.values():
+                if isinstance(parametrizations[0], AddExpertDelta):
+                    parametrizations[0] = _LocalExpertDelta(parametrizations[0])
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -240,10 +254,19 @@ def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 def all_reduce_expert_grads(model: nn.Module, expert_mesh) -> None:
-    """Sum expert gradients over the expert-data-parallel ranks that hold the same experts."""
-    if expert_mesh is None or expert_mesh["edp"].size() == 1:
+    """Sum expert gradients over the expert-data-parallel ranks that hold the same experts, and those of expert
+    tensors whole over etp (a LoRA adapter's unsplit factor) over the etp ranks, whose FFN slices each gave a part."""
+    if expert_mesh is None:
         return
-    group = expert_mesh["edp"].get_group()
+    edp, etp = expert_mesh["edp"], expert_mesh["etp"]
+    etp_dim = expert_mesh.mesh_dim_names.index("etp")
     for param in expert_parameters(model):
-        if param.grad is not None:
-            dist.all_reduce(_local(param.grad), group=group)
+        # the step's gradient: bf16 parameters accumulating several microbatches keep it in their fp32 main_grad
+        grad = getattr(param, "main_grad", None)
+        grad = param.grad if grad is None else grad
+        if grad is None:
+            continue
+        if edp.size() > 1:
+            dist.all_reduce(_local(grad), group=edp.get_group())
+        if etp.size() > 1 and isinstance(param, DTensor) and param.placements[etp_dim].is_replicate():
+            dist.all_reduce(_local(grad), group=etp.get_group())

@@ -81,7 +81,8 @@ class GradientSync:
                 param.grad = None
 
     def synchronize(self) -> None:
-        """Sum what the backward left partial: expert gradients over edp, replicated weights over TP and CP."""
+        """Sum what the backward left partial: expert gradients over edp (and a LoRA expert adapter's factor that is
+        whole over etp over etp), replicated weights over TP and CP."""
         parallel = self.parallel
         if parallel is None:
             return

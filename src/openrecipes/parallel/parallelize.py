@@ -33,7 +33,7 @@ from openrecipes.parallel.recompute import RecomputedAttentionCore, apply_recomp
 @dataclass(frozen=True, kw_only=True)
 class ParallelizeOptions:
     compute_dtype: torch.dtype
-    parameter_dtype: torch.dtype
+    parameter_dtype: torch.dtype            # of the trained parameters (with lora: the adapters; the base is as built)
     seed: int                               # values of a meta-built model: seeded per tensor name
     stage_layers: Collection[int] | None = None  # this rank's pipeline chunks' decoder layers (None: all)
     recompute_granularity: str = "none"
@@ -71,7 +71,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         # after materialising: the base keeps its own names and values; the adapters draw theirs by name
         from openrecipes.models.common.lora import apply_lora
 
-        apply_lora(model, options.lora)
+        apply_lora(model, options.lora, dtype=options.parameter_dtype)
         if distributed and parallel.expert_mesh is not None:
             from openrecipes.parallel.expert import shard_expert_adapters
 

@@ -66,9 +66,9 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, _local(self.weight), _local(self.bias))
-        if self.adapted:
-            low_rank = F.linear(self.lora_dropout(x), self.lora_A.weight)
-            out = out + F.linear(low_rank, _local(self.lora_B.weight)) * self.lora_scaling
+        if self.adapted:  # in the input's dtype, as models/common/lora.py's hook (fp32 adapters on a bf16 base)
+            low_rank = F.linear(self.lora_dropout(x), self.lora_A.weight.to(x.dtype))
+            out = out + F.linear(low_rank, _local(self.lora_B.weight).to(x.dtype)) * self.lora_scaling
         return out
 
 
@@ -86,9 +86,9 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = reduce_scatter_along_dim(F.linear(x, _local(self.weight)), 1, self.group, self.size)
         if self.adapted:
-            low_rank = F.linear(self.lora_dropout(x), _local(self.lora_A.weight))
+            low_rank = F.linear(self.lora_dropout(x), _local(self.lora_A.weight).to(x.dtype))
             low_rank = reduce_scatter_along_dim(low_rank, 1, self.group, self.size)
-            out = out + F.linear(low_rank, self.lora_B.weight) * self.lora_scaling
+            out = out + F.linear(low_rank, self.lora_B.weight.to(x.dtype)) * self.lora_scaling
         return out if self.bias is None else out + self.bias
 
 

@@ -1,15 +1,15 @@
 """What LoRA changes in the planner's memory model (plan/memory.py; models/common/lora.py is the engine's side).
 
-The base is frozen: its parameters stay (bf16, or this engine's sharded fp32 masters under several processes), but it
-has no gradients and no optimizer state. The adapters train: parameters, gradients and optimizer state as any
-trained weight. Activations: frozen experts without adapters need not keep the routed expert inputs (those serve
-only the experts' weight gradients); expert adapters keep them. Every linear adapter keeps its rank-r product A·x for
-B's gradient. This engine adds the expert adapters to the grouped weights (W + s·B A, so the grouped kernels run
-unchanged): each layer's merged local expert weights (bf16) live from its forward to its backward.
+The base is frozen: its parameters stay, in bf16 (this engine keeps no fp32 masters of it under several processes
+either), but it has no gradients and no optimizer state. The adapters train: parameters, gradients and optimizer state
+as any trained weight. Activations: frozen experts without adapters need not keep the routed expert inputs (those
+serve only the experts' weight gradients); expert adapters keep them. Every linear adapter keeps its rank-r product
+A·x for B's gradient. This engine adds the expert adapters to the grouped weights (W + s·B A, so the grouped kernels
+run unchanged): each layer's merged local expert weights (bf16) live from its forward to its backward.
 
 Adapter sizes per rank follow the engine's split (parallel/tensor.py): a column-parallel projection's B and a
 row-parallel projection's A split by TP, the other factor whole; latent projections whole; expert adapters with
-their experts (E/ep of them).
+their experts (E/ep of them), and by etp as their weights (gate/up's B and down's A; parallel/expert.py).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def adapter_params(shape: ModelShape, layout: LayoutConfig, lora: LoraSetup, lay
         raise ValueError(f"lora.targets: {shape.name or 'the model'} has no latent projections to adapt")
     dense = layers * lora.rank * sum(sum(linear[t]) for t in lora.targets if t in linear)
     experts = 0.0
-    if lora.experts:  # gate_up: A (r, in) + B (2F, r); down: A (r, F) + B (in, r)
-        per_expert = lora.rank * (2 * shape.expert_in + 3 * shape.expert_ffn)
+    if lora.experts:  # gate_up: A (r, in) + B (2F/etp, r); down: A (r, F/etp) + B (in, r), split like the FFN
+        per_expert = lora.rank * (2 * shape.expert_in + 3 * shape.expert_ffn / layout.etp)
         experts = layers * shape.num_experts / layout.ep * per_expert
     return dense, experts
 

@@ -13,8 +13,8 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
   fp32 copy the loss uses; pipeline send/receive buffers.
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
-- LoRA (``TrainingSetup.lora``, plan/lora.py): the frozen base keeps its parameters only; the adapters have
-  parameters, gradients and optimizer state; activations as plan/lora.py says.
+- LoRA (``TrainingSetup.lora``, plan/lora.py): the frozen base keeps its parameters only (bf16; in this engine
+  under any layout); the adapters have parameters, gradients and optimizer state; activations as plan/lora.py says.
 """
 
 from __future__ import annotations
@@ -219,8 +219,9 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
             root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp
-            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu, root=root)
-            if lora is not None:  # the adapters' share of every part, the base's parameters
+            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu, root=root,
+                                           frozen=lora is not None)
+            if lora is not None:  # the adapters' share of every part, the frozen base's bf16 parameters
                 adapters = _openrecipes_weights(trained_dense, trained_experts, layout, setup, m, layers, on_gpu,
                                                 root=0.0)
                 weights = {**adapters, "params": weights["params"] + adapters["params"]}
@@ -270,19 +271,29 @@ def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes:
             "process": HOST_PROCESS_GIB}
 
 
+def sharded_elements(dense: float, experts: float, layout: LayoutConfig) -> float:
+    """Parameters one rank of several keeps between steps, of the (dense, expert) ones its stage holds: FSDP2 shards
+    the dense ones over dp; the experts are already this rank's under ep·etp > 1, else FSDP shards them too."""
+    return dense / layout.dp + (experts if layout.ep * layout.etp > 1 else experts / layout.dp)
+
+
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
-                         layers: int, on_gpu: float, *, root: float) -> dict[str, float]:
+                         layers: int, on_gpu: float, *, root: float, frozen: bool = False) -> dict[str, float]:
     """This engine's weight-side memory (docs/train.md): one process keeps bf16 parameters, bf16 gradients with one
     microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes shard over dp with
-    FSDP2 (experts under ep > 1: local) either fp32 masters, gradients and moments (adam) or bf16 parameters with
+    FSDP2 (``sharded_elements``) either fp32 masters, gradients and moments (adam) or bf16 parameters with
     remainders and bf16 moments (precision-aware), plus the bf16 copies FSDP gathers: the root unit (embedding and
-    LM head, ``root`` parameters, gathered for the whole step) and about two layers at a time."""
+    LM head, ``root`` parameters, gathered for the whole step) and about two layers at a time. ``frozen``: a LoRA
+    run's base, parameters only and bf16 under any layout (no gradients, no optimizer state, so no fp32 masters)."""
     if layout.dp * layout.pp == 1:
-        grad_bytes = 2 if microbatches == 1 else 4
+        grad_bytes = 0 if frozen else 2 if microbatches == 1 else 4
+        state_bytes = 0 if frozen else setup.state_bytes()
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,
-                "optimizer": setup.state_bytes() * (dense + experts) * on_gpu / GIB}
-    sharded = dense / layout.dp + (experts if layout.ep > 1 else experts / layout.dp)
-    gathered = 2 * root + 2 * 2 * (dense - root + (0 if layout.ep > 1 else experts)) / max(1, layers)
+                "optimizer": state_bytes * (dense + experts) * on_gpu / GIB}
+    sharded = sharded_elements(dense, experts, layout)
+    gathered = 2 * root + 2 * 2 * (dense - root + (0 if layout.ep * layout.etp > 1 else experts)) / max(1, layers)
+    if frozen:
+        return {"params": (2 * sharded + gathered) / GIB, "grads": 0.0, "optimizer": 0.0}
     if setup.optimizer == "precision-aware":  # bf16 shards + int16 remainders, bf16 moments
         grad_bytes = 2 if microbatches == 1 else 4
         return {"params": (2 * sharded + gathered) / GIB, "grads": grad_bytes * sharded / GIB,

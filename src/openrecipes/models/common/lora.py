@@ -10,9 +10,10 @@ Legend: E experts, D hidden (in), O out, F expert FFN width, r rank; scaling s =
   weights the expert path reads become ``W_e + s · B_e A_e`` (one batched matmul per projection and forward), so the
   grouped expert kernels run unchanged. As in transformers' fused layout (and so in PEFT's ``target_parameters``), the
   gate and up projections share one adapter of the fused (E, 2F, D) ``gate_up_proj``: ``lora_gate_up`` holds
-  A (E, r, D) and B (E, 2F, r), the gate rows of B first; ``lora_down`` holds A (E, r, F) and B (E, D, r). The base
-  weights move to ``...experts.parametrizations.{gate,up,down}_proj.original``. Dropout is not defined for a weight
-  delta (PEFT refuses it there too), so expert targets need ``dropout: 0``.
+  A (E, r, D) and B (E, 2, F, r), gate then up (B's 2F rows in two halves: the FFN width F is a dimension of its own,
+  which expert tensor parallelism shards); ``lora_down`` holds A (E, r, F) and B (E, D, r). The base weights move to
+  ``...experts.parametrizations.{gate,up,down}_proj.original``. Dropout is not defined for a weight delta (PEFT
+  refuses it there too), so expert targets need ``dropout: 0``.
 
 Everything but the adapters is frozen (``requires_grad`` False: no gradients, no optimizer state). A (and per expert
 each A_e) starts as PEFT's default, Kaiming-uniform with a = sqrt(5), each tensor drawn whole on the CPU from a
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.functional import linear
 from torch.nn.utils import parametrize
 
 from openrecipes.models.common.init import seeded_uniform
@@ -70,44 +72,58 @@ def _kaiming_(tensor: torch.Tensor, name: str, fan_in: int, seed: int) -> None:
 
 def _linear_hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
     x = module.lora_dropout(inputs[0])
-    return output + module.lora_B(module.lora_A(x)) * module.lora_scaling
+    # in the input's dtype: fp32 adapters on a bf16 base compute as bf16 ones do (their gradients come back fp32)
+    low_rank = linear(x, module.lora_A.weight.to(x.dtype))
+    return output + linear(low_rank, module.lora_B.weight.to(x.dtype)) * module.lora_scaling
 
 
 class ExpertAdapter(nn.Module):
-    """One rank-r adapter per expert of an (E, O, D) grouped weight: delta_e = s · B_e A_e."""
+    """One rank-r adapter per expert of ``parts`` grouped (E, O, D) weights that share A: delta_e = s · B_e A_e.
+
+    B is (E, O, r) for one weight, (E, parts, O, r) for several (the fused gate_up). ``ffn_factor`` names the factor
+    holding the expert FFN width F, always in its dimension 2: B of a column-parallel weight (gate and up, O = F),
+    A of a row-parallel one (down, D = F). Expert tensor parallelism shards that factor there and keeps the other
+    whole, as the weight itself is split (parallel/expert.py)."""
 
     def __init__(self, num_experts: int, out_features: int, in_features: int, rank: int, scaling: float, *,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 parts: int | None, ffn_factor: str, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
+        b_shape = (num_experts, out_features, rank) if parts is None else (num_experts, parts, out_features, rank)
         self.lora_A = nn.Parameter(torch.empty(num_experts, rank, in_features, device=device, dtype=dtype))
-        self.lora_B = nn.Parameter(torch.zeros(num_experts, out_features, rank, device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(b_shape, device=device, dtype=dtype))
         self.scaling = scaling
+        self.ffn_factor = ffn_factor
 
-    def delta(self, rows: slice) -> torch.Tensor:
-        return torch.bmm(self.lora_B[:, rows], self.lora_A) * self.scaling
+    def delta(self, part: int | None, dtype: torch.dtype, A: torch.Tensor | None = None,
+              B: torch.Tensor | None = None) -> torch.Tensor:
+        """s · B A for the weight ``part`` (None: the only one), in ``dtype`` (the weight's: fp32 adapters on a bf16
+        base add what bf16 ones would), from this module's factors or the given ones."""
+        A = (self.lora_A if A is None else A).to(dtype)
+        B = (self.lora_B if B is None else B).to(dtype)
+        return torch.bmm(B if part is None else B[:, part], A) * self.scaling
 
 
 class AddExpertDelta(nn.Module):
     """The parametrization W -> W + delta; it refers to its adapter without owning it (the experts module does), so
     gate and up can share one adapter and every adapter parameter has a single name."""
 
-    def __init__(self, adapter: ExpertAdapter, rows: slice) -> None:
+    def __init__(self, adapter: ExpertAdapter, part: int | None) -> None:
         super().__init__()
         self._adapter = [adapter]  # a list: not registered as a submodule
-        self.rows = rows
+        self.part = part
 
     @property
     def adapter(self) -> ExpertAdapter:
         return self._adapter[0]
 
     def forward(self, weight_EOI: torch.Tensor) -> torch.Tensor:
-        return weight_EOI + self.adapter.delta(self.rows).to(weight_EOI.dtype)
+        return weight_EOI + self.adapter.delta(self.part, weight_EOI.dtype)
 
 
-def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec) -> None:
-    weight = linear.weight
-    linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, device=weight.device, dtype=weight.dtype)
-    linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec, dtype: torch.dtype | None) -> None:
+    like = dict(device=linear.weight.device, dtype=dtype or linear.weight.dtype)
+    linear.lora_A = nn.Linear(linear.in_features, spec.rank, bias=False, **like)
+    linear.lora_B = nn.Linear(spec.rank, linear.out_features, bias=False, **like)
     _kaiming_(linear.lora_A.weight, f"{name}.lora_A.weight", linear.in_features, spec.seed)
     with torch.no_grad():
         linear.lora_B.weight.zero_()
@@ -116,26 +132,27 @@ def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec) -> None:
     linear.register_forward_hook(_linear_hook)
 
 
-def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec) -> None:
+def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec, dtype: torch.dtype | None) -> None:
     # the whole (E, F, D) shape: an expert-parallel base reports it too, and the layout then keeps its experts' slice
     E, F, D = experts.gate_proj.shape
-    like = dict(device=experts.gate_proj.device, dtype=experts.gate_proj.dtype)
-    experts.lora_gate_up = ExpertAdapter(E, 2 * F, D, spec.rank, spec.scaling, **like)
-    experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, **like)
+    like = dict(device=experts.gate_proj.device, dtype=dtype or experts.gate_proj.dtype)
+    experts.lora_gate_up = ExpertAdapter(E, F, D, spec.rank, spec.scaling, parts=2, ffn_factor="lora_B", **like)
+    experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, parts=None, ffn_factor="lora_A", **like)
     _kaiming_(experts.lora_gate_up.lora_A, f"{name}.lora_gate_up.lora_A", D, spec.seed)
     _kaiming_(experts.lora_down.lora_A, f"{name}.lora_down.lora_A", F, spec.seed)
-    for weight, adapter, rows in (("gate_proj", experts.lora_gate_up, slice(0, F)),
-                                  ("up_proj", experts.lora_gate_up, slice(F, 2 * F)),
-                                  ("down_proj", experts.lora_down, slice(None))):
+    for weight, adapter, part in (("gate_proj", experts.lora_gate_up, 0), ("up_proj", experts.lora_gate_up, 1),
+                                  ("down_proj", experts.lora_down, None)):
         # unsafe: skip parametrize's trial forward, which cannot add a whole delta to an expert-parallel shard (the
         # layout swaps in a delta of its own experts); the delta keeps the weight's shape and dtype by construction
-        parametrize.register_parametrization(experts, weight, AddExpertDelta(adapter, rows), unsafe=True)
+        parametrize.register_parametrization(experts, weight, AddExpertDelta(adapter, part), unsafe=True)
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
+def apply_lora(model: nn.Module, spec: LoraSpec, *, dtype: torch.dtype | None = None) -> list[str]:
     """Add adapters to every target of ``model`` (in place), freeze the rest; return the adapted module names.
 
-    A target no module of the model has is an error naming it (Qwen3-MoE has no latent projections)."""
+    ``dtype``: the adapters' parameters' (None: their base weight's); a bf16 base may train fp32 adapters, which then
+    compute in the dtype they meet (the input of a linear target, the weight of the experts). A target no module of
+    the model has is an error naming it (Qwen3-MoE has no latent projections)."""
     unknown = sorted(set(spec.targets) - set(TARGETS))
     if unknown:
         raise ValueError(f"lora.targets: unknown target(s) {unknown}; choose among {', '.join(TARGETS)}")
@@ -149,9 +166,9 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
         if leaf in spec.targets and isinstance(module, nn.Linear):
-            _adapt_linear(module, name, spec)
+            _adapt_linear(module, name, spec, dtype)
         elif EXPERTS in spec.targets and isinstance(module, GroupedExperts):
-            _adapt_experts(module, name, spec)
+            _adapt_experts(module, name, spec, dtype)
             leaf = EXPERTS
         else:
             continue

@@ -23,21 +23,22 @@ first (3, 7, ..., 59 and 61) gives the 16-stage layout none on its first stage a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
 from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.muse_spark.tower_config import MuseSparkAudioConfig, MuseSparkVisionConfig
 from openrecipes.utils import read_json
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 MODEL_TYPE = "muse_spark"
 
-# Keys of a multimodal checkpoint's config.json that the text-only model does not read: the other modalities.
-# Every other key is honoured (a dataclass field) or judged by hf_config.check_other_keys.
-_OTHER_MODALITY_KEYS = {"vision_config", "audio_config", "image_token_id", "audio_token_id"}
+# The towers' sections of config.json (tower_config.py reads them); the dataclass fields are ``vision``, ``audio``.
+_TOWER_KEYS = {"vision_config": "vision", "audio_config": "audio"}
+_TOKEN_KEYS = ("image_token_id", "video_token_id", "audio_token_id")
 
 
 def default_layer_types(num_layers: int) -> tuple[str, ...]:
@@ -83,6 +84,13 @@ class MuseSparkConfig:
     hidden_act: str = "silu"          # the expert activation (common.activations)
     pad_token_id: int | None = None   # its embedding row gets no gradient (padding_idx)
     initializer_range: float = 0.02   # std of the random initialisation of every matrix
+    # The perception towers of the complete checkpoint (None: the text model alone, text-only mode) and the token ids
+    # whose embeddings their features replace (an image, a video, an audio clip: one id per token of features).
+    vision: MuseSparkVisionConfig | None = None
+    audio: MuseSparkAudioConfig | None = None
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    audio_token_id: int | None = None
 
     def __post_init__(self) -> None:
         positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -125,6 +133,19 @@ class MuseSparkConfig:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
         if not (math.isfinite(self.initializer_range) and self.initializer_range > 0):
             raise ValueError(f"initializer_range must be a positive number, got {self.initializer_range}")
+        for key in _TOKEN_KEYS:
+            value = getattr(self, key)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{key}={value} is outside the vocabulary (0..{self.vocab_size - 1})")
+        needed = ([("vision_config", "image_token_id"), ("vision_config", "video_token_id")] if self.vision else []) \
+            + ([("audio_config", "audio_token_id")] if self.audio else [])
+        for section, key in needed:
+            if getattr(self, key) is None:
+                raise ValueError(f"{section} is given but {key} is not: the decoder needs the token its features "
+                                 "replace")
+        ids = [getattr(self, key) for key in _TOKEN_KEYS if getattr(self, key) is not None]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"image_token_id, video_token_id and audio_token_id must differ, got {ids}")
 
     @property
     def num_kv_groups(self) -> int:
@@ -181,9 +202,18 @@ class MuseSparkConfig:
                 + self.embedding_params() + self.lm_head_params())
 
     def frozen_params(self) -> int:
-        """The frozen expert bias: one value per expert and layer (62 x 256), never trained; not in
-        ``total_params``."""
-        return self.num_hidden_layers * self.num_experts
+        """The frozen expert bias (one value per expert and layer, 62 x 256, never trained) and the perception towers
+        with their adapters and projectors (frozen in the published recipes); not in ``total_params``."""
+        return self.num_hidden_layers * self.num_experts + self.tower_params()
+
+    def tower_params(self) -> int:
+        """The vision tower, its adapter and projection, the audio encoder and its projector (0 in text-only mode)."""
+        return ((self.vision.params(self.hidden_size) if self.vision else 0)
+                + (self.audio.params(self.hidden_size) if self.audio else 0))
+
+    def text_only(self) -> "MuseSparkConfig":
+        """This config without its towers: the model text-only mode builds."""
+        return replace(self, vision=None, audio=None)
 
     def non_embedding_params(self) -> int:
         """``total_params`` without the input embedding and the LM head (the "816B" of the model name)."""
@@ -206,20 +236,32 @@ class MuseSparkConfig:
         if model_type not in (None, MODEL_TYPE):
             raise ValueError(f"{source}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
         text = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
-        known = {f.name for f in fields(cls)}
-        check_other_keys(text, handled=known | _OTHER_MODALITY_KEYS | {"text_config"}, family="Muse Spark",
+        known = {f.name for f in fields(cls)} - set(_TOWER_KEYS.values())
+        check_other_keys(text, handled=known | set(_TOWER_KEYS) | {"text_config"}, family="Muse Spark",
                          source=source)
         kwargs: dict[str, Any] = {key: value for key, value in text.items() if key in known}
         if kwargs.get("layer_types") is not None:
             kwargs["layer_types"] = tuple(kwargs["layer_types"])
-        return cls(**kwargs)
+        # an absent, null or empty section: no such tower
+        if raw.get("vision_config"):
+            kwargs["vision"] = MuseSparkVisionConfig.from_hf_dict(raw["vision_config"], source=source)
+        if raw.get("audio_config"):
+            kwargs["audio"] = MuseSparkAudioConfig.from_hf_dict(raw["audio_config"], source=source)
+        try:
+            return cls(**kwargs)
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "MuseSparkConfig":
         return cls.from_hf_dict(read_json(path), source=str(path))
 
     def to_hf_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TOWER_KEYS.values()}
+        out = {key: value for key, value in out.items() if not (key in _TOKEN_KEYS and value is None)}
+        for key, name in _TOWER_KEYS.items():
+            if getattr(self, name) is not None:
+                out[key] = getattr(self, name).to_hf_dict()
         out["layer_types"] = list(self.layer_types)
         out.update(architectures=["MuseSparkForCausalLM"], model_type=MODEL_TYPE, use_cache=True)
         return out

@@ -6,12 +6,13 @@ from openrecipes.models.families import ModelFamily, ShardingPlan
 from openrecipes.models.muse_spark import hf
 from openrecipes.models.muse_spark.config import FULL, MODEL_TYPE, MuseSparkConfig
 from openrecipes.models.muse_spark.model import MuseSparkForCausalLM, build_muse_spark
+from openrecipes.models.muse_spark.tower_config import MuseSparkAudioConfig, MuseSparkVisionConfig
 from openrecipes.models.shape import ModelShape
 
 
 # Every tensor of the published checkpoint, towers included (seed 001's export comparison: 822,036,529,664 elements);
 # what the text model does not hold is the vision and audio towers with their adapters, which Megatron-Bridge
-# instantiates and freezes in text-only training (this engine does not load them).
+# instantiates and freezes in text-only training (here text-only mode does not load them; full-checkpoint mode does).
 PUBLISHED_CHECKPOINT_ELEMENTS = 822_036_529_664
 
 
@@ -31,9 +32,19 @@ def planner_shape(config: MuseSparkConfig, name: str) -> ModelShape:
         router_params=config.router_params(), expert_params=config.expert_params(),
         small_params_per_layer=small, embedding_params=config.embedding_params(),
         lm_head_params=config.lm_head_params(), active_params=config.active_params(),
-        frozen_encoder_params=(PUBLISHED_CHECKPOINT_ELEMENTS - config.total_params()
-                               if config == NAMED_CONFIGS["muse-spark-open-816b-a42b"]() else 0),
+        frozen_encoder_params=_encoder_params(config),
     )
+
+
+def _encoder_params(config: MuseSparkConfig) -> int:
+    """The towers' parameters: the config's own where it has towers; for the text-only published config, what the
+    published checkpoint holds beyond the text model (Megatron-Bridge instantiates and freezes the towers even in
+    text-only training)."""
+    if config.vision is not None or config.audio is not None:
+        return config.tower_params()
+    if config == NAMED_CONFIGS["muse-spark-open-816b-a42b"]():
+        return PUBLISHED_CHECKPOINT_ELEMENTS - config.total_params()
+    return 0
 
 
 NAMED_CONFIGS = {
@@ -45,6 +56,17 @@ NAMED_CONFIGS = {
         head_dim=16, sliding_window=16, moe_latent_size=32, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, max_position_embeddings=4096,
         layer_types=("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
+    ),
+    # CPU-sized complete checkpoint: a small decoder with every tower (vision, its adapter and projection, audio).
+    "muse-spark-tiny-full": lambda: MuseSparkConfig(
+        vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, sliding_window=16, moe_latent_size=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, max_position_embeddings=4096, layer_types=("sliding_attention", "full_attention"),
+        vision=MuseSparkVisionConfig(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
+                                     max_patches_per_side=16, out_hidden_size=24),
+        audio=MuseSparkAudioConfig(conv_dim=(8, 8), conv_kernel=(5, 3), conv_stride=(4, 2), depth=2,
+                                   hidden_size=16, intermediate_size=32, num_heads=2),
+        image_token_id=250, video_token_id=251, audio_token_id=252,
     ),
 }
 
@@ -59,10 +81,10 @@ FAMILY = ModelFamily(
                       "o_proj": "rowwise"},
         experts={"gate_proj": 1, "up_proj": 1, "down_proj": 2},
         replicated=("embed_tokens", "norm", "layernorm", "residual_gate", "mlp.gate", "latent_down_proj",
-                    "latent_up_proj", "lm_head"),
+                    "latent_up_proj", "lm_head", *hf.TOWER_PREFIXES),
     ),
     model_types=(MODEL_TYPE,), config_class=MuseSparkConfig,
     config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
-    native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
+    native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key, text_only=hf.text_only,
 )

@@ -1,4 +1,5 @@
-"""Muse Spark Open language model in pure PyTorch (text-only: the decoder and its LM head).
+"""Muse Spark Open in pure PyTorch: the decoder and its LM head, with the perception towers when the config has them
+(``vision.py``: NaViT tower, adapter and projection; ``audio.py``: waveform encoder and projector).
 
 Parameter names follow the Hugging Face layout of a multimodal checkpoint: the decoder lives under
 ``model.language_model.*``, the LM head is ``lm_head.weight``; grouped experts are the one exception
@@ -36,7 +37,9 @@ from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
 from openrecipes.models.common.router import KeepFP32, SigmoidTopKRouter
+from openrecipes.models.muse_spark.audio import MuseSparkAudioEncoder, MuseSparkAudioProjector
 from openrecipes.models.muse_spark.config import SLIDING, MuseSparkConfig
+from openrecipes.models.muse_spark.vision import MuseSparkVisionProjector, MuseSparkVisionTower
 
 
 class ResidualGate(KeepFP32):
@@ -144,11 +147,42 @@ class MuseSparkTextModel(nn.Module):
 
 
 class MuseSparkModel(nn.Module):
-    """The multimodal container; text-only mode holds the language model alone."""
+    """The multimodal container: the towers and their adapters (when the config has them; text-only mode holds the
+    language model alone) and the language model."""
 
     def __init__(self, config: MuseSparkConfig, kernels: KernelOptions) -> None:
         super().__init__()
+        if config.vision is not None:
+            self.vision_tower = MuseSparkVisionTower(config.vision)
+            self.multi_modal_projector = MuseSparkVisionProjector(config.vision, config.hidden_size)
+        if config.audio is not None:
+            self.audio_tower = MuseSparkAudioEncoder(config.audio)
+            self.audio_projector = MuseSparkAudioProjector(config.audio, config.hidden_size)
         self.language_model = MuseSparkTextModel(config, kernels)
+
+    def tower_features(self, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+                       pixel_values_videos: torch.Tensor | None, video_grid_thw: torch.Tensor | None,
+                       audio_values: torch.Tensor | None,
+                       audio_lengths: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
+        """(token id field, features (N, D_text)) for each modality given, in the decoder's width."""
+        out = []
+        for name, pixels, grid in (("image", pixel_values, image_grid_thw),
+                                   ("video", pixel_values_videos, video_grid_thw)):
+            if pixels is None:
+                continue
+            if not hasattr(self, "vision_tower"):
+                raise ValueError(f"{name}s given, but this model has no vision tower (a text-only config)")
+            if grid is None:
+                raise ValueError(f"{name} pixel values given without {name}_grid_thw")
+            out.append((f"{name}_token_id", self.multi_modal_projector(self.vision_tower(pixels, grid))))
+        if audio_values is not None:
+            if not hasattr(self, "audio_tower"):
+                raise ValueError("audio given, but this model has no audio tower (a text-only config)")
+            if audio_lengths is None:
+                raise ValueError("audio_values given without audio_lengths")
+            features, _ = self.audio_tower(audio_values, audio_lengths)
+            out.append(("audio_token_id", self.audio_projector(features)))
+        return out
 
 
 class MuseSparkForCausalLM(nn.Module):
@@ -166,9 +200,18 @@ class MuseSparkForCausalLM(nn.Module):
                                                           config.final_logit_softcap)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
+                documents: Documents | None = None, *, layers: range | None = None,
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                audio_values: torch.Tensor | None = None, audio_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). The embedding
-        runs before layer 0 and the final norm and head after the last layer."""
+        runs before layer 0 and the final norm and head after the last layer.
+
+        Images and videos (``pixel_values``/``image_grid_thw``, ``pixel_values_videos``/``video_grid_thw``, as
+        ``data/images.py`` and ``data/video.py`` give them) and audio clips (``audio_values`` (clips, samples),
+        ``audio_lengths``) run through their towers; their features replace the embeddings of the ``image_token_id``,
+        ``video_token_id`` and ``audio_token_id`` tokens, in order. Those tokens take positions like text tokens
+        (the decoder's RoPE is 1-D)."""
         text = self.model.language_model
         rows, tokens = input_ids.shape[:2]
         if position_ids is None:
@@ -176,6 +219,16 @@ class MuseSparkForCausalLM(nn.Module):
         first = layers is None or layers.start == 0
         last = layers is None or layers.stop == self.config.num_hidden_layers
         h = text.embed_tokens(input_ids) if text.embed_tokens is not None and first else input_ids
+        features = self.model.tower_features(pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                                             audio_values, audio_lengths)
+        if features and (text.embed_tokens is None or not first):
+            raise ValueError("images, videos and audio need a forward that runs the embedding")
+        for key, values in features:
+            mask = input_ids == getattr(self.config, key)
+            if int(mask.sum()) != values.shape[0]:
+                raise ValueError(f"input_ids hold {int(mask.sum())} tokens of {key} {getattr(self.config, key)}, "
+                                 f"the inputs give {values.shape[0]} features")
+            h = h.masked_scatter(mask[..., None], values.to(h.dtype))
         angles = rope_angles(position_ids, self.config.head_dim, self.config.rope_theta)
         chosen = text.layers.values() if layers is None else [text.layers[str(i)] for i in layers]
         for layer in chosen:
@@ -199,12 +252,22 @@ class MuseSparkForCausalLM(nn.Module):
         Matrices (projections, router, experts, embedding, LM head) ~ N(0, initializer_range), each from its own
         generator seeded by (seed, name) so a pipeline stage gets exactly the values the whole model would have;
         norms 1 (the zero-centered final norm stores w - 1, so 0); residual gates 1; expert bias 0; the pad token's
-        embedding row 0.
+        embedding row 0. Towers: LayerNorm weights 1, every bias 0, the rest ~ N(0, the tower's initializer_range).
         """
+        stds = {"model.vision_tower.": self.config.vision, "model.multi_modal_projector.": self.config.vision,
+                "model.audio_tower.": self.config.audio, "model.audio_projector.": self.config.audio}
         for module_name, module in self.named_modules():
             for param_name, param in module.named_parameters(recurse=False):
                 name = f"{module_name}.{param_name}" if module_name else param_name
-                if isinstance(module, RMSNorm):
+                tower = next((config for prefix, config in stds.items() if name.startswith(prefix)), None)
+                if tower is not None:
+                    if isinstance(module, nn.LayerNorm) and param_name == "weight":
+                        param.fill_(1.0)
+                    elif param_name == "bias":
+                        param.zero_()
+                    else:
+                        fill(param, name, seed=seed, std=tower.initializer_range)
+                elif isinstance(module, RMSNorm):
                     param.fill_(0.0 if module.zero_centered else 1.0)
                 elif isinstance(module, ResidualGate):
                     param.fill_(1.0)

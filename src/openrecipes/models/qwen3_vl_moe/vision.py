@@ -28,6 +28,15 @@ def block_order(h: int, w: int, m: int) -> torch.Tensor:
     return raster.transpose(1, 2).flatten()
 
 
+def axial_angles(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """2-D rotary angles (P, head_dim/2) in fp32 for patches at (rows, cols): the first half of the frequencies
+    turns with the row, the second half with the column (each half the head_dim/4 frequencies of a 1-D RoPE over
+    head_dim/2)."""
+    quarter = head_dim // 4
+    inv_freq = 1.0 / (theta ** (torch.arange(quarter, device=rows.device, dtype=torch.float32) * 2 / (2 * quarter)))
+    return torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=-1)
+
+
 class PatchEmbed(nn.Module):
     def __init__(self, config: Qwen3VLMoeVisionConfig) -> None:
         super().__init__()
@@ -121,9 +130,6 @@ class VisionModel(nn.Module):
         and the rotary angles of its (row, col), both in merge-block order."""
         m, side = self.config.spatial_merge_size, int(self.config.num_position_embeddings ** 0.5)
         grid_DSS = self.pos_embed.weight.t().reshape(1, -1, side, side)
-        quarter = self.config.head_dim // 4
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(quarter, device=device, dtype=torch.float32)
-                                                      * 2 / (2 * quarter)))
         embeds, angles = [], []
         for t, h, w in grid_thw:
             if h % m or w % m:
@@ -131,8 +137,7 @@ class VisionModel(nn.Module):
             order = block_order(h, w, m).to(device)
             resampled = F.interpolate(grid_DSS.float(), size=(h, w), mode="bilinear", align_corners=True)
             embeds.append(resampled[0].flatten(1).t()[order].to(dtype).repeat(t, 1))
-            rows, cols = order // w, order % w
-            angle = torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=-1)
+            angle = axial_angles(order // w, order % w, self.config.head_dim, self.config.rope_theta)
             angles.append(angle.repeat(t, 1))
         return torch.cat(embeds), torch.cat(angles)
 

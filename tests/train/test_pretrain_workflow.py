@@ -55,6 +55,11 @@ def test_sft_rows_over_context_parallel_ranks_are_long_context_sft() -> None:
     cp2 = load_recipe(EXAMPLE, ["layout.cp=2"])
     assert card_workflow(cp2, {"workflow": "sft"}) == "long-context-sft"
     assert card_workflow(cp2, {"workflow": "pretrain"}) == "pretrain"  # long pretraining rows stay pretraining
+    # on one process, rows of the seeds' long-context length are long-context SFT too; shorter ones stay SFT
+    one = load_recipe(EXAMPLE)
+    assert card_workflow(one, {"workflow": "sft", "row_tokens": 32768}) == "long-context-sft"
+    assert card_workflow(one, {"workflow": "sft", "row_tokens": 32767}) == "sft"
+    assert card_workflow(one, {"workflow": "pretrain", "row_tokens": 65536}) == "pretrain"
 
 
 def test_sft_only_fields_are_refused_for_pretrain() -> None:

@@ -66,6 +66,23 @@ class ShardingPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageInputs:
+    """What a family whose model takes images declares, so training is written once for every such family.
+
+    Its forward takes the microbatch's image inputs as keywords (``pixel_values``, ``image_grid_thw``,
+    ``image_tokens_held``: data/image_batch.py) and places the held image features at its image tokens.
+    ``towers``: module paths of the encoders, never trained (no gradients, no optimizer state); ``projection``:
+    module paths of what maps their features into the decoder, trained or frozen by the recipe
+    (``vision.train_projection``).
+    """
+
+    towers: tuple[str, ...]
+    projection: tuple[str, ...]
+    image_token_id: Callable[[Any], int]                       # config -> the image placeholder token's id
+    patch_geometry: Callable[[Any], tuple[int, int, int]]      # config -> (patch, temporal patch, merge) sizes
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
     name: str
     named_configs: dict[str, Callable[[], Any]]               # registry name -> config factory
@@ -84,6 +101,7 @@ class ModelFamily:
     to_hf: Callable[[Iterable[tuple[str, torch.Tensor]], Any, str | None], Iterator[tuple[str, torch.Tensor]]]
     # HF names outside the native model that import skips (and counts), e.g. a vision tower in text-only mode
     ignored_key: Callable[[str], bool] | None = None
+    images: ImageInputs | None = None                         # None: a text-only model
 
 
 def _families() -> tuple[ModelFamily, ...]:

@@ -5,6 +5,7 @@ The order (each step relies on the ones before it):
 2. expert parallelism: each rank keeps its experts and dispatches tokens to the others (all-to-all);
 3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
    then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
+   then an image model's towers frozen and its projection trained or frozen (``frozen_modules``, ``trained_modules``);
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
 6. activation recompute, then activation offload around it;
@@ -42,6 +43,10 @@ class ParallelizeOptions:
     compile: bool = False                   # kernels.compile
     lora: LoraSpec | None = None            # adapters to train on a frozen base
     offload_activations: bool = False       # decoder layers' saved tensors wait in host memory
+    # module paths whose parameters never train (an image model's towers) and ones that do even on a LoRA-frozen base
+    # (its projection, when the recipe trains it); applied after LoRA, before the layouts read requires_grad
+    frozen_modules: tuple[str, ...] = ()
+    trained_modules: tuple[str, ...] = ()
 
 
 def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
@@ -76,6 +81,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
             from openrecipes.parallel.expert import shard_expert_adapters
 
             shard_expert_adapters([plan.moe_of(layer) for layer in layers], parallel.expert_mesh)
+    set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel
@@ -112,3 +118,13 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=options.compute_dtype, ignored=ignored)
     return GradientSync(model, parallel, tp_sharded_names=tp_sharded,
                         fp32_accumulation=options.parameter_dtype == torch.bfloat16)
+
+
+def set_trainable(model: nn.Module, *, frozen: tuple[str, ...], trained: tuple[str, ...]) -> None:
+    """``requires_grad`` False for every parameter under a ``frozen`` module path, True under a ``trained`` one (a
+    path that names no module of the model is an error: a family declaring a wrong path would train its tower)."""
+    for paths, value in ((frozen, False), (trained, True)):
+        for path in paths:
+            module = model.get_submodule(path)  # AttributeError names a missing path
+            for param in module.parameters():
+                param.requires_grad_(value)

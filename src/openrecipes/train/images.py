@@ -1,0 +1,63 @@
+"""Training on image rows, written once against the family contract (``ModelFamily.images``): which modules train,
+whether rows and model agree, which layouts run, and the image inputs handed to the model's forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from openrecipes.config.recipe import Recipe
+from openrecipes.data.image_batch import IMAGE_INPUTS
+
+
+def image_family(config: Any):
+    """The ``ImageInputs`` of the config's family, or None for a text-only model."""
+    from openrecipes.models.families import family_for_config
+
+    return family_for_config(config).images
+
+
+def trainable_modules(recipe: Recipe, config: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(frozen, trained) module paths for ``ParallelizeOptions``: the towers always frozen, the projection as
+    ``vision.train_projection`` says (trained even on a LoRA-frozen base)."""
+    images = image_family(config)
+    if images is None:
+        if not recipe.vision.train_projection:
+            raise ValueError(f"vision.train_projection: {recipe.model} takes no images (its family declares no "
+                             "vision towers); leave the vision section out")
+        return (), ()
+    if recipe.vision.train_projection:
+        return images.towers, images.projection
+    return images.towers + images.projection, ()
+
+
+def check_image_rows(recipe: Recipe, config: Any, dataset: Any, layout: Any) -> None:
+    """Refuse rows with images the model cannot take: a text-only model, another image token or patch geometry than
+    the model's, or a layout that does not run image rows yet (each error names the field)."""
+    rows = dataset.images
+    if rows is None:
+        return
+    images = image_family(config)
+    if images is None:
+        raise ValueError(f"data: the rows hold images, and model {recipe.model} takes none (build them without "
+                         "image_processor, or train a model whose family takes images)")
+    if rows.image_token_id != images.image_token_id(config):
+        raise ValueError(f"data: the rows' image token id is {rows.image_token_id}, the model's "
+                         f"{images.image_token_id(config)} (data.build.tokenizer and model disagree)")
+    geometry = (rows.processor.patch_size, rows.processor.temporal_patch_size, rows.processor.merge_size)
+    if geometry != tuple(images.patch_geometry(config)):
+        raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
+                         f"the model's {tuple(images.patch_geometry(config))}")
+    for name in ("pp", "cp", "tp", "ep"):
+        if getattr(layout, name) > 1:
+            raise ValueError(f"layout.{name}: image rows train with data parallelism only so far (towers on the first "
+                             f"pipeline stage, context parallelism after the image features are merged, tensor and "
+                             f"expert parallelism beside the towers are not built yet); set layout.{name}: 1")
+    if recipe.kernels.loss_chunk_tokens:
+        raise ValueError("kernels.loss_chunk_tokens: not supported with image rows yet; set it to 0")
+
+
+def image_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keywords of the model's forward for the images of ``batch`` (none for text rows)."""
+    return {key: batch[key] for key in IMAGE_INPUTS if key in batch}

@@ -16,6 +16,7 @@ from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.train.loop import train
+from tests.train.workflow_card import workflow_card
 
 pytest.importorskip("PIL")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-vl-moe-sft.yaml"
@@ -134,3 +135,5 @@ def test_example_trains_with_a_frozen_tower_and_resumes_bitwise(tmp_path: Path) 
     assert not any(".visual.blocks." in k or ".visual.patch_embed." in k or ".visual.pos_embed." in k for k in state)
     assert any(".visual.merger." in k for k in state) and any(".language_model." in k for k in state)
     assert any(k.startswith("model.model.visual.blocks.") for k in keys)  # the tower's weights are saved
+    card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
+    assert (card.workload.workflow, card.workload.modality) == ("sft", "image-text")

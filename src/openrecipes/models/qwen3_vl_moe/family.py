@@ -17,7 +17,8 @@ from openrecipes.models.shape import ModelShape
 
 def planner_shape(config: Qwen3VLMoeConfig, name: str) -> ModelShape:
     shape = QWEN3_MOE.planner_shape(config.text, name or "qwen3-vl-moe")
-    return replace(shape, frozen_encoder_params=config.vision.params())
+    return replace(shape, frozen_encoder_params=config.vision.params(),
+                   encoder_projection_params=config.vision.projection_params())
 
 
 NAMED_CONFIGS = {

@@ -93,25 +93,23 @@ def _trainable(recipe) -> set[str]:
     return {name.split(".")[2] for name, p in model.named_parameters() if p.requires_grad and "visual" in name}
 
 
-def test_towers_frozen_projection_by_recipe(tmp_path: Path) -> None:
+def test_towers_frozen_projection_by_recipe(tmp_path: Path, capsys) -> None:
     assert _trainable(_recipe(tmp_path / "a")) == {"merger", "deepstack_merger_list"}
     assert _trainable(_recipe(tmp_path / "b", "vision.train_projection=false")) == set()
     lora = _recipe(tmp_path / "c", "lora.rank=4", "lora.targets=[q_proj,v_proj]")
     assert _trainable(lora) == {"merger", "deepstack_merger_list"}  # trained beside the adapters
-    from openrecipes.data.batching import load_rows
-    from openrecipes.train.engine import model_config
-    from openrecipes.train.images import check_image_rows
+    from openrecipes.cli import main
 
-    refused = _recipe(tmp_path / "a", "layout.cp=2", "layout.dp=1")
-    with pytest.raises(ValueError, match="layout.cp: image rows train with data parallelism only"):
-        check_image_rows(refused, model_config(refused), load_rows(rows_directory(None, refused.run_dir)),
-                         refused.layout)
-    text = _recipe(tmp_path / "a", "model=qwen3-moe-tiny")
+    refused = tmp_path / "refused"
+    code = main(["train", str(EXAMPLE), "--set", f"run_dir={refused}", "--set", "layout.cp=2", "--set", "steps=1",
+                 "--set", "data.build.rows=4", "--nproc", "2"])
+    assert code == 2 and "layout.cp: image rows train with data parallelism only" in capsys.readouterr().err
+    assert not (refused / "metrics.jsonl").exists()  # refused before any training process started
     with pytest.raises(ValueError, match="vision.train_projection: qwen3-moe-tiny takes no images"):
         _trainable(load_recipe(EXAMPLE, [f"run_dir={tmp_path / 'a'}", "model=qwen3-moe-tiny",
                                          "vision.train_projection=false"]))
     with pytest.raises(ValueError, match="data: the rows hold images, and model qwen3-moe-tiny takes none"):
-        check_image_rows(text, model_config(text), load_rows(rows_directory(None, text.run_dir)), text.layout)
+        train(_recipe(tmp_path / "a", "model=qwen3-moe-tiny"), command="t")
 
 
 def _metrics(run_dir: Path) -> list[tuple[float, float]]:

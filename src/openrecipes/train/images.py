@@ -3,6 +3,7 @@ whether rows and model agree, which layouts run, and the image inputs handed to 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,20 +33,30 @@ def trainable_modules(recipe: Recipe, config: Any) -> tuple[tuple[str, ...], tup
     return images.towers + images.projection, ()
 
 
-def check_image_rows(recipe: Recipe, config: Any, dataset: Any, layout: Any) -> None:
-    """Refuse rows with images the model cannot take: a text-only model, another image token or patch geometry than
-    the model's, or a layout that does not run image rows yet (each error names the field)."""
-    rows = dataset.images
-    if rows is None:
+def check_rows_directory(recipe: Recipe, rows: Path) -> None:
+    """``check_image_rows`` for a built rows directory (the launcher runs it before any training process starts)."""
+    from openrecipes.data.manifest import MANIFEST_FILE, read_manifest
+    from openrecipes.train.engine import model_config
+
+    if (rows / MANIFEST_FILE).is_file():
+        check_image_rows(recipe, model_config(recipe), read_manifest(rows).get("images"), recipe.layout)
+
+
+def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, layout: Any) -> None:
+    """Refuse rows with images (``rows``: their manifest's ``images`` section, None for text rows) the model cannot
+    take: a text-only model, another image token or patch geometry than the model's, or a layout that does not run
+    image rows yet (each error names the field)."""
+    if not rows:
         return
     images = image_family(config)
     if images is None:
         raise ValueError(f"data: the rows hold images, and model {recipe.model} takes none (build them without "
                          "image_processor, or train a model whose family takes images)")
-    if rows.image_token_id != images.image_token_id(config):
-        raise ValueError(f"data: the rows' image token id is {rows.image_token_id}, the model's "
+    if rows["image_token_id"] != images.image_token_id(config):
+        raise ValueError(f"data: the rows' image token id is {rows['image_token_id']}, the model's "
                          f"{images.image_token_id(config)} (data.build.tokenizer and model disagree)")
-    geometry = (rows.processor.patch_size, rows.processor.temporal_patch_size, rows.processor.merge_size)
+    processor = rows["processor"]
+    geometry = (processor["patch_size"], processor["temporal_patch_size"], processor["merge_size"])
     if geometry != tuple(images.patch_geometry(config)):
         raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
                          f"the model's {tuple(images.patch_geometry(config))}")

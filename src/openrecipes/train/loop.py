@@ -20,7 +20,7 @@ from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
-from openrecipes.train.images import check_image_rows
+from openrecipes.train.images import check_rows_directory
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
@@ -111,7 +111,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))
     row_tokens = dataset.row_tokens
-    check_image_rows(recipe, config, dataset, recipe.layout)
+    check_rows_directory(recipe, _rows_to_train_on(recipe, run_dir))
     rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,

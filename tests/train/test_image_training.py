@@ -80,6 +80,28 @@ def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
     assert two_images, "a conversation with two images after another conversation in its row"
     assert packed == pytest.approx(reference, rel=1e-6)
 
+    # context parallelism: each of two contiguous halves holds the features of exactly its image tokens, an image
+    # the cut splits shares its tokens between them, and the positions are the whole rows' cut in two
+    from openrecipes.models.qwen3_vl_moe.model import packed_mrope_positions
+    from openrecipes.train.images import sliced_image_inputs
+
+    whole_positions = packed_mrope_positions(batch["position_ids"], batch["input_ids"] == config.image_token_id,
+                                             batch["image_grid_thw"], batch["image_tokens_held"], config)
+
+    T = batch["input_ids"].shape[1]
+    whole = engine.image_inputs(batch)
+    whole_index = held_feature_index(whole["image_grid_thw"], whole["image_tokens_held"], 2).tolist()
+    cut = int((batch["input_ids"][0] == token_id).nonzero()[0]) + 3  # inside the first image of the first row
+    merged, split = [], False
+    for half in (slice(0, cut), slice(cut, T)):
+        positions, inputs = sliced_image_inputs(model, batch, lambda t, half=half: t[:, half])
+        assert torch.equal(positions, whole_positions[:, :, half])
+        held = inputs["image_tokens_held"]
+        assert int(held[:, 1].sum()) == int((batch["input_ids"][:, half] == token_id).sum())
+        split |= bool(((held[:, 1] > 0) & (held[:, 1] < whole["image_tokens_held"][:, 1])).any())
+        merged += held_feature_index(inputs["image_grid_thw"], held, 2).tolist()
+    assert split and sorted(merged) == sorted(whole_index)
+
     # a row that holds part of an image gets exactly those tokens' features
     grid = torch.tensor([[1, 8, 12], [1, 8, 8]])
     index = held_feature_index(grid, torch.tensor([[20, 4], [0, 16]]), 2)

@@ -80,6 +80,9 @@ class ImageInputs:
     projection: tuple[str, ...]
     image_token_id: Callable[[Any], int]                       # config -> the image placeholder token's id
     patch_geometry: Callable[[Any], tuple[int, int, int]]      # config -> (patch, temporal patch, merge) sizes
+    # (config, input_ids, per-document position_ids (B, T), image_grid_thw, image_tokens_held) -> the positions the
+    # forward takes for the whole rows (before context parallelism cuts them)
+    positions: Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)

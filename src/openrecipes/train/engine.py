@@ -16,7 +16,7 @@ from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.train.chunked_loss import chunked_head
-from openrecipes.train.images import image_inputs, trainable_modules
+from openrecipes.train.images import image_inputs, sliced_image_inputs, trainable_modules
 
 
 def model_config(recipe: Recipe) -> Any:
@@ -119,7 +119,11 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
-    if input_slice is not None:
+    images = image_inputs(batch)
+    if input_slice is not None and images:  # image positions come from the whole rows, before the cut
+        position_ids, images = sliced_image_inputs(model, batch, input_slice)
+        input_ids = input_slice(input_ids)
+    elif input_slice is not None:
         input_ids, position_ids = input_slice(input_ids), input_slice(position_ids)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
@@ -131,7 +135,7 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     if head is not None:  # the head returns the loss sum itself (kernels.loss_chunk_tokens)
         with head.targets(targets, weights):
             return model(input_ids, position_ids, documents)
-    logits = model(input_ids, position_ids, documents, **image_inputs(batch))
+    logits = model(input_ids, position_ids, documents, **images)
     return (loss_fn or token_loss_sum)(logits, targets, weights)
 
 

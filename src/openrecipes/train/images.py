@@ -60,11 +60,11 @@ def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, l
     if geometry != tuple(images.patch_geometry(config)):
         raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
                          f"the model's {tuple(images.patch_geometry(config))}")
-    for name in ("pp", "cp", "tp", "ep"):
+    for name in ("pp", "tp", "ep"):
         if getattr(layout, name) > 1:
-            raise ValueError(f"layout.{name}: image rows train with data parallelism only so far (towers on the first "
-                             f"pipeline stage, context parallelism after the image features are merged, tensor and "
-                             f"expert parallelism beside the towers are not built yet); set layout.{name}: 1")
+            raise ValueError(f"layout.{name}: image rows train with data and context parallelism only so far (towers "
+                             f"on the first pipeline stage, tensor and expert parallelism beside the towers are not "
+                             f"built yet); set layout.{name}: 1")
     if recipe.kernels.loss_chunk_tokens:
         raise ValueError("kernels.loss_chunk_tokens: not supported with image rows yet; set it to 0")
 
@@ -72,3 +72,29 @@ def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, l
 def image_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The keywords of the model's forward for the images of ``batch`` (none for text rows)."""
     return {key: batch[key] for key in IMAGE_INPUTS if key in batch}
+
+
+def sliced_image_inputs(model: Any, batch: dict[str, torch.Tensor], input_slice: Any
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Context parallelism: this rank's positions and image inputs when ``input_slice`` cuts the rows. The positions
+    are computed for the whole rows (images placed in them), then cut; each image keeps only the tokens the slice
+    holds (a count of 0 for an image outside it), so the forward merges the features of exactly its image tokens."""
+    from openrecipes.models.families import family_for_model
+
+    images = family_for_model(model).images
+    config = model.config
+    inputs = image_inputs(batch)
+    input_ids, held = batch["input_ids"], inputs["image_tokens_held"]
+    whole = images.positions(config, input_ids, batch["position_ids"], inputs["image_grid_thw"], held)
+    positions = torch.stack([input_slice(axis) for axis in whole])
+    rows, tokens = input_ids.shape
+    index = input_slice(torch.arange(tokens, device=input_ids.device).expand(rows, tokens))
+    low, high = int(index[0, 0]), int(index[0, -1]) + 1  # the slices are contiguous
+    flat = (input_ids == images.image_token_id(config)).reshape(-1).nonzero().flatten().tolist()
+    kept, cursor = [], 0
+    for first, count in held.tolist():
+        start = flat[cursor] % tokens if count else 0
+        cursor += count
+        lo, hi = max(start, low), min(start + count, high)
+        kept.append([first + lo - start, hi - lo] if hi > lo else [0, 0])
+    return positions, {**inputs, "image_tokens_held": torch.tensor(kept, dtype=held.dtype, device=held.device)}

@@ -11,7 +11,8 @@ from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.models.qwen3_moe.family import FAMILY as QWEN3_MOE
 from openrecipes.models.qwen3_vl_moe import hf
 from openrecipes.models.qwen3_vl_moe.config import Qwen3VLMoeConfig, Qwen3VLMoeVisionConfig
-from openrecipes.models.qwen3_vl_moe.model import Qwen3VLMoeForConditionalGeneration, build_qwen3_vl_moe
+from openrecipes.models.qwen3_vl_moe.model import (Qwen3VLMoeForConditionalGeneration, build_qwen3_vl_moe,
+                                                  packed_mrope_positions)
 from openrecipes.models.shape import ModelShape
 
 
@@ -67,5 +68,7 @@ FAMILY = ModelFamily(
         projection=("model.visual.merger", "model.visual.deepstack_merger_list"),
         image_token_id=lambda config: config.image_token_id,
         patch_geometry=lambda config: (config.vision.patch_size, config.vision.temporal_patch_size,
-                                       config.vision.spatial_merge_size)),
+                                       config.vision.spatial_merge_size),
+        positions=lambda config, input_ids, position_ids, grid, held: packed_mrope_positions(
+            position_ids, input_ids == config.image_token_id, grid, held, config)),
 )

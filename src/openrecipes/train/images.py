@@ -60,10 +60,10 @@ def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, l
     if geometry != tuple(images.patch_geometry(config)):
         raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
                          f"the model's {tuple(images.patch_geometry(config))}")
-    for name in ("pp", "tp", "ep"):
+    for name in ("pp", "tp"):
         if getattr(layout, name) > 1:
-            raise ValueError(f"layout.{name}: image rows train with data and context parallelism only so far (towers "
-                             f"on the first pipeline stage, tensor and expert parallelism beside the towers are not "
+            raise ValueError(f"layout.{name}: image rows train with data, expert and context parallelism only so far "
+                             f"(towers on the first pipeline stage and tensor parallelism beside the towers are not "
                              f"built yet); set layout.{name}: 1")
     if recipe.kernels.loss_chunk_tokens:
         raise ValueError("kernels.loss_chunk_tokens: not supported with image rows yet; set it to 0")

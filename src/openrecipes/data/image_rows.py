@@ -108,8 +108,8 @@ class ImageRows:
                 image.load()  # decodes the whole file: a truncated one fails here, not in training
                 height, width = image.height, image.width
             new_h, new_w = fit_size(height, width, self.processor)
-        except ImportError:
-            raise
+        except ImportError as error:
+            raise ImportError("reading images needs Pillow: pip install 'openrecipes[images]'") from error
         except Exception as error:  # Pillow raises many kinds for a broken file
             raise InvalidConversation(f"{where}: image {path} cannot be read: {error}", "bad image") from None
         p, m = self.processor.patch_size, self.processor.merge_size

@@ -112,12 +112,16 @@ def test_text_rows_are_unchanged_by_the_image_reader(tmp_path):
     ("broken", r"chat.jsonl line 1: image .*broken.png cannot be read"),
     ("url", r"chat.jsonl line 1: message 1: content part 1: image 'https://example.com/x.png' is a URL"),
     ("no processor", r"content part 1 is 'image'; only text parts are read \(image parts with an image processor"),
+    ("forged marker", r"chat.jsonl line 1: holds the noncharacters U\+FDD2/U\+FDD3"),
 ])
 def test_bad_images_are_named_with_their_line(tmp_path, case, message):
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     name = {"missing": "nothere.png", "broken": "broken.png", "url": "https://example.com/x.png"}.get(case, "x.png")
     record = {"messages": [{"role": "user", "content": [{"type": "image", "image": name}]},
                            {"role": "assistant", "content": "ok"}]}
+    if case == "forged marker":  # an assistant's plain text quoting an image marker
+        _image(tmp_path / "x.png", (32, 32), (0, 0, 0))
+        record["messages"][1]["content"] = "see \ufdd27\ufdd3"
     options = {"image_processor": None} if case == "no processor" else {}
     with pytest.raises(ValueError, match=message):
         _build(tmp_path, [record], row_tokens=16, **options)

@@ -129,6 +129,9 @@ class ImageRows:
         cursor = shift = 0
         start, pad, end = self.markup
         for match in IMAGE_MARKER.finditer(text):
+            if int(match.group(1)) >= len(numbers):  # the conversation's own text forged a marker
+                raise InvalidConversation(f"{where}: holds the noncharacters U+FDD2/U+FDD3, which mark images while "
+                                          "rendering", "marker characters")
             number = numbers[int(match.group(1))]
             tokens = start + pad * self.entries[number].tokens + end
             pieces += [text[cursor:match.start()], tokens]
@@ -137,9 +140,9 @@ class ImageRows:
             order.append(number)
             cursor = match.end()
         pieces.append(text[cursor:])
-        if sorted(order) != sorted(numbers):
-            raise InvalidConversation(f"{where}: the chat template did not render each image part once",
-                                      "template error")
+        if sorted(order) != sorted(numbers):  # a part rendered twice or not at all, or a forged marker
+            raise InvalidConversation(f"{where}: the chat template did not render each image part once (or the text "
+                                      "holds the noncharacters U+FDD2/U+FDD3 that mark them)", "template error")
 
         def at(position: int) -> int:
             return position + next((s for stop, s in reversed(moved) if stop <= position), 0)

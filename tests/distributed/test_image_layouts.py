@@ -2,8 +2,9 @@
 frozen vision tower with the other dense weights, each rank encodes the images of its own rows, and the experts are
 split over expert parallelism (built on the meta device, the tower materialised with one process's values). CP2: each rank holds half of every
 row, its positions cut from the whole rows' and the features of exactly its image tokens (an image the cut splits
-shares its tokens; tests/train/test_image_training.py checks that split in-process). Losses and gradient norms equal
-one process's. The layouts image rows do not run yet are refused before any step (test_image_training.py)."""
+shares its tokens; tests/train/test_image_training.py checks that split in-process). PP2: the first stage runs the
+towers and the layers DeepStack feeds, its images travelling padded per row through the schedule, the whole rows'
+positions to every stage. Losses and gradient norms equal one process's. The layouts image rows do not run yet are refused before any step (test_image_training.py)."""
 
 import os
 import subprocess
@@ -17,7 +18,8 @@ from tests.distributed.test_layouts import assert_same, metrics
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-vl-moe-sft.yaml"
 COMMON = ["steps=2", "logging.progress=false", "checkpoint.every=null", "checkpoint.at_end=false",
           "data.build.rows=8"]
-LAYOUTS = {"DP2-EP2": ["layout.dp=2", "layout.ep=2"], "CP2": ["layout.dp=1", "layout.cp=2"]}
+LAYOUTS = {"DP2-EP2": ["layout.dp=2", "layout.ep=2"], "CP2": ["layout.dp=1", "layout.cp=2"],
+           "PP2": ["layout.dp=1", "layout.pp=2", "layout.pp_first_stage_layers=2", "layout.max_tokens_per_gpu=128"]}
 
 
 def _train(run_dir, nproc, *sets):

@@ -123,9 +123,13 @@ def test_towers_frozen_projection_by_recipe(tmp_path: Path, capsys) -> None:
     from openrecipes.cli import main
 
     refused = tmp_path / "refused"
-    code = main(["train", str(EXAMPLE), "--set", f"run_dir={refused}", "--set", "layout.pp=2", "--set", "layout.pp_first_stage_layers=1", "--set", "steps=1",
-                 "--set", "data.build.rows=4", "--nproc", "2"])
-    assert code == 2 and "layout.pp: image rows train with data, expert and context" in capsys.readouterr().err
+    code = main(["train", str(EXAMPLE), "--set", f"run_dir={refused}", "--set", "layout.tp=2", "--set",
+                 "layout.sequence_parallel=true", "--set", "steps=1", "--set", "data.build.rows=4", "--nproc", "2"])
+    assert code == 2 and "layout.tp: image rows train with data, expert, context and pipeline" in capsys.readouterr().err
+    code = main(["train", str(EXAMPLE), "--set", f"run_dir={refused}", "--set", "layout.pp=2", "--set",
+                 "layout.pp_first_stage_layers=1", "--set", "steps=1", "--set", "data.build.rows=4", "--nproc", "2"])
+    assert code == 2 and "layout.pp_first_stage_layers: the first pipeline stage runs the vision towers and must " \
+        "hold the first 2 decoder layers" in capsys.readouterr().err
     assert not (refused / "metrics.jsonl").exists()  # refused before any training process started
     with pytest.raises(ValueError, match="vision.train_projection: qwen3-moe-tiny takes no images"):
         _trainable(load_recipe(EXAMPLE, [f"run_dir={tmp_path / 'a'}", "model=qwen3-moe-tiny",

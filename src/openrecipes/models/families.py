@@ -83,6 +83,7 @@ class ImageInputs:
     # (config, input_ids, per-document position_ids (B, T), image_grid_thw, image_tokens_held) -> the positions the
     # forward takes for the whole rows (before context parallelism cuts them)
     positions: Callable[..., torch.Tensor]
+    first_stage_layers: Callable[[Any], int]                   # config -> decoder layers the towers' stage must run
 
 
 @dataclass(frozen=True, kw_only=True)

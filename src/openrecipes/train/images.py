@@ -60,11 +60,20 @@ def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, l
     if geometry != tuple(images.patch_geometry(config)):
         raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
                          f"the model's {tuple(images.patch_geometry(config))}")
-    for name in ("pp", "tp"):
-        if getattr(layout, name) > 1:
-            raise ValueError(f"layout.{name}: image rows train with data, expert and context parallelism only so far "
-                             f"(towers on the first pipeline stage and tensor parallelism beside the towers are not "
-                             f"built yet); set layout.{name}: 1")
+    if layout.tp > 1:
+        raise ValueError("layout.tp: image rows train with data, expert, context and pipeline parallelism only so far "
+                         "(tensor parallelism beside the towers is not built yet); set layout.tp: 1")
+    if layout.pp > 1:
+        from openrecipes.config.layout import stage_layer_counts
+
+        if layout.cp > 1 or layout.vpp > 1:
+            raise ValueError(f"layout.{'cp' if layout.cp > 1 else 'vpp'}: image rows run pipeline parallelism without "
+                             "context parallelism or interleaving so far; set it to 1")
+        first, needed = stage_layer_counts(layout, config.num_hidden_layers)[0], images.first_stage_layers(config)
+        if first < needed:
+            raise ValueError(f"layout.pp_first_stage_layers: the first pipeline stage runs the vision towers and must "
+                             f"hold the first {needed} decoder layers (image features are added after each); it holds "
+                             f"{first}")
     if recipe.kernels.loss_chunk_tokens:
         raise ValueError("kernels.loss_chunk_tokens: not supported with image rows yet; set it to 0")
 
@@ -98,3 +107,51 @@ def sliced_image_inputs(model: Any, batch: dict[str, torch.Tensor], input_slice:
         lo, hi = max(start, low), min(start + count, high)
         kept.append([first + lo - start, hi - lo] if hi > lo else [0, 0])
     return positions, {**inputs, "image_tokens_held": torch.tensor(kept, dtype=held.dtype, device=held.device)}
+
+
+def _placement_rows(input_ids: torch.Tensor, held: torch.Tensor, token_id: int) -> list[int]:
+    """The row of each image placement (the k-th run of image tokens in row-major order holds image k's tokens)."""
+    flat = (input_ids == token_id).reshape(-1).nonzero().flatten().tolist()
+    rows, cursor = [], 0
+    for _, count in held.tolist():
+        rows.append(flat[cursor] // input_ids.shape[1] if count else 0)
+        cursor += count
+    return rows
+
+
+def pipeline_image_inputs(model: Any, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Pipeline parallelism: the step's image inputs as tensors the schedule splits by rows, each row carrying its own
+    images padded to the step's largest (parallel/pipeline.py ``unpad_images`` undoes it on the first stage), and
+    the positions of the whole rows, (rows, axes, T), for every stage. Empty for text rows."""
+    from openrecipes.models.families import family_for_model
+
+    if not any("image_grid_thw" in b for b in microbatches):
+        return {}
+    images = family_for_model(model).images
+    config = model.config
+    positions, rows = [], []  # rows: per row, its (patches, grid, held) images
+    for batch in microbatches:
+        inputs = image_inputs(batch)
+        input_ids = batch["input_ids"]
+        mine: list[list[tuple[torch.Tensor, list[int], list[int]]]] = [[] for _ in range(input_ids.shape[0])]
+        if inputs:
+            grid, held = inputs["image_grid_thw"], inputs["image_tokens_held"]
+            positions.append(images.positions(config, input_ids, batch["position_ids"], grid, held).transpose(0, 1))
+            patches = inputs["pixel_values"].split(grid.prod(dim=1).tolist())
+            for k, row in enumerate(_placement_rows(input_ids, held, images.image_token_id(config))):
+                mine[row].append((patches[k], grid[k].tolist(), held[k].tolist()))
+        else:
+            positions.append(batch["position_ids"][:, None].expand(-1, 3, -1))
+        rows += mine
+    width = next(b["pixel_values"].shape[1] for b in microbatches if "pixel_values" in b)
+    most_patches = max(sum(p.shape[0] for p, _, _ in row) for row in rows)
+    most_images = max(len(row) for row in rows)
+    pixels = torch.zeros(len(rows), most_patches, width)
+    grids = torch.zeros(len(rows), most_images, 3, dtype=torch.long)
+    held = torch.zeros(len(rows), most_images, 2, dtype=torch.long)
+    for r, row in enumerate(rows):
+        if row:
+            pixels[r, :sum(p.shape[0] for p, _, _ in row)] = torch.cat([p for p, _, _ in row])
+            grids[r, :len(row)] = torch.tensor([g for _, g, _ in row])
+            held[r, :len(row)] = torch.tensor([h for _, _, h in row])
+    return {"position_ids": torch.cat(positions), "image_pixels": pixels, "image_grids": grids, "image_held": held}

@@ -70,5 +70,6 @@ FAMILY = ModelFamily(
         patch_geometry=lambda config: (config.vision.patch_size, config.vision.temporal_patch_size,
                                        config.vision.spatial_merge_size),
         positions=lambda config, input_ids, position_ids, grid, held: packed_mrope_positions(
-            position_ids, input_ids == config.image_token_id, grid, held, config)),
+            position_ids, input_ids == config.image_token_id, grid, held, config),
+        first_stage_layers=lambda config: len(config.vision.deepstack_visual_indexes)),
 )

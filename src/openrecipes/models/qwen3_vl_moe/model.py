@@ -156,9 +156,13 @@ class Qwen3VLMoeForConditionalGeneration(nn.Module):
         last = layers is None or layers.stop == self.config.text.num_hidden_layers
         h = text.embed_tokens(input_ids) if text.embed_tokens is not None and first else input_ids
         image_mask = deepstack = None
+        # the layers this forward runs: a range, or every layer the model holds (a pipeline stage holds some)
+        indices = [int(key) for key in text.layers] if layers is None else layers
         if pixel_values is not None:
-            if text.embed_tokens is None or layers is not None:
-                raise ValueError("images need a forward that runs the embedding and every decoder layer")
+            deep = len(self.config.vision.deepstack_visual_indexes)
+            if text.embed_tokens is None or not set(range(deep)) <= set(indices):
+                raise ValueError(f"images need a forward that runs the embedding and the first {deep} decoder "
+                                 "layers (DeepStack adds image features after each)")
             if image_grid_thw is None:
                 raise ValueError("pixel_values given without image_grid_thw")
             features, deepstack = self.model.visual(pixel_values, image_grid_thw)
@@ -181,7 +185,6 @@ class Qwen3VLMoeForConditionalGeneration(nn.Module):
         if position_ids.dim() == 2:
             position_ids = position_ids[None].expand(3, -1, -1)
         angles = mrope_angles(position_ids, self.config)
-        indices = range(self.config.text.num_hidden_layers) if layers is None else layers
         for index in indices:
             h = text.layers[str(index)](h, angles, documents)
             if deepstack is not None and index < len(deepstack):

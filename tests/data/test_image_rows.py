@@ -98,6 +98,23 @@ def test_image_tokens_rows_and_hashes(tmp_path):
         hashlib.sha256((out / "images.parquet").read_bytes()).hexdigest()
 
 
+def test_the_trainer_checks_the_images_it_reads(tmp_path):
+    """load_rows reads the sidecar and checks every image file's bytes against its sha256 name."""
+    from openrecipes.data.batching import load_rows, make_microbatch
+
+    _build(tmp_path, _records(tmp_path) * 3, row_tokens=64, seed=1)
+    out = tmp_path / "out"
+    dataset = load_rows(out)
+    rows = np.flatnonzero(np.diff(dataset.images.row_offsets) > 0)[:2]
+    batch = make_microbatch(dataset, rows)
+    held = batch["image_tokens_held"]
+    assert int(held[:, 1].sum()) == int((batch["input_ids"] == dataset.images.image_token_id).sum())
+    victim = next((out / "images").iterdir())
+    victim.write_bytes(victim.read_bytes()[:-1])
+    with pytest.raises(ValueError, match=f"{victim.name}: missing or its bytes do not match its sha256 name"):
+        load_rows(out)
+
+
 def test_text_rows_are_unchanged_by_the_image_reader(tmp_path):
     """Text conversations give the same rows with or without image reading on (the text path is untouched)."""
     records = [r for r in _records(tmp_path) if isinstance(r["messages"][0]["content"], str)] * 8

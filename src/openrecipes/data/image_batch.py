@@ -85,9 +85,13 @@ def load_row_images(directory: Path, manifest: dict[str, Any], input_ids: np.nda
     token_id = int(section["image_token_id"])
     if placements.size and (np.any(np.diff(placements[:, 0]) < 0) or placements[:, 0].max() >= n):
         raise ValueError(f"{sidecar}: placements are not sorted by row or name a row past the {n} rows")
+    merge = int(section["processor"]["merge_size"])
     for (row, start, tokens, first, grid_h, grid_w), digest in zip(placements.tolist(), sha):
         if start < 0 or start + tokens > T or np.any(input_ids[row, start:start + tokens] != token_id):
             raise ValueError(f"{sidecar}: row {row} does not hold {tokens} image tokens at {start}")
+        if first < 0 or first + tokens > grid_h * grid_w // (merge * merge):
+            raise ValueError(f"{sidecar}: row {row} holds tokens {first}..{first + tokens - 1} of an image of "
+                             f"{grid_h * grid_w // (merge * merge)}")
     held = np.bincount(placements[:, 0], weights=placements[:, 2], minlength=n) if placements.size else np.zeros(n)
     if np.any((input_ids == token_id).sum(axis=1) != held):
         raise ValueError(f"{sidecar}: a row holds image tokens the sidecar does not place")

@@ -1,7 +1,8 @@
 """Apply a layout to a built model, in one fixed order, and hand back what the step needs to synchronise gradients.
 
 The order (each step relies on the ones before it):
-1. pipeline stage pruning: drop the layers, embedding and head this stage does not run;
+1. pipeline stage pruning: drop the layers, embedding and head this stage does not run (and an image model's
+   towers and projection on every stage but the first);
 2. expert parallelism: each rank keeps its experts and dispatches tokens to the others (all-to-all);
 3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
    then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
@@ -60,6 +61,10 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
 
         prune_to_stage(model, plan, options.stage_layers, first=parallel.pp_rank == 0,
                        last=parallel.pp_rank == parallel.pp_size - 1)
+        images = family_for_model(model).images
+        if images is not None and parallel.pp_rank != 0:  # an image model's encoders run on the first stage only
+            for path in images.towers + images.projection:
+                plan.drop(model, path)
     layers = plan.decoder_layers(model)
     if distributed and parallel.expert_mesh is not None:
         from openrecipes.parallel.expert import apply_expert_parallel
@@ -122,9 +127,11 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
 
 def set_trainable(model: nn.Module, *, frozen: tuple[str, ...], trained: tuple[str, ...]) -> None:
     """``requires_grad`` False for every parameter under a ``frozen`` module path, True under a ``trained`` one (a
-    path that names no module of the model is an error: a family declaring a wrong path would train its tower)."""
+    path that names no module of the model is an error: a family declaring a wrong path would train its tower; one a
+    pipeline stage dropped is skipped)."""
     for paths, value in ((frozen, False), (trained, True)):
         for path in paths:
-            module = model.get_submodule(path)  # AttributeError names a missing path
-            for param in module.parameters():
+            parent, _, name = path.rpartition(".")
+            module = getattr(model.get_submodule(parent) if parent else model, name)  # AttributeError names it
+            for param in module.parameters() if module is not None else ():
                 param.requires_grad_(value)

@@ -147,7 +147,7 @@ def test_example_trains_with_a_frozen_tower_and_resumes_bitwise(tmp_path: Path) 
 
     from openrecipes.train.checkpointing import latest_checkpoint
 
-    whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
+    whole, cut = _recipe(tmp_path / "whole", "checkpoint.export_hf=true"), _recipe(tmp_path / "cut")
     train(whole, command="t")
     train(cut, command="t", stop_after=1)
     train(cut, command="t", resume=True)
@@ -159,5 +159,11 @@ def test_example_trains_with_a_frozen_tower_and_resumes_bitwise(tmp_path: Path) 
     assert not any(".visual.blocks." in k or ".visual.patch_embed." in k or ".visual.pos_embed." in k for k in state)
     assert any(".visual.merger." in k for k in state) and any(".language_model." in k for k in state)
     assert any(k.startswith("model.model.visual.blocks.") for k in keys)  # the tower's weights are saved
+    # the export carries the image processor the rows were sized by (read back as the same config)
+    from openrecipes.data import bundled
+    from openrecipes.data.images import ImageProcessorConfig
+
+    exported = ImageProcessorConfig.from_hf_json(tmp_path / "whole" / "hf" / "preprocessor_config.json")
+    assert exported == ImageProcessorConfig.from_hf_json(bundled.IMAGE_PROCESSOR)
     card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
     assert (card.workload.workflow, card.workload.modality) == ("sft", "image-text")

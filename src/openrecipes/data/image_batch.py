@@ -12,7 +12,7 @@ with the held features in that order (``ModelFamily.images``).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -99,9 +99,7 @@ def load_row_images(directory: Path, manifest: dict[str, Any], input_ids: np.nda
         path = directory / IMAGES_DIR / digest
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
             raise ValueError(f"{path}: missing or its bytes do not match its sha256 name")
-    raw = section["processor"]
-    processor = ImageProcessorConfig(**{f.name: tuple(raw[f.name]) if isinstance(raw[f.name], list) else raw[f.name]
-                                        for f in fields(ImageProcessorConfig)})
+    processor = ImageProcessorConfig.from_manifest(section["processor"])
     offsets = np.searchsorted(placements[:, 0], np.arange(n + 1)).astype(np.int64)
     return RowImages(directory=directory, processor=processor, image_token_id=token_id, row_offsets=offsets,
                      placements=placements, sha256=sha)

@@ -98,5 +98,13 @@ def test_every_family_declares_the_whole_contract():
         covered = [n for n in names if ".experts." in n or any(part in n for part in plan.replicated)
                    or any(f".{p}." in n for p in plan.attention_tp)]
         assert covered == names
+        if family.images is not None:  # its towers and projection name modules, and with the decoder cover the model
+            paths = family.images.towers + family.images.projection
+            encoder = [f"{p}.{n}" for p in paths for n, _ in model.get_submodule(p).named_parameters()]
+            decoder = (plan.layers, plan.embedding, plan.final_norm, plan.lm_head)
+            assert encoder and len(set(encoder)) == len(encoder)
+            assert sorted(encoder + [n for n in names if n.startswith(decoder)]) == sorted(names)
+            assert 0 <= family.images.image_token_id(config) < config.vocab_size
+            assert all(size > 0 for size in family.images.patch_geometry(config))
         config_dict = family.config_to_hf(config)
         assert config_dict["model_type"] in family.model_types

@@ -32,7 +32,8 @@ class _Options(HTMLParser):
 
 
 def _card_values(recipes: Path) -> dict[str, set[str]]:
-    values: dict[str, set[str]] = {"model": set(), "gpu": set(), "status": set(), "workflow": set()}
+    values: dict[str, set[str]] = {"model": set(), "gpu": set(), "status": set(), "workflow": set(),
+                                   "modality": set()}
     for path in recipes.rglob("*.yaml"):
         data = yaml.safe_load(path.read_text())
         values["model"].add(data["model"])
@@ -40,6 +41,7 @@ def _card_values(recipes: Path) -> dict[str, set[str]]:
         values["status"].add(data["status"])
         if data["workload"].get("workflow"):
             values["workflow"].add(data["workload"]["workflow"])
+        values["modality"].add(data["workload"].get("modality", "text"))
     return values
 
 
@@ -245,7 +247,7 @@ class _Rows(HTMLParser):
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "tr" and attrs.get("class") == "recipe":
-            self.rows.append({"workflow": attrs["data-workflow"]})
+            self.rows.append({"workflow": attrs["data-workflow"], "modality": attrs["data-modality"]})
         elif tag == "a" and self.rows and "href" not in self.rows[-1]:
             self.rows[-1]["href"] = attrs["href"]
 
@@ -266,3 +268,23 @@ def test_every_workflow_is_a_filter_choice_that_shows_its_card(tmp_path):
     for workflow in workflows:
         kept = [row["href"] for row in rows.rows if row["workflow"] == workflow]
         assert kept == pages[workflow]
+
+
+def test_modality_is_a_filter_choice_that_shows_its_cards(tmp_path):
+    """An image-text card beside text cards: the modality filter offers both values the cards hold (a card without
+    the field is text), and the rows each choice keeps are exactly its cards."""
+    recipes = tmp_path / "recipes"
+    for name, modality in (("text", None), ("images", "image-text")):
+        data = qwen_data()
+        data["layout"]["label"] = f"TP1 PP1 EP8 DP8 {name}"
+        if modality:
+            data["workload"]["modality"] = modality
+        write(recipes / "qwen3-30b-a3b" / "h200" / f"{name}.yaml", data)
+    build_site(recipes, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    options, rows = _Options(), _Rows()
+    options.feed(index)
+    rows.feed(index)
+    assert options.options["modality"] == ["image-text", "text"]
+    assert [r["href"] for r in rows.rows if r["modality"] == "image-text"] == ["qwen3-30b-a3b/h200/images.html"]
+    assert [r["href"] for r in rows.rows if r["modality"] == "text"] == ["qwen3-30b-a3b/h200/text.html"]

@@ -365,6 +365,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         "workload": {"row_tokens": row_tokens, "rows": ROWS_TEXT[card_workflow(recipe, manifest)],
                      "global_batch": recipe.global_batch, "precision": recipe.precision,
                      "workflow": card_workflow(recipe, manifest),
+                     "modality": "image-text" if manifest.get("images") else "text",
                      "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},
         "layout": layout_block(recipe, row_tokens, int(run.require("model.num_layers", run_origin))),
         "result": {

@@ -97,6 +97,9 @@ class Workload(_Strict):
     workflow: Literal["pretrain", "sft", "long-context-sft", "lora"] | None = Field(
         default=None, description="training workflow (the verification cards' names); the site filters on it"
     )
+    modality: Literal["text", "image-text"] = Field(
+        default="text", description="what the rows hold: text, or text with images (rows built with an image "
+                                    "processor); the site filters on it")
     dataset: Dataset
 
 

@@ -4,8 +4,9 @@ A training save holds ``model``, ``optimizer`` and ``trainer`` state (``train/ch
 whatever layout the run had; DCP reshards on load, so only the model's tensors are read, whole, in one process.
 What the directory needs besides the weights comes from the run: the model config from ``RUN_DIR/recipe.yaml``
 (registry name or HF directory, with ``model_overrides``), the tokenizer files the rows were built with (the rows'
-manifest names them and their sha256), the rows' chat template when it was not the tokenizer's own, and the source
-HF directory's ``generation_config.json`` when the recipe started from one.
+manifest names them and their sha256), the rows' chat template when it was not the tokenizer's own, the image
+processor of rows built with images (``preprocessor_config.json``), and the source HF directory's
+``generation_config.json`` when the recipe started from one.
 """
 
 from __future__ import annotations
@@ -151,6 +152,12 @@ def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:
             raise ValueError(f"{source}: tokenizer file {path} has changed since the rows were built "
                              "(its sha256 differs from the manifest's)")
         files[name] = path.read_text(encoding="utf-8")
+    if manifest.get("images"):  # rows with images: the processor they were sized by, for the exported model
+        from openrecipes.data.image_rows import PROCESSOR_FILE
+        from openrecipes.data.images import ImageProcessorConfig
+
+        processor = ImageProcessorConfig.from_manifest(manifest["images"]["processor"])
+        files[PROCESSOR_FILE] = json.dumps(processor.to_hf_dict(), indent=2) + "\n"
     template_source = manifest.get("template_source") or ""
     if not template_source:
         return files  # pretraining rows: plain text, no chat template

@@ -51,7 +51,7 @@ FIELD_RULES: dict[str, FieldRule] = {
              "data.build.rows", "data.build.seed", "data.build.template_kwargs", "data.build.chat_template",
              "data.build.format", "data.build.eos_token", "data.build.max_conversation_tokens",
              "data.build.too_long", "data.build.input_shape", "data.build.messages_field", "data.build.role_map",
-             "data.build.special_tokens_in_text"),
+             "data.build.special_tokens_in_text", "data.build.image_processor"),
     **_rules(NUMERICS, "the dtype of weights and activations, and so the math of every step", "precision"),
     **_rules(NUMERICS, "the update rule, its hyperparameters and schedule",
              "optimizer.name", "optimizer.lr", "optimizer.min_lr", "optimizer.betas", "optimizer.eps",
@@ -64,6 +64,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "LoRA: which weights train (adapters on a frozen base), the adapters' rank, scaling "
              "(alpha / rank) and dropout: a different model update", "lora.rank", "lora.alpha", "lora.dropout",
              "lora.targets"),
+    **_rules(NUMERICS, "whether the projection of an image model's vision features trains or stays frozen: a "
+             "different model update", "vision.train_projection"),
     **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps"),
     **_rules(NUMERICS, "rows per optimizer step: the gradient is averaged over a different batch", "global_batch"),
     **_rules(NUMERICS, "the random initialisation and any sampling", "seed"),

@@ -54,12 +54,15 @@ class DataBuild(BaseModel):
     role_map: dict[str, ChatRole] = Field(default_factory=dict)
     # a special token inside a conversation's or document's own text: tokenized as text, or the input refused
     special_tokens_in_text: SpecialTokensInText = "text"
+    # sft only: image parts of the conversations are read, resized as this preprocessor_config.json (or a directory
+    # holding one; "bundled": the bundled image-text set's) says; null: image parts are refused (docs/data.md)
+    image_processor: str | None = None
 
     @model_validator(mode="after")
     def _sft_fields_only_for_sft(self) -> "DataBuild":
         # by value, not by "was it written": the run directory's recipe.yaml spells out every default
         given = [name for name in ("loss_mask", "template_kwargs", "chat_template", "max_conversation_tokens",
-                                   "too_long", "input_shape", "messages_field", "role_map")
+                                   "too_long", "input_shape", "messages_field", "role_map", "image_processor")
                  if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)]
         if self.format == "pretrain" and given:
             raise ValueError(f"{', '.join(given)} apply to format sft only: pretraining rows supervise every "
@@ -146,6 +149,14 @@ class Lora(BaseModel):
         return self
 
 
+class Vision(BaseModel):
+    """A model that takes images (its family declares ``images``): its vision towers are always frozen (no gradients,
+    no optimizer state); the projection of their features into the decoder trains unless this says otherwise."""
+
+    model_config = _STRICT
+    train_projection: bool = True
+
+
 class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)  # share of the optimizer state kept and updated on the CPU
@@ -221,6 +232,7 @@ class Recipe(BaseModel):
     optimizer: Optimizer = Field(default_factory=Optimizer)
     moe: Moe = Field(default_factory=Moe)
     lora: Lora | None = None                    # train LoRA adapters on a frozen base
+    vision: Vision = Field(default_factory=Vision)  # image models: what of the vision side trains
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
     steps: int = Field(..., ge=1)

@@ -14,7 +14,7 @@ A microbatch is a dict of tensors, B rows of T tokens:
   document_ids  (B, T) int64  0, 1, ... per document piece within a row
   cu_seqlens    (D+1,) int32  document boundaries over the flattened B*T tokens (varlen attention)
   max_seqlen    ()      int32 longest document piece in the microbatch
-Attention must never cross a ``cu_seqlens`` boundary.
+Attention must never cross a ``cu_seqlens`` boundary. Rows built with images add the image inputs of image_batch.py.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class RowsDataset:
     loss_mask: np.ndarray  # (N, T) int8
     doc_offsets: np.ndarray  # (N+1,) int64 into doc_lens_flat
     doc_lens_flat: np.ndarray  # int32
+    images: Any = None  # image_batch.RowImages of rows built with images, else None
 
     @property
     def row_tokens(self) -> int:
@@ -53,10 +54,12 @@ def load_rows(path: str | Path) -> RowsDataset:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    expected_T = None
+    expected_T = manifest = None
+    directory = path
     if path.is_dir():
         if (path / MANIFEST_FILE).is_file():
-            expected_T = int(read_manifest(path)["row_tokens"])
+            manifest = read_manifest(path)
+            expected_T = int(manifest["row_tokens"])
         path = path / ROWS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
@@ -79,8 +82,13 @@ def load_rows(path: str | Path) -> RowsDataset:
     sums = np.add.reduceat(doc_flat.astype(np.int64), doc_offsets[:-1])
     if np.any(sums != T):
         raise ValueError(f"{path}: doc_lens of row {int(np.flatnonzero(sums != T)[0])} do not sum to {T}")
+    images = None
+    if manifest is not None and manifest.get("images"):
+        from openrecipes.data.image_batch import load_row_images
+
+        images = load_row_images(directory, manifest, ids.reshape(n, T))
     return RowsDataset(input_ids=ids.reshape(n, T), loss_mask=mask.reshape(n, T),
-                       doc_offsets=doc_offsets, doc_lens_flat=doc_flat)
+                       doc_offsets=doc_offsets, doc_lens_flat=doc_flat, images=images)
 
 
 def global_batch_rows(step: int, global_batch: int, num_rows: int) -> np.ndarray:
@@ -120,6 +128,7 @@ def make_microbatch(dataset: RowsDataset, rows: np.ndarray) -> dict[str, Any]:
     first_doc_of_row = np.concatenate([[0], np.cumsum(counts)[:-1]])
     document_ids = np.repeat(np.arange(lens.size), lens) - np.repeat(first_doc_of_row, T)
     return {
+        **(dataset.images.microbatch(rows) if dataset.images is not None else {}),
         "input_ids": torch.from_numpy(dataset.input_ids[rows].astype(np.int64)),
         "loss_mask": torch.from_numpy(dataset.loss_mask[rows].astype(np.int64)),
         "position_ids": torch.from_numpy(position_ids.reshape(B, T)),

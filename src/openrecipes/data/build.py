@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SHA256_DEFINITION,
                                        RowsWriter)
+from openrecipes.data.image_rows import open_images
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
                                          has_marker_characters, shield)
@@ -62,6 +63,7 @@ class BuildConfig:
     chunk_conversations: int = 2048
     max_conversation_tokens: int | None = None  # sft: a longer conversation (separator not counted) is ...
     too_long: str = "skip"  # ... skipped (counted) or truncated to its first max_conversation_tokens tokens
+    image_processor: Path | None = None  # sft: image parts are read, resized as this preprocessor_config.json says
 
 
 def _check_config(config: BuildConfig) -> None:
@@ -141,13 +143,13 @@ def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool, options: ChatInp
 
 def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: ChatRenderer, tokenizer: Any,
                 eos_id: int, forbidden: Any, invalid: list[int], examples: list[str],
-                limit: LimitCounter, reasons: dict[str, Any] | None = None) -> Iterator[Piece]:
+                limit: LimitCounter, reasons: dict[str, Any] | None = None, images: Any = None) -> Iterator[Piece]:
     """Render the conversations at ``order`` one at a time; yield their tokens in bounded pieces (stream.py).
 
     Ordinary conversations are encoded in batches (``chunk_conversations`` of them or ``BATCH_CHARS`` characters),
     each whole, so its ids are the tokenizer's own for the text; one longer than a window goes alone, window by
     window. A conversation whose own strings hold special tokens (kept as text, ``chat_input.special_tokens``) is
-    encoded alone, whole."""
+    encoded alone, whole, and so is one with images (``images``: image_rows.ImageRows)."""
     options = config.chat_input
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
@@ -156,7 +158,10 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
         where = source.where(index)
         try:
             messages, tools = normalize(record, where, forbidden, options)
+            numbers = images.take(messages, where) if images is not None else []
             text, supervised, own = _render(renderer, messages, tools, forbidden, options, where)
+            if numbers:
+                text, supervised, own, numbers = images.expand(text, supervised, own, numbers, where)
         except ValueError as error:  # template errors (raise_exception, wrong format) included
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
             if not config.skip_invalid:
@@ -168,6 +173,12 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
                 examples.append(message)
             continue
         del record, messages, tools  # the rendered text is all that is needed from here on
+        if numbers:
+            if texts:
+                yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
+                texts, spans, chars = [], [], 0
+            yield from images.pieces(tokenizer, text, supervised, own, forbidden, numbers, eos_id, limit, where)
+            continue
         if own:
             if texts:
                 yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
@@ -215,12 +226,17 @@ def _output_guard(config: BuildConfig) -> dict[str, Any]:
 def build(config: BuildConfig) -> dict[str, Any]:
     """Run a build; return the manifest written to ``config.out``."""
     _check_config(config)
+    if config.image_processor is not None:
+        if config.format != "sft":
+            raise ValueError("--image-processor applies to --format sft only")
+        config = replace(config, chat_input=replace(config.chat_input, images=True))
     if config.format == "pretrain":
         from openrecipes.data.pretrain import build_pretrain
 
         return build_pretrain(config)
     check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
+    images = open_images(config, bundle, renderer.loss_mask)
     forbidden = bundle.special_token_pattern()
     source, scan_iter = open_source(config.input, column=config.chat_input.column)
     reasons: dict[str, Any] = {}
@@ -235,9 +251,9 @@ def build(config: BuildConfig) -> dict[str, Any]:
 
     limit = LimitCounter(max_tokens=config.max_conversation_tokens, too_long=config.too_long)
     pieces = _sft_pieces(config, order, source, renderer, bundle.tokenizer, eos_id, forbidden, invalid, examples,
-                         limit, reasons)
+                         limit, reasons, images)
     with guarded_output_dir(config.out, **_output_guard(config)) as staging:
-        packed = pack_rows(config, pieces, staging)
+        packed = pack_rows(config, pieces, staging, images)
         counts = _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
                          skipped=limit.over_limit if limit.too_long == "skip" else 0)
         if limit.max_tokens is not None:
@@ -245,6 +261,8 @@ def build(config: BuildConfig) -> dict[str, Any]:
         manifest = _manifest(config, bundle, renderer, eos, eos_id, template_source, source, packed.writer,
                              staging, counts, examples, limit)
         manifest.update(chat_input=config.chat_input.to_manifest(), invalid_reasons=reasons)
+        if images is not None:
+            manifest["images"] = images.finish(staging)
         atomic_write_text(staging / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
@@ -266,16 +284,19 @@ def chunked_pieces(order: np.ndarray, chunk: int,
             yield Piece(ids=ids, mask=mask, lengths=np.bincount(doc, minlength=n_docs).astype(np.int64))
 
 
-def pack_rows(config: BuildConfig, pieces: Iterable[Piece], staging: Path) -> Packed:
+def pack_rows(config: BuildConfig, pieces: Iterable[Piece], staging: Path, images: Any = None) -> Packed:
     """Cut the stream of ``pieces`` into rows and write them to ``staging``, holding at most one row group.
 
     The same for every format, so SFT and pretraining rows are packed, hashed and written by one piece of code.
     Documents are numbered in stream order; a piece that ``continues`` extends the previous piece's last one.
+    ``images`` (image_rows.ImageRows) records the images each kept row holds.
     """
     from tqdm import tqdm
 
     T = config.row_tokens
     packer = RowPacker(row_tokens=T, max_rows=config.rows)
+    if images is not None:
+        images.staging = staging
     doc_lengths: list[np.ndarray] = [np.zeros(0, np.int64)]
     started = 0  # documents begun so far
     used, last_used = 0, -1  # documents in written rows are in stream order: count each new one once
@@ -293,7 +314,12 @@ def pack_rows(config: BuildConfig, pieces: Iterable[Piece], staging: Path) -> Pa
             if new.size:
                 doc_lengths.append(new)
             started = first + piece.lengths.size
-            block = packer.push(piece.ids, piece.mask, doc)
+            aux = None
+            if images is not None:  # every piece's tokens carry their image numbers (text: -1)
+                aux = piece.images if piece.images is not None else np.full(piece.ids.size, -1, np.int64)
+            block = packer.push(piece.ids, piece.mask, doc, aux)
+            if images is not None:
+                images.record(block.aux, first_row=writer.rows)
             writer.add(block.input_ids, block.loss_mask, block.doc_lens)
             if block.doc_index:
                 in_rows = np.unique(np.concatenate(block.doc_index))
@@ -405,12 +431,14 @@ def build_recipe_rows(spec: Any, out: Path) -> Path:
     if not (out / MANIFEST_FILE).is_file():
         sft = spec.format == "sft"
         build(BuildConfig(
-            input=bundled.resolve(spec.input, bundled.default_input(spec.format)),
-            tokenizer=bundled.resolve(spec.tokenizer, bundled.TOKENIZER), format=spec.format,
+            input=bundled.resolve_input(spec.input, spec.format),
+            tokenizer=bundled.resolve_tokenizer(spec.tokenizer), format=spec.format,
             loss_mask=spec.loss_mask if sft else None, row_tokens=spec.row_tokens, rows=spec.rows, seed=spec.seed,
             template_kwargs=dict(spec.template_kwargs) if sft else {}, chat_template=spec.chat_template if sft else None,
             eos_token=spec.eos_token, max_conversation_tokens=spec.max_conversation_tokens if sft else None,
             too_long=spec.too_long, out=out, progress=False,
+            image_processor=None if spec.image_processor is None else bundled.resolve(spec.image_processor,
+                                                                                      bundled.IMAGE_PROCESSOR),
             chat_input=ChatInput(shape=spec.input_shape, messages_field=spec.messages_field,
                                  role_map=dict(spec.role_map), special_tokens=spec.special_tokens_in_text)))
     return out

@@ -9,12 +9,30 @@ CONVERSATIONS = ASSETS / "conversations.jsonl"
 DOCUMENTS = ASSETS / "documents.jsonl"  # text documents made from the conversations (make_documents.py)
 TOKENIZER = ASSETS / "tokenizer"
 TEMPLATES = {"qwen3": ASSETS / "templates" / "qwen3.jinja", "muse_spark": ASSETS / "templates" / "muse_spark.jinja"}
-BUNDLED = "bundled"  # the recipe's word for these (data.build.input / tokenizer)
+BUNDLED = "bundled"  # the recipe's word for these (data.build.input / tokenizer / image_processor)
+# the image-text set (image_text/, made by image_text/make_image_text.py): conversations about small generated
+# images, the bundled tokenizer with Qwen3-VL's image tokens added, and a preprocessor config for tiny images
+IMAGE_TEXT = ASSETS / "image_text"
+IMAGE_CONVERSATIONS = IMAGE_TEXT / "conversations.jsonl"
+VL_TOKENIZER = IMAGE_TEXT / "tokenizer"
+IMAGE_PROCESSOR = IMAGE_TEXT / "preprocessor_config.json"
+BUNDLED_IMAGES = "bundled-images"  # data.build.input: the image-text conversations
+BUNDLED_VL = "bundled-vl"  # data.build.tokenizer: the tokenizer with image tokens
 
 
 def resolve(value: str, bundled: Path) -> Path:
     """A recipe's data path, where ``bundled`` stands for the shipped file."""
     return bundled if value == BUNDLED else Path(value)
+
+
+def resolve_input(value: str, format: str) -> Path:
+    """data.build.input: ``bundled``, ``bundled-images`` or a path."""
+    return IMAGE_CONVERSATIONS if value == BUNDLED_IMAGES else resolve(value, default_input(format))
+
+
+def resolve_tokenizer(value: str) -> Path:
+    """data.build.tokenizer: ``bundled``, ``bundled-vl`` or a directory."""
+    return VL_TOKENIZER if value == BUNDLED_VL else resolve(value, TOKENIZER)
 
 
 def default_input(format: str) -> Path:

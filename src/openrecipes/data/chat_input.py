@@ -5,8 +5,10 @@
 * ``shape``: ``openai`` (``role``/``content`` messages) or ``sharegpt`` (``from``/``value`` turns: human, gpt,
   system, function_call, observation, tool).
 * ``role_map``: roles renamed before the check, e.g. ``developer=system,function=tool,ipython=tool``.
-* OpenAI-style content parts (a list of ``{"type": "text", "text": ...}``) are joined into one string; any other
-  part (an image, audio, a file) is refused by its type.
+* OpenAI-style content parts (a list of ``{"type": "text", "text": ...}``) are joined into one string; with
+  ``images`` an image part (``{"type": "image", "image": "local/path.png"}``) becomes a numbered marker in that string
+  and its path goes to the message's ``images`` list (data/image_rows.py expands the marker into the chat format's
+  image tokens); any other part (audio, a file, an image without ``images``) is refused by its type.
 * ``special_tokens``: a special token (``<|im_end|>``...) inside the conversation's own strings is tokenized as
   text, as a template tokenizer with ``split_special_tokens`` does (``text``, the default), or the conversation is
   refused (``refuse``). Either way it can never close a turn: only the template's own markers are special.
@@ -31,10 +33,16 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "function_call": "assistant", "observation": "tool", "tool": "tool"}
 # content parts whose text is kept; any other type is refused by name
 TEXT_PART = "text"
+IMAGES_KEY = "images"  # a shaped message's image paths, in the order of its markers
 # A special token found in a conversation's strings is swapped for this marker while the template renders (so it
 # cannot open or close a turn there) and put back before tokenizing: two noncharacters around the token's number.
 _OPEN, _CLOSE = "\ufdd0", "\ufdd1"
 _MARKER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+# An image part stands in its message's content as these noncharacters around the image's number until the rendered
+# text is expanded into the chat format's image tokens (image_rows.py)
+IMAGE_PART = "image"
+_IMAGE_OPEN, _IMAGE_CLOSE = "\ufdd2", "\ufdd3"
+IMAGE_MARKER = re.compile(f"{_IMAGE_OPEN}(\\d+){_IMAGE_CLOSE}")
 
 
 class InvalidConversation(ValueError):
@@ -52,6 +60,7 @@ class ChatInput:
     messages_field: str | None = None  # None: "messages", or "conversations" for sharegpt
     role_map: dict[str, str] = field(default_factory=dict)
     special_tokens: str = "text"
+    images: bool = False  # image parts are read (the build then needs an image processor: data/image_rows.py)
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -68,8 +77,10 @@ class ChatInput:
         return self.messages_field or ("conversations" if self.shape == "sharegpt" else "messages")
 
     def to_manifest(self) -> dict[str, Any]:
+        parts = ("text parts joined with no separator; image parts read as images; other parts refused" if self.images
+                 else "text parts joined with no separator; other parts refused")
         return {"shape": self.shape, "messages_field": self.column, "role_map": dict(self.role_map),
-                "content_parts": "text parts joined with no separator; other parts refused",
+                "content_parts": parts,
                 "special_tokens_in_text": self.special_tokens}
 
 
@@ -86,15 +97,41 @@ def parse_role_map(text: str | None) -> dict[str, str]:
     return out
 
 
-def _join_parts(content: list[Any], where: str) -> str:
+def _join_parts(content: list[Any], where: str, images: list[str] | None = None) -> str:
+    """The text parts joined; with ``images`` (a list to fill) each image part becomes ``image_marker(k)`` and its
+    path is appended to ``images``."""
     texts = []
     for number, part in enumerate(content, start=1):
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if images is not None and kind == IMAGE_PART:
+            texts.append(image_marker(len(images)))
+            images.append(image_path(part.get(IMAGE_PART), f"{where}: content part {number}"))
+            continue
         if kind != TEXT_PART or not isinstance(part.get("text"), str):
-            raise InvalidConversation(f"{where}: content part {number} is {kind!r}; only text parts are read "
-                                      "(no images, audio or files yet)", "non-text content part")
+            raise InvalidConversation(f"{where}: content part {number} is {kind!r}; only text parts are read"
+                                      + (" and image parts" if images is not None else
+                                         " (image parts with an image processor: --image-processor)"),
+                                      "non-text content part")
+        if images is not None and (_IMAGE_OPEN in part["text"] or _IMAGE_CLOSE in part["text"]):
+            raise InvalidConversation(f"{where}: content part {number} holds the noncharacters U+FDD2/U+FDD3, "
+                                      "which mark images while rendering", "marker characters")
         texts.append(part["text"])
     return "".join(texts)
+
+
+def image_marker(number: int) -> str:
+    """What stands for image ``number`` of a message in its content while the template renders."""
+    return f"{_IMAGE_OPEN}{number}{_IMAGE_CLOSE}"
+
+
+def image_path(value: Any, where: str) -> str:
+    """An image part's local file path; a URL (or anything but a path string) is refused."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidConversation(f"{where}: an image part's 'image' must be a local file path", "bad image")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:(//|[^\\/])", value):  # http://, file://, data:... (not C:\)
+        raise InvalidConversation(f"{where}: image {value[:80]!r} is a URL; only local files are read (download "
+                                  "it first)", "bad image")
+    return value
 
 
 def _sharegpt_message(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -122,7 +159,10 @@ def shape_message(raw: Any, options: ChatInput, where: str) -> Any:
     if isinstance(role, str) and role in options.role_map:
         message["role"] = options.role_map[role]
     if isinstance(message.get("content"), list):
-        message["content"] = _join_parts(message["content"], where)
+        images: list[str] | None = [] if options.images else None
+        message["content"] = _join_parts(message["content"], where, images)
+        if images:
+            message[IMAGES_KEY] = images
     return message
 
 

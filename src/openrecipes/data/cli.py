@@ -70,6 +70,10 @@ def register(subparsers: Any) -> None:
     build.add_argument("--special-tokens-in-text", choices=SPECIAL_TOKEN_POLICIES, default="text",
                        help="a special token inside a conversation's or document's own text: tokenized as text, "
                             "never a turn marker or a document's end (text), or that input is refused (refuse)")
+    build.add_argument("--image-processor", default=None, metavar="FILE|DIR|bundled",
+                       help="sft: read image parts ({\"type\": \"image\", \"image\": \"local/path.png\"}), sized as "
+                            "this preprocessor_config.json (or a directory holding one) says; bundled: the bundled "
+                            "image-text set's (default: image parts are refused)")
     build.add_argument("--overwrite", action="store_true", help="replace an earlier output of data build at --out "
                        "(never another directory)")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -96,6 +100,8 @@ def _build(args: argparse.Namespace) -> int:
         template_kwargs=parse_template_kwargs(args.template_kwargs), chat_template=args.chat_template,
         eos_token=args.eos_token, max_conversation_tokens=args.max_conversation_tokens, too_long=args.too_long,
         name=args.name, skip_invalid=args.skip_invalid, overwrite=args.overwrite,
+        image_processor=None if args.image_processor is None else bundled.resolve(args.image_processor,
+                                                                                  bundled.IMAGE_PROCESSOR),
         progress=not args.no_progress, out=out,
         chat_input=ChatInput(shape=args.input_shape, messages_field=args.messages_field,
                              role_map=parse_role_map(args.role_map), special_tokens=args.special_tokens_in_text))

@@ -89,6 +89,20 @@ class ImageProcessorConfig:
                 raise ValueError(f"{source}: unknown image processor field {key!r}")
         return cls(**kwargs)
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``preprocessor_config.json`` form ``from_hf_dict`` reads back to this config."""
+        codes = {name: code for code, name in RESAMPLE.items()}
+        return {"patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge_size, "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+                "image_mean": list(self.image_mean), "image_std": list(self.image_std),
+                "rescale_factor": self.rescale_factor, "resample": codes[self.resample], **_FIXED}
+
+    @classmethod
+    def from_manifest(cls, section: dict[str, Any]) -> "ImageProcessorConfig":
+        """The config a rows manifest's ``images.processor`` records (its fields by name)."""
+        return cls(**{f.name: tuple(section[f.name]) if isinstance(section[f.name], list) else section[f.name]
+                      for f in fields(cls)})
+
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "ImageProcessorConfig":
         return cls.from_hf_dict(read_json(path), source=str(path))

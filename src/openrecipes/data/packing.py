@@ -21,6 +21,7 @@ class RowBlock:
     loss_mask: np.ndarray  # (R, T) int8
     doc_lens: list[np.ndarray]  # R arrays of int32, each summing to T
     doc_index: list[np.ndarray]  # R arrays: stream index of each document piece
+    aux: np.ndarray | None = None  # (R, T) int64: the per-token values pushed with the tokens (image tokens), if any
 
 
 @dataclass(kw_only=True)
@@ -33,14 +34,16 @@ class RowPacker:
     _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _mask: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
     _doc: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _aux: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last_kept_end: int = 0  # stream position just after the last kept row
 
     @property
     def done(self) -> bool:
         return self.max_rows is not None and self.rows_kept >= self.max_rows
 
-    def push(self, ids: np.ndarray, mask: np.ndarray, doc: np.ndarray) -> RowBlock:
-        """Append tokens (ids, per-token mask, per-token document index); return the full rows kept."""
+    def push(self, ids: np.ndarray, mask: np.ndarray, doc: np.ndarray, aux: np.ndarray | None = None) -> RowBlock:
+        """Append tokens (ids, per-token mask, per-token document index and, in a build that has them, a per-token
+        value cut into rows with them: ``aux``); return the full rows kept."""
         T = self.row_tokens
         ids = np.concatenate([self._ids, ids.astype(np.int32, copy=False)])
         mask = np.concatenate([self._mask, mask.astype(np.int8, copy=False)])
@@ -51,6 +54,10 @@ class RowPacker:
         ids_RT = ids[:used].reshape(n_rows, T)
         mask_RT = mask[:used].reshape(n_rows, T).copy()
         doc_RT = doc[:used].reshape(n_rows, T)
+        aux_RT = None
+        if aux is not None:
+            aux = np.concatenate([self._aux, aux.astype(np.int64, copy=False)])
+            self._aux, aux_RT = aux[used:], aux[:used].reshape(n_rows, T)
         mask_RT[:, 0] = 0
         keep = np.flatnonzero(mask_RT.any(axis=1))
         first_row = self.rows_produced
@@ -65,7 +72,8 @@ class RowPacker:
         if keep.size:
             self.last_kept_end = (first_row + int(keep[-1]) + 1) * T
         doc_lens, doc_index = _row_documents(doc_RT[keep])
-        return RowBlock(input_ids=ids_RT[keep], loss_mask=mask_RT[keep], doc_lens=doc_lens, doc_index=doc_index)
+        return RowBlock(input_ids=ids_RT[keep], loss_mask=mask_RT[keep], doc_lens=doc_lens, doc_index=doc_index,
+                        aux=None if aux_RT is None else aux_RT[keep])
 
 
 def _row_documents(doc_RT: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:

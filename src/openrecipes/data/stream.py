@@ -43,6 +43,7 @@ class Piece:
     mask: np.ndarray  # int8
     lengths: np.ndarray  # int64
     continues: bool = False
+    images: np.ndarray | None = None  # int64 per token: which image token it is (image_rows.py), -1 for text
 
 
 def _encode(tokenizer: Any, text: str, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +101,7 @@ class LimitCounter:
         return None if self.max_tokens is None else {"max_tokens": self.max_tokens, "too_long": self.too_long}
 
 
-def _conversation_parts(ids: np.ndarray, offsets: np.ndarray, supervised: list[tuple[int, int]], eos_id: int,
+def conversation_parts(ids: np.ndarray, offsets: np.ndarray, supervised: list[tuple[int, int]], eos_id: int,
                         limit: LimitCounter) -> tuple[np.ndarray, np.ndarray] | None:
     """One encoded conversation's ids and mask followed by the separator (unsupervised), or None when the limit
     skips it."""
@@ -124,7 +125,7 @@ def batch_piece(texts: list[str], spans: list[list[tuple[int, int]]], tokenizer:
     """One piece of whole conversations, each followed by the separator (unsupervised)."""
     # the whole rendered conversation at once: its ids are the tokenizer's own for that text
     encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    parts = [_conversation_parts(np.asarray(encoding.ids, dtype=np.int32),
+    parts = [conversation_parts(np.asarray(encoding.ids, dtype=np.int32),
                                  np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), supervised, eos_id, limit)
              for encoding, supervised in zip(encodings, spans)]
     yield from _piece([part for part in parts if part is not None])
@@ -133,7 +134,7 @@ def batch_piece(texts: list[str], spans: list[list[tuple[int, int]]], tokenizer:
 def encoded_piece(ids: Any, offsets: Any, supervised: list[tuple[int, int]], eos_id: int,
                   limit: LimitCounter) -> Iterator[Piece]:
     """One conversation already encoded (ids and character offsets), as a piece."""
-    part = _conversation_parts(np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64).reshape(-1, 2),
+    part = conversation_parts(np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64).reshape(-1, 2),
                                supervised, eos_id, limit)
     yield from _piece([part] if part is not None else [])
 

@@ -46,26 +46,33 @@ class LossMaskFormat:
     ``header``: the generation header opening an assistant turn (never supervised).
     ``end``: the token closing the assistant turn (supervised).
     ``separator``: the default token appended after each conversation (never supervised).
+    ``image``: the tokens the format's chat template writes for an image part (start, placeholder, end), the
+    placeholder repeated once per merged patch of the image (as the model's processor expands it); None where the
+    format has no image tokens (never supervised: data/image_rows.py).
     """
 
     name: str
     header: str
     end: str
     separator: str
+    image: tuple[str, str, str] | None = None
 
     def marker_tokens(self) -> list[str]:
         """Special tokens this format relies on; the tokenizer must know each as one token."""
         return sorted(set(re.findall(r"<\|[^|]+\|>", self.header + self.end + self.separator)))
 
 
+QWEN_VL_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 LOSS_MASKS: dict[str, LossMaskFormat] = {
     # Supervise assistant content and <|im_end|>; the "\n" after <|im_end|> belongs to the
     # unsupervised text that follows.
+    # Qwen3-VL's template writes <|vision_start|><|image_pad|><|vision_end|> for an image part, its processor repeats
+    # <|image_pad|> once per merged patch
     "qwen3": LossMaskFormat(name="qwen3", header="<|im_start|>assistant\n", end="<|im_end|>",
-                            separator="<|endoftext|>"),
+                            separator="<|endoftext|>", image=QWEN_VL_IMAGE),
     # miles' qwen3 loss-mask generator: the same, and the "\n" after <|im_end|> supervised too
     "qwen3_miles": LossMaskFormat(name="qwen3_miles", header="<|im_start|>assistant\n", end="<|im_end|>\n",
-                                  separator="<|endoftext|>"),
+                                  separator="<|endoftext|>", image=QWEN_VL_IMAGE),
     # The project's own Muse Spark format (templates/muse_spark.jinja).
     "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
                                  end="<|eot|>", separator="<|end_of_text|>"),

@@ -66,6 +66,27 @@ class ShardingPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageInputs:
+    """What a family whose model takes images declares, so training is written once for every such family.
+
+    Its forward takes the microbatch's image inputs as keywords (``pixel_values``, ``image_grid_thw``,
+    ``image_tokens_held``: data/image_batch.py) and places the held image features at its image tokens.
+    ``towers``: module paths of the encoders, never trained (no gradients, no optimizer state); ``projection``:
+    module paths of what maps their features into the decoder, trained or frozen by the recipe
+    (``vision.train_projection``).
+    """
+
+    towers: tuple[str, ...]
+    projection: tuple[str, ...]
+    image_token_id: Callable[[Any], int]                       # config -> the image placeholder token's id
+    patch_geometry: Callable[[Any], tuple[int, int, int]]      # config -> (patch, temporal patch, merge) sizes
+    # (config, input_ids, per-document position_ids (B, T), image_grid_thw, image_tokens_held) -> the positions the
+    # forward takes for the whole rows (before context parallelism cuts them)
+    positions: Callable[..., torch.Tensor]
+    first_stage_layers: Callable[[Any], int]                   # config -> decoder layers the towers' stage must run
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
     name: str
     named_configs: dict[str, Callable[[], Any]]               # registry name -> config factory
@@ -87,6 +108,7 @@ class ModelFamily:
     # config -> the config of the text model alone (text-only mode), for families whose checkpoints also hold
     # perception towers that the language model can run without; None: the family has no such mode
     text_only: Callable[[Any], Any] | None = None
+    images: ImageInputs | None = None                         # None: a text-only model
 
 
 def _families() -> tuple[ModelFamily, ...]:

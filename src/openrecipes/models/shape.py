@@ -42,6 +42,9 @@ class ModelShape:
     # other-modality encoders (vision, audio) that a trainer instantiating the whole published model holds frozen on
     # the first pipeline stage: bf16 parameters without gradients or optimizer state; 0 where there are none
     frozen_encoder_params: int = 0
+    # the part of frozen_encoder_params that projects the encoders' features into the decoder, which this engine
+    # trains unless the recipe freezes it (vision.train_projection); the rest (the towers) never trains here
+    encoder_projection_params: int = 0
 
     @property
     def q_width(self) -> int:

@@ -1,10 +1,12 @@
 """Apply a layout to a built model, in one fixed order, and hand back what the step needs to synchronise gradients.
 
 The order (each step relies on the ones before it):
-1. pipeline stage pruning: drop the layers, embedding and head this stage does not run;
+1. pipeline stage pruning: drop the layers, embedding and head this stage does not run (and an image model's
+   towers and projection on every stage but the first);
 2. expert parallelism: each rank keeps its experts and dispatches tokens to the others (all-to-all);
 3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
    then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
+   then an image model's towers frozen and its projection trained or frozen (``frozen_modules``, ``trained_modules``);
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
 6. activation recompute, then activation offload around it;
@@ -42,6 +44,10 @@ class ParallelizeOptions:
     compile: bool = False                   # kernels.compile
     lora: LoraSpec | None = None            # adapters to train on a frozen base
     offload_activations: bool = False       # decoder layers' saved tensors wait in host memory
+    # module paths whose parameters never train (an image model's towers) and ones that do even on a LoRA-frozen base
+    # (its projection, when the recipe trains it); applied after LoRA, before the layouts read requires_grad
+    frozen_modules: tuple[str, ...] = ()
+    trained_modules: tuple[str, ...] = ()
 
 
 def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
@@ -55,6 +61,10 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
 
         prune_to_stage(model, plan, options.stage_layers, first=parallel.pp_rank == 0,
                        last=parallel.pp_rank == parallel.pp_size - 1)
+        images = family_for_model(model).images
+        if images is not None and parallel.pp_rank != 0:  # an image model's encoders run on the first stage only
+            for path in images.towers + images.projection:
+                plan.drop(model, path)
     layers = plan.decoder_layers(model)
     if distributed and parallel.expert_mesh is not None:
         from openrecipes.parallel.expert import apply_expert_parallel
@@ -76,6 +86,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
             from openrecipes.parallel.expert import shard_expert_adapters
 
             shard_expert_adapters([plan.moe_of(layer) for layer in layers], parallel.expert_mesh)
+    set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel
@@ -112,3 +123,15 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         apply_fsdp(model, layers, parallel.dense_mesh, compute_dtype=options.compute_dtype, ignored=ignored)
     return GradientSync(model, parallel, tp_sharded_names=tp_sharded,
                         fp32_accumulation=options.parameter_dtype == torch.bfloat16)
+
+
+def set_trainable(model: nn.Module, *, frozen: tuple[str, ...], trained: tuple[str, ...]) -> None:
+    """``requires_grad`` False for every parameter under a ``frozen`` module path, True under a ``trained`` one (a
+    path that names no module of the model is an error: a family declaring a wrong path would train its tower; one a
+    pipeline stage dropped is skipped)."""
+    for paths, value in ((frozen, False), (trained, True)):
+        for path in paths:
+            parent, _, name = path.rpartition(".")
+            module = getattr(model.get_submodule(parent) if parent else model, name)  # AttributeError names it
+            for param in module.parameters() if module is not None else ():
+                param.requires_grad_(value)

@@ -51,9 +51,14 @@ class StageModule(nn.Module):
         self.loss_inputs = loss_inputs if runs_head else None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor,
-                loss_target: torch.Tensor | None = None) -> torch.Tensor:
+                loss_target: torch.Tensor | None = None, image_pixels: torch.Tensor | None = None,
+                image_grids: torch.Tensor | None = None, image_held: torch.Tensor | None = None) -> torch.Tensor:
         documents = Documents.from_document_ids(document_ids)
         chunk = {} if self.layers is None else {"layers": self.layers}
+        if position_ids.dim() == 3:  # (B, axes, T) travels split by rows; the model takes (axes, B, T)
+            position_ids = position_ids.transpose(0, 1)
+        if image_grids is not None and not torch.is_floating_point(x):  # the stage that embeds the tokens
+            chunk.update(unpad_images(image_pixels, image_grids, image_held))
         if self.loss_inputs is None or loss_target is None:
             return self.model(x, position_ids, documents, **chunk)
         with self.loss_inputs(loss_target):
@@ -107,3 +112,18 @@ def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_sta
                             index, num_stages, device, group=group) for index, layers in chunks]
     schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
     return Pipeline(stages=stages, schedule=schedule, loss=loss_fn)
+
+
+def unpad_images(pixels_BPC: torch.Tensor, grids_BK3: torch.Tensor, held_BK2: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A pipelined microbatch's images, which travel padded per row (so the schedule can split them by rows), as the
+    model's image keywords: each row's images (grids with t > 0) in order, their patches at the start of its row."""
+    pixels, grids, held = [], [], []
+    for row_pixels, row_grids, row_held in zip(pixels_BPC, grids_BK3, held_BK2):
+        valid = row_grids[:, 0] > 0
+        patches = int(row_grids[valid].prod(dim=1).sum())
+        pixels.append(row_pixels[:patches])
+        grids.append(row_grids[valid])
+        held.append(row_held[valid])
+    if not torch.cat(grids).numel():
+        return {}
+    return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids), "image_tokens_held": torch.cat(held)}

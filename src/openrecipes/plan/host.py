@@ -25,6 +25,7 @@ def recipe_setup(recipe: Recipe, row_tokens: int) -> TrainingSetup:
                          loss_chunk_tokens=recipe.kernels.loss_chunk_tokens,
                          offload_activations=recipe.offload.activations,
                          optimizer_state_bytes=optimizer_state_bytes(recipe),
+                         train_projection=recipe.vision.train_projection,
                          lora=None if recipe.lora is None else LoraSetup(rank=recipe.lora.rank,
                                                                          targets=tuple(recipe.lora.targets)))
 

@@ -13,6 +13,9 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
   fp32 copy the loss uses; pipeline send/receive buffers.
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
+- Image models (``ModelShape.frozen_encoder_params``): the first stage holds the encoders. Megatron's layout: all of
+  them frozen bf16. This engine's: the towers frozen (parameters only, ``_frozen_params_gib``), the projection
+  (``encoder_projection_params``) trained like the decoder unless ``TrainingSetup.train_projection`` is off.
 - LoRA (``TrainingSetup.lora``, plan/lora.py): the frozen base keeps its parameters only (bf16; in this engine
   under any layout); the adapters have parameters, gradients and optimizer state; activations as plan/lora.py says.
 """
@@ -51,6 +54,7 @@ class TrainingSetup:
     global_batch_tokens: int = 128 * 8192
     engine: str = "megatron"  # whose memory layout: "megatron" (the seeds') or "openrecipes" (this engine's)
     lora: LoraSetup | None = None  # adapters on a frozen base
+    train_projection: bool = True  # this engine: an image model's projection trains (its towers never do)
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
     # bytes of optimizer state per parameter when the recipe says exactly (master or remainder + two moments);
@@ -218,13 +222,18 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
-            root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp
-            weights = _openrecipes_weights(dense, experts, layout, setup, m, layers, on_gpu, root=root,
+            # an image model's encoders sit on the first stage, whole in FSDP's root unit: the towers frozen (their
+            # parameters only), the projection trained like the decoder unless the recipe freezes it
+            encoder = shape.frozen_encoder_params if first else 0
+            projection = shape.encoder_projection_params if first and setup.train_projection else 0
+            root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp + projection
+            weights = _openrecipes_weights(dense + projection, experts, layout, setup, m, layers, on_gpu, root=root,
                                            frozen=lora is not None)
-            if lora is not None:  # the adapters' share of every part, the frozen base's bf16 parameters
-                adapters = _openrecipes_weights(trained_dense, trained_experts, layout, setup, m, layers, on_gpu,
-                                                root=0.0)
+            if lora is not None:  # the adapters' share of every part, the base's parameters
+                adapters = _openrecipes_weights(trained_dense + projection, trained_experts, layout, setup, m, layers,
+                                                on_gpu, root=0.0)
                 weights = {**adapters, "params": weights["params"] + adapters["params"]}
+            weights["params"] += _frozen_params_gib(encoder - projection, layout, setup)
             # gradients exist only from the backward on (they are freed after each step), when the logits are
             # already gone: the peak is the larger of the two, not their sum
             transient = max(transient - weights["grads"] * GIB, working)
@@ -275,6 +284,16 @@ def sharded_elements(dense: float, experts: float, layout: LayoutConfig) -> floa
     """Parameters one rank of several keeps between steps, of the (dense, expert) ones its stage holds: FSDP2 shards
     the dense ones over dp; the experts are already this rank's under ep·etp > 1, else FSDP shards them too."""
     return dense / layout.dp + (experts if layout.ep * layout.etp > 1 else experts / layout.dp)
+
+
+def _frozen_params_gib(params: float, layout: LayoutConfig, setup: TrainingSetup) -> float:
+    """Frozen parameters in this engine (no gradients, no optimizer state): bf16 in one process; under FSDP2 their
+    shard (fp32; bf16 with the precision-aware optimizer or under LoRA, whose base stays bf16) and the bf16 copy
+    gathered for the step (root unit)."""
+    if layout.dp * layout.pp == 1:
+        return 2 * params / GIB
+    stored = 2 if setup.optimizer == "precision-aware" or setup.lora is not None else 4
+    return (stored * params / layout.dp + 2 * params) / GIB
 
 
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,

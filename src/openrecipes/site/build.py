@@ -25,7 +25,8 @@ from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
 SITE_MARKER = ".openrecipes-site"
-FILTER_LABELS = (("model", "Model"), ("gpu", "GPU"), ("status", "Status"), ("workflow", "Workflow"))
+FILTER_LABELS = (("model", "Model"), ("gpu", "GPU"), ("status", "Status"), ("workflow", "Workflow"),
+                 ("modality", "Modality"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +58,7 @@ def _number(value: float, decimals: int = 2) -> str:
 def filter_value(loaded: LoadedCard, key: str) -> str:
     card = loaded.card
     return {"model": card.model, "gpu": card.gpu.type, "status": card.status,
-            "workflow": card.workload.workflow or ""}[key]
+            "workflow": card.workload.workflow or "", "modality": card.workload.modality}[key]
 
 
 def filter_options(cards: list[LoadedCard]) -> dict[str, list[str]]:
@@ -137,7 +138,7 @@ def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
     return {
         "name": loaded.path.stem, "correctness": card.correctness.result,
         "model": card.model, "gpu": card.gpu.type, "status": card.status,
-        "workflow": card.workload.workflow or "", "href": href,
+        "workflow": card.workload.workflow or "", "modality": card.workload.modality, "href": href,
         "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
         "tokens": str(metrics["tokens"]), "usd": str(metrics["usd"]), "mfu": str(metrics["mfu"]),
         "author": card.author.name,

@@ -123,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
             from openrecipes.data.build import build_recipe_rows
 
             build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+        from openrecipes.config.rundir import rows_directory
+        from openrecipes.train.images import check_rows_directory
+
+        check_rows_directory(recipe, rows_directory(recipe.data.rows, recipe.run_dir))  # image rows the run can take
         return _launch_or_train(args, recipe)
 
 

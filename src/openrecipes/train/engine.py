@@ -16,6 +16,7 @@ from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.train.chunked_loss import chunked_head
+from openrecipes.train.images import image_inputs, sliced_image_inputs, trainable_modules
 
 
 def model_config(recipe: Recipe) -> Any:
@@ -57,13 +58,14 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     if pipelined:  # every chunk this rank runs (one without interleaving)
         stage_layers = frozenset(i for _, layers in rank_layers(recipe.layout, config.num_hidden_layers,
                                                                parallel.pp_rank) for i in layers)
+    frozen, trained = trainable_modules(recipe, config)
     grads = parallelize(model, parallel, ParallelizeOptions(
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32,
         parameter_dtype=parameter_dtype(recipe, distributed),
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
         compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None,
-        offload_activations=recipe.offload.activations))
+        offload_activations=recipe.offload.activations, frozen_modules=frozen, trained_modules=trained))
     return model, grads
 
 
@@ -128,7 +130,11 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
                           max_seqlen=int(batch["max_seqlen"]))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
-    if input_slice is not None:
+    images = image_inputs(batch)
+    if input_slice is not None and images:  # image positions come from the whole rows, before the cut
+        position_ids, images = sliced_image_inputs(model, batch, input_slice)
+        input_ids = input_slice(input_ids)
+    elif input_slice is not None:
         input_ids, position_ids = input_slice(input_ids), input_slice(position_ids)
     # every position predicts the next token; the last one's target wraps around and gets weight 0. Not slicing
     # logits[:, :-1] avoids copying the (tokens x vocabulary) tensor.
@@ -140,7 +146,8 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     if head is not None:  # the head returns the loss sum itself (kernels.loss_chunk_tokens)
         with head.targets(targets, weights):
             return model(input_ids, position_ids, documents)
-    return (loss_fn or token_loss_sum)(model(input_ids, position_ids, documents), targets, weights)
+    logits = model(input_ids, position_ids, documents, **images)
+    return (loss_fn or token_loss_sum)(logits, targets, weights)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

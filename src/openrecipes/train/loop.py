@@ -20,6 +20,7 @@ from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
+from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
 from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
@@ -110,6 +111,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))
     row_tokens = dataset.row_tokens
+    check_rows_directory(recipe, _rows_to_train_on(recipe, run_dir))
     rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
@@ -308,7 +310,8 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     cp_slice, target_slice = _sequence_slices(parallel)
     loss_fn = engine.loss_function(recipe.kernels.compile)
     if pipeline is not None:
-        loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice)
+        loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice,
+                                   pipeline_image_inputs(model, microbatches))
     for index, batch in enumerate(microbatches if pipeline is None else []):
         # max_seqlen stays on the host: reading it back from the GPU would stall the step
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -396,9 +399,9 @@ class _MemoryTrace:
 
 
 def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device: torch.device,
-                   cp_slice=None) -> torch.Tensor:
+                   cp_slice=None, images: dict | None = None) -> torch.Tensor:
     """Run the step's microbatches through the (interleaved) 1F1B schedule; returns this rank's loss sum (the last
-    stage's)."""
+    stage's). ``images``: the rows' image inputs and whole-row positions (``pipeline_image_inputs``)."""
     import torch.nn.functional as F
 
     stacked = {k: torch.cat([b[k] for b in microbatches]).to(device) for k in ("input_ids", "position_ids",
@@ -407,13 +410,16 @@ def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device
     target = torch.stack([torch.roll(stacked["input_ids"], -1, dims=1), weights], dim=-1)
     if cp_slice is not None:  # the loss slices the targets itself (StageLoss.sequence_slice)
         stacked["input_ids"], stacked["position_ids"] = cp_slice(stacked["input_ids"]), cp_slice(stacked["position_ids"])
+    images = {k: v.to(device) for k, v in (images or {}).items()}
+    if images:  # refused with cp (train/images.py): the positions are the whole rows'
+        stacked["position_ids"] = images.pop("position_ids")
     pipeline.loss.supervised_tokens = supervised
     losses: list[torch.Tensor] = []
     args = (stacked["input_ids"],) if pipeline.is_first else ()
     # a chunked loss head reads the targets in the last stage's forward (every stage gets the same kwargs)
     head_inputs = {"loss_target": target} if pipeline.loss.head_computes_loss else {}
     pipeline.schedule.step(*args, position_ids=stacked["position_ids"], document_ids=stacked["document_ids"],
-                           **head_inputs, target=target if pipeline.is_last else None,
+                           **head_inputs, **images, target=target if pipeline.is_last else None,
                            losses=losses if pipeline.is_last else None)
     if not pipeline.is_last:
         return torch.zeros((), dtype=torch.float64, device=device)

@@ -63,9 +63,13 @@ class Qwen3VLMoeVisionConfig:
         d, f, m = self.hidden_size, self.intermediate_size, self.merged_size
         patch = self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * d + d
         block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        return patch + self.num_position_embeddings * d + self.depth * block + self.projection_params()
+
+    def projection_params(self) -> int:
+        """The merger and the DeepStack mergers: what maps the tower's features into the decoder."""
+        m = self.merged_size
         merger = lambda norm: 2 * norm + m * m + m + m * self.out_hidden_size + self.out_hidden_size  # noqa: E731
-        return (patch + self.num_position_embeddings * d + self.depth * block + merger(d)
-                + len(self.deepstack_visual_indexes) * merger(m))
+        return merger(self.hidden_size) + len(self.deepstack_visual_indexes) * merger(m)
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], *, source: str) -> "Qwen3VLMoeVisionConfig":

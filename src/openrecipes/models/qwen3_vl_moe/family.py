@@ -6,18 +6,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from openrecipes.models.families import ModelFamily, ShardingPlan
+from openrecipes.models.families import ImageInputs, ModelFamily, ShardingPlan
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.models.qwen3_moe.family import FAMILY as QWEN3_MOE
 from openrecipes.models.qwen3_vl_moe import hf
 from openrecipes.models.qwen3_vl_moe.config import Qwen3VLMoeConfig, Qwen3VLMoeVisionConfig
-from openrecipes.models.qwen3_vl_moe.model import Qwen3VLMoeForConditionalGeneration, build_qwen3_vl_moe
+from openrecipes.models.qwen3_vl_moe.model import (Qwen3VLMoeForConditionalGeneration, build_qwen3_vl_moe,
+                                                  packed_mrope_positions)
 from openrecipes.models.shape import ModelShape
 
 
 def planner_shape(config: Qwen3VLMoeConfig, name: str) -> ModelShape:
     shape = QWEN3_MOE.planner_shape(config.text, name or "qwen3-vl-moe")
-    return replace(shape, frozen_encoder_params=config.vision.params())
+    return replace(shape, frozen_encoder_params=config.vision.params(),
+                   encoder_projection_params=config.vision.projection_params())
 
 
 NAMED_CONFIGS = {
@@ -34,17 +36,18 @@ NAMED_CONFIGS = {
             patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=2304,
             deepstack_visual_indexes=(8, 16, 24)),
         mrope_section=(24, 20, 20)),
-    # Small enough for CPU tests.
+    # Small enough for CPU tests; its vocabulary is the bundled image-text tokenizer's (the bundled 1,024 tokens and
+    # Qwen3-VL's image tokens after them, data/assets/image_text/make_image_text.py).
     "qwen3-vl-moe-tiny": lambda: Qwen3VLMoeConfig(
         text=Qwen3MoeConfig(
-            vocab_size=256, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
+            vocab_size=1028, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
             norm_topk_prob=True, rope_theta=10_000.0, max_position_embeddings=4096),
         vision=Qwen3VLMoeVisionConfig(
             depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, patch_size=4,
             temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=(0, 1)),
-        mrope_section=(2, 3, 3), image_token_id=250, video_token_id=251, vision_start_token_id=252,
-        vision_end_token_id=253),
+        mrope_section=(2, 3, 3), image_token_id=1026, video_token_id=1027, vision_start_token_id=1024,
+        vision_end_token_id=1025),
 }
 
 _TEXT = QWEN3_MOE.sharding
@@ -60,4 +63,13 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: Qwen3VLMoeConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_vl_moe,
     native_parts=hf.native_parts, to_hf=hf.to_hf,
+    images=ImageInputs(
+        towers=("model.visual.patch_embed", "model.visual.pos_embed", "model.visual.blocks"),
+        projection=("model.visual.merger", "model.visual.deepstack_merger_list"),
+        image_token_id=lambda config: config.image_token_id,
+        patch_geometry=lambda config: (config.vision.patch_size, config.vision.temporal_patch_size,
+                                       config.vision.spatial_merge_size),
+        positions=lambda config, input_ids, position_ids, grid, held: packed_mrope_positions(
+            position_ids, input_ids == config.image_token_id, grid, held, config),
+        first_stage_layers=lambda config: len(config.vision.deepstack_visual_indexes)),
 )

@@ -75,6 +75,56 @@ def mrope_positions(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None
     return out
 
 
+def held_feature_index(image_grid_thw: torch.Tensor, held: torch.Tensor, merge: int) -> torch.Tensor:
+    """Indices into the merged features of all images (``VisionModel``'s output) of the tokens each image's rows hold:
+    tokens first .. first + count - 1 of image k, for each (first, count) of ``held``, in order."""
+    tokens = (image_grid_thw.prod(dim=1) // (merge * merge)).tolist()
+    offsets = [0, *itertools.accumulate(tokens)]
+    index = []
+    for k, (first, count) in enumerate(held.tolist()):
+        if first < 0 or count < 0 or first + count > tokens[k]:
+            raise ValueError(f"image {k}: tokens {first}..{first + count - 1} held, the image has {tokens[k]}")
+        index.append(torch.arange(offsets[k] + first, offsets[k] + first + count))
+    return torch.cat(index).to(image_grid_thw.device)
+
+
+def packed_mrope_positions(position_ids: torch.Tensor, image_mask: torch.Tensor, image_grid_thw: torch.Tensor,
+                           held: torch.Tensor, config: Qwen3VLMoeConfig) -> torch.Tensor:
+    """M-RoPE positions (3, B, T) of packed rows from their per-document positions (B, T), restarting at 0 at each
+    document: what ``mrope_positions`` gives each document on its own. The tokens of image k (its tokens first ..
+    first + count - 1, the k-th run of image tokens in row-major order) stand at the position p of the run's first
+    token plus their (frame, row, column) in the merged grid; the document's text after the image resumes at p plus
+    the largest of the merged grid's frames, height and width. An image a row boundary cut is placed the same way
+    from where its held tokens begin (p: 0 at the start of a row)."""
+    m = config.vision.spatial_merge_size
+    out = position_ids[None].repeat(3, 1, 1)
+    flat = image_mask.reshape(-1).nonzero().flatten().tolist()
+    rows, tokens = position_ids.shape
+    cursor = 0
+    for (frames, h, w), (first, count) in zip(image_grid_thw.tolist(), held.tolist()):
+        h, w = h // m, w // m
+        if count == 0:
+            continue
+        where = flat[cursor:cursor + count]
+        cursor += count
+        row, start = divmod(where[0], tokens)
+        if len(where) != count or where[-1] != where[0] + count - 1 or (where[-1] // tokens) != row:
+            raise ValueError(f"image tokens of row {row} at {start} do not form one run of {count}")
+        k = torch.arange(first, first + count, device=out.device)
+        frame, cell = k // (h * w), k % (h * w)
+        grid = torch.stack([frame, cell // w, cell % w])
+        base = out[0, row, start].clone()
+        out[:, row, start:start + count] = base + grid
+        stop = start + count
+        if stop < tokens:
+            ends = (position_ids[row, stop:] == 0).nonzero()  # the document ends where the next one starts
+            end = stop + int(ends[0]) if ends.numel() else tokens
+            out[:, row, stop:end] += base + max(frames, h, w) - out[0, row, stop]
+    if cursor != len(flat):
+        raise ValueError(f"input_ids hold {len(flat)} image tokens, image_tokens_held places {cursor}")
+    return out
+
+
 class Qwen3VLMoeModel(nn.Module):
     def __init__(self, config: Qwen3VLMoeConfig, kernels: KernelOptions) -> None:
         super().__init__()
@@ -83,10 +133,12 @@ class Qwen3VLMoeModel(nn.Module):
 
 
 class Qwen3VLMoeForConditionalGeneration(nn.Module):
-    """``forward(input_ids, position_ids=None, documents=None, *, pixel_values=None, image_grid_thw=None) ->
-    logits (B, T, V)``. ``position_ids``: (B, T) for text, (3, B, T) M-RoPE positions, or None (computed from the
-    image tokens and grids). A pipeline stage may drop the embedding or the final norm and head, as in Qwen3-MoE;
-    images enter only a forward that runs the first decoder layers."""
+    """``forward(input_ids, position_ids=None, documents=None, *, pixel_values=None, image_grid_thw=None,
+    image_tokens_held=None) -> logits (B, T, V)``. ``position_ids``: (B, T) for text, (3, B, T) M-RoPE positions, or
+    None (computed from the image tokens and grids). ``image_tokens_held`` (K, 2): packed rows, where each image's
+    tokens in ``input_ids`` are (first, count) of its own (a row boundary may cut an image) and ``position_ids``
+    (B, T) restart at each document (``packed_mrope_positions``). A pipeline stage may drop the embedding or the
+    final norm and head, as in Qwen3-MoE; images enter only a forward that runs the first decoder layers."""
 
     def __init__(self, config: Qwen3VLMoeConfig, kernels: KernelOptions = KernelOptions()) -> None:
         super().__init__()
@@ -96,24 +148,35 @@ class Qwen3VLMoeForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 documents: Documents | None = None, *, layers: range | None = None,
-                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                image_tokens_held: torch.Tensor | None = None) -> torch.Tensor:
         text = self.model.language_model
         rows, tokens = input_ids.shape[:2]
         first = layers is None or layers.start == 0
         last = layers is None or layers.stop == self.config.text.num_hidden_layers
         h = text.embed_tokens(input_ids) if text.embed_tokens is not None and first else input_ids
         image_mask = deepstack = None
+        # the layers this forward runs: a range, or every layer the model holds (a pipeline stage holds some)
+        indices = [int(key) for key in text.layers] if layers is None else layers
         if pixel_values is not None:
-            if text.embed_tokens is None or layers is not None:
-                raise ValueError("images need a forward that runs the embedding and every decoder layer")
+            deep = len(self.config.vision.deepstack_visual_indexes)
+            if text.embed_tokens is None or not set(range(deep)) <= set(indices):
+                raise ValueError(f"images need a forward that runs the embedding and the first {deep} decoder "
+                                 "layers (DeepStack adds image features after each)")
             if image_grid_thw is None:
                 raise ValueError("pixel_values given without image_grid_thw")
             features, deepstack = self.model.visual(pixel_values, image_grid_thw)
+            if image_tokens_held is not None:
+                index = held_feature_index(image_grid_thw, image_tokens_held, self.config.vision.spatial_merge_size)
+                features, deepstack = features[index], [d[index] for d in deepstack]
             image_mask = input_ids == self.config.image_token_id
             if int(image_mask.sum()) != features.shape[0]:
                 raise ValueError(f"input_ids hold {int(image_mask.sum())} image tokens, the images give "
                                  f"{features.shape[0]} features")
             h = h.masked_scatter(image_mask[..., None], features.to(h.dtype))
+        if image_tokens_held is not None and position_ids is not None and position_ids.dim() == 2:
+            position_ids = packed_mrope_positions(position_ids, image_mask, image_grid_thw, image_tokens_held,
+                                                  self.config)
         if position_ids is None:
             if pixel_values is not None:
                 position_ids = mrope_positions(input_ids, image_grid_thw, self.config)
@@ -122,7 +185,6 @@ class Qwen3VLMoeForConditionalGeneration(nn.Module):
         if position_ids.dim() == 2:
             position_ids = position_ids[None].expand(3, -1, -1)
         angles = mrope_angles(position_ids, self.config)
-        indices = range(self.config.text.num_hidden_layers) if layers is None else layers
         for index in indices:
             h = text.layers[str(index)](h, angles, documents)
             if deepstack is not None and index < len(deepstack):

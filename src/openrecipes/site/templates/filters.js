@@ -3,7 +3,7 @@
 // sort order live in the address (?model=...&sort=tokens&order=desc), so a reload or a shared link shows the same
 // view; a value in the address that no card holds is ignored.
 (function () {
-  var keys = ["model", "gpu", "status", "workflow"];
+  var keys = ["model", "gpu", "status", "workflow", "modality"];
   var body = document.querySelector("#recipes tbody");
   var rows = Array.prototype.slice.call(body.querySelectorAll("tr.recipe"));
   var headers = Array.prototype.slice.call(document.querySelectorAll("#recipes th[data-key]"));

@@ -30,7 +30,10 @@ FITTED_ON = {"tp_s_per_layer": "tp2_pa_bal", "cp_s_per_layer": "cp2_pa_bal",
 # the GPU, Muse Spark), and one call whose variants shared a process
 _KNOBS_NOT_MODELLED = {
     f"2026-12-01-speed-{call}-engine_speed-h200.json": "compiled blocks, other recompute modes, streamed offload "
-    "and Muse Spark: knobs and a model the calibration table does not describe" for call in "abc"}
+    "and Muse Spark: knobs and a model the calibration table does not describe" for call in "abc"} | {
+    name: "compiled blocks and recompute other than full: knobs the calibration table does not describe" for name in (
+        "2026-12-01-e-engine_speed-h200.json", "2026-12-01-h-engine_speed-packed-c-h200.json",
+        "2026-12-01-h-engine_speed-nat-h200.json:single_nat_c_none")}
 NOT_FOR_SPEED = {
     "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",
     "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "profiled step inside the timing window (rerun)",

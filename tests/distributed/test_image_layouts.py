@@ -6,14 +6,11 @@ shares its tokens; tests/train/test_image_training.py checks that split in-proce
 towers and the layers DeepStack feeds, its images travelling padded per row through the schedule, the whole rows'
 positions to every stage. Losses and gradient norms equal one process's. The layouts image rows do not run yet are refused before any step (test_image_training.py)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_layouts import assert_same, metrics
+from tests.distributed.test_layouts import assert_same, metrics, train_metrics
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-vl-moe-sft.yaml"
 COMMON = ["steps=2", "logging.progress=false", "checkpoint.every=null", "checkpoint.at_end=false",
@@ -23,12 +20,7 @@ LAYOUTS = {"DP2-EP2": ["layout.dp=2", "layout.ep=2"], "CP2": ["layout.dp=1", "la
 
 
 def _train(run_dir, nproc, *sets):
-    args = [sys.executable, "-m", "openrecipes", "train", str(EXAMPLE), "--nproc", str(nproc)]
-    for item in (*COMMON, f"run_dir={run_dir}", *sets):
-        args += ["--set", item]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return metrics(run_dir)
+    return train_metrics(run_dir, *sets, nproc=nproc, example=EXAMPLE, common=COMMON)
 
 
 def _one_process(run_dir):

@@ -13,13 +13,21 @@ COMMON = ["precision=fp32", "optimizer.precision_aware=false", "steps=5", "loggi
           "checkpoint.every=null", "global_batch=8"]
 
 
-def train(run_dir, *sets, nproc=1, extra=(), env=None):
-    args = [sys.executable, "-m", "openrecipes", "train", str(EXAMPLE), "--nproc", str(nproc)]
-    for item in (*COMMON, f"run_dir={run_dir}", *sets):
+def train(run_dir, *sets, nproc=1, extra=(), env=None, example=EXAMPLE, common=COMMON):
+    """``openrecipes train`` of ``example`` with the ``common`` and ``sets`` overrides, one torch thread a process."""
+    args = [sys.executable, "-m", "openrecipes", "train", str(example), "--nproc", str(nproc)]
+    for item in (*common, f"run_dir={run_dir}", *sets):
         args += ["--set", item]
     result = subprocess.run(args + list(extra), capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     return result
+
+
+def train_metrics(run_dir, *sets, nproc=1, example=EXAMPLE, common=COMMON):
+    """``train`` that must succeed; its metrics."""
+    result = train(run_dir, *sets, nproc=nproc, example=example, common=common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return metrics(run_dir)
 
 
 def resume_in_one_process(run_dir, *sets):

@@ -12,15 +12,12 @@ the update a smooth function of the gradient: near-zero gradients of some expert
 summation-order noise into updates of +-lr.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.distributed.test_layouts import assert_same, metrics
+from tests.distributed.test_layouts import assert_same, train_metrics
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-lora.yaml"
 COMMON = ["steps=3", "logging.progress=false", "checkpoint.every=null", "checkpoint.at_end=false", "global_batch=8",
@@ -34,12 +31,7 @@ LAYOUTS = {
 
 
 def _train(run_dir, nproc, *sets):
-    args = [sys.executable, "-m", "openrecipes", "train", str(EXAMPLE), "--nproc", str(nproc)]
-    for item in (*COMMON, f"run_dir={run_dir}", *sets):
-        args += ["--set", item]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return metrics(run_dir)
+    return train_metrics(run_dir, *sets, nproc=nproc, example=EXAMPLE, common=COMMON)
 
 
 def _adapter(run_dir):

@@ -16,6 +16,7 @@ from typing import Any
 
 from openrecipes.models.common.activations import check_activation
 from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.vision_geometry import PatchGeometry
 
 
 def _from_dict(cls: type, raw: Any, *, source: str, section: str) -> Any:
@@ -42,7 +43,7 @@ def _positive(config: Any, section: str, names: tuple[str, ...]) -> None:
 
 
 @dataclass(kw_only=True, frozen=True)
-class MuseSparkVisionConfig:
+class MuseSparkVisionConfig(PatchGeometry):
     """The NaViT tower (patches at each image's native resolution), its adapter (m×m neighbouring patches joined
     and passed through an MLP to ``out_hidden_size``) and the projection into the decoder's width."""
 
@@ -65,22 +66,11 @@ class MuseSparkVisionConfig:
         _positive(self, "vision_config", ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size",
                                           "temporal_patch_size", "spatial_merge_size", "in_channels",
                                           "max_patches_per_side", "out_hidden_size"))
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"vision_config: hidden_size/num_heads ({self.hidden_size}/{self.num_heads}) must be a "
-                             "whole multiple of 4 (2-D rotary embedding over rows and columns)")
+        self.check_axial_heads()
         if self.max_patches_per_side % self.spatial_merge_size:
             raise ValueError(f"vision_config.max_patches_per_side ({self.max_patches_per_side}) must be a multiple "
                              f"of spatial_merge_size ({self.spatial_merge_size})")
         check_activation(self.hidden_act, field="vision_config.hidden_act")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merged_size(self) -> int:
-        """Width of one merged token: the features of spatial_merge_size² neighbouring patches side by side."""
-        return self.hidden_size * self.spatial_merge_size ** 2
 
     def params(self, text_hidden: int) -> int:
         """Tower, adapter and the projection into a decoder of width ``text_hidden`` (``vision_tower.*`` and

@@ -11,6 +11,7 @@ from typing import Any
 
 from openrecipes.models.common.activations import check_activation
 from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.vision_geometry import PatchGeometry
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.utils import read_json
 
@@ -18,7 +19,7 @@ _TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vis
 
 
 @dataclass(kw_only=True, frozen=True)
-class Qwen3VLMoeVisionConfig:
+class Qwen3VLMoeVisionConfig(PatchGeometry):
     depth: int
     hidden_size: int
     intermediate_size: int
@@ -39,9 +40,7 @@ class Qwen3VLMoeVisionConfig:
                      "temporal_patch_size", "spatial_merge_size", "in_channels", "num_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"vision_config.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"vision_config: hidden_size/num_heads ({self.hidden_size}/{self.num_heads}) must be a "
-                             "whole multiple of 4 (2-D rotary embedding over height and width)")
+        self.check_axial_heads()
         side = math.isqrt(self.num_position_embeddings)
         if side * side != self.num_position_embeddings:
             raise ValueError(f"vision_config.num_position_embeddings={self.num_position_embeddings} is not a square")
@@ -49,15 +48,6 @@ class Qwen3VLMoeVisionConfig:
         if bad:
             raise ValueError(f"vision_config.deepstack_visual_indexes {bad} are outside the blocks 0..{self.depth - 1}")
         check_activation(self.hidden_act, field="vision_config.hidden_act")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merged_size(self) -> int:
-        """Width of one merged token: the features of spatial_merge_size² neighbouring patches side by side."""
-        return self.hidden_size * self.spatial_merge_size ** 2
 
     def params(self) -> int:
         d, f, m = self.hidden_size, self.intermediate_size, self.merged_size

@@ -1,0 +1,128 @@
+"""Image-text SFT of a tiny complete Muse Spark on CPU (examples/tiny-muse-spark-image-sft.yaml): packed image rows
+give the loss of a direct forward of the model on each conversation, the vision and audio towers are frozen (no
+gradients, no optimizer state) while the adapter and projection train by recipe, and the run resumes bitwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from openrecipes.config.recipe import load_recipe
+from openrecipes.config.rundir import rows_directory
+from openrecipes.data.build import build_recipe_rows
+from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
+from openrecipes.models.registry import get_config
+from openrecipes.train.loop import train
+
+pytest.importorskip("PIL")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-muse-spark-image-sft.yaml"
+CONFIG = get_config("muse-spark-tiny-vl")
+FROZEN = ("model.vision_tower.patch_embed.", "model.vision_tower.position_embedding.", "model.vision_tower.blocks.",
+          "model.vision_tower.post_layernorm.", "model.audio_tower.", "model.audio_projector.")
+PROJECTION = ("model.vision_tower.adapter.", "model.multi_modal_projector.")
+
+
+def _recipe(run_dir: Path, *overrides: str):
+    recipe = load_recipe(EXAMPLE, [f"run_dir={run_dir}", "steps=4", "logging.progress=false", "checkpoint.every=2",
+                                   "data.build.rows=16", *overrides])
+    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+    return recipe
+
+
+def test_packed_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
+    """Rows of several conversations with one or two images each, against a forward of the model on each
+    conversation alone (positions from 0, its whole images, no document mask); a row holding part of an image gets
+    that part's features."""
+    from openrecipes.data.batching import load_rows, make_microbatch
+    from openrecipes.models.muse_spark.model import build_muse_spark
+    from openrecipes.train import engine
+
+    recipe = _recipe(tmp_path / "run", "data.build.row_tokens=256", "data.build.rows=12")
+    dataset = load_rows(rows_directory(None, recipe.run_dir))
+    assert dataset.images.image_token_id == CONFIG.image_token_id
+    model = build_muse_spark(CONFIG, seed=3)
+    placements = dataset.images.placements
+    whole = [r for r in range(len(dataset)) if all(
+        placements[k, 3] == 0 and placements[k, 2] == placements[k, 4] * placements[k, 5] // 4
+        for k in range(dataset.images.row_offsets[r], dataset.images.row_offsets[r + 1]))]
+    batch = make_microbatch(dataset, np.array(whole[:3]))
+    with torch.no_grad():
+        packed = engine.microbatch_loss_sum(model, batch).item()
+        blind = engine.microbatch_loss_sum(model, {**batch, "pixel_values": batch["pixel_values"] + 1.0}).item()
+    assert packed != blind  # the images reach the loss
+
+    pixels = batch["pixel_values"].split(batch["image_grid_thw"].prod(dim=1).tolist())
+    token = CONFIG.image_token_id
+    reference, image, two_images = 0.0, 0, False
+    for b in range(3):
+        starts = (batch["position_ids"][b] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
+        for start, stop in zip(starts[:-1], starts[1:]):
+            ids = batch["input_ids"][b, start:stop]
+            runs = int(((ids == token).int().diff() == 1).sum()) + int(ids[0] == token)
+            media = {}
+            if runs:
+                media = dict(pixel_values=torch.cat(pixels[image:image + runs]),
+                             image_grid_thw=batch["image_grid_thw"][image:image + runs])
+                two_images |= runs > 1 and start > 0
+                image += runs
+            with torch.no_grad():
+                logits = model(ids[None], **media)[0]
+            weights = batch["loss_mask"][b, start + 1:stop].float()
+            reference += (F.cross_entropy(logits[:-1], ids[1:], reduction="none") * weights).sum().item()
+    assert image == batch["image_grid_thw"].shape[0] >= 4
+    assert two_images, "a conversation with two images after another conversation in its row"
+    assert packed == pytest.approx(reference, rel=1e-6)
+
+    # a row holding image tokens 2.. of a 6-token image (a row boundary cut it) gets exactly those features
+    grid = torch.tensor([[1, 4, 6]])
+    generator = torch.Generator().manual_seed(0)
+    patches = torch.randn(24, 3 * 2 * 4 * 4, generator=generator)
+    ids = torch.tensor([[token] * 4 + [5, 6, 7]])
+    with torch.no_grad():
+        cut = model(ids, pixel_values=patches, image_grid_thw=grid, image_tokens_held=torch.tensor([[2, 4]]))
+        features = model.model.multi_modal_projector(model.model.vision_tower(patches, grid))[2:]
+        h = model.model.language_model.embed_tokens(ids)
+        h[0, :4] = features
+        embedding, model.model.language_model.embed_tokens = model.model.language_model.embed_tokens, None
+        expected = model(h)
+        model.model.language_model.embed_tokens = embedding
+    assert torch.equal(cut, expected)
+
+
+def _metrics(run_dir: Path) -> list[tuple[float, float]]:
+    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from openrecipes.train import engine
+    from openrecipes.train.checkpointing import latest_checkpoint
+
+    whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
+    model, _ = engine.build_model(whole, torch.device("cpu"))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    towers = {name for name in dict(model.named_parameters()) if name.startswith(TOWER_PREFIXES)}
+    assert {n for n in towers if n.startswith(FROZEN)} == towers - trained
+    assert {n for n in towers if n.startswith(PROJECTION)} == towers & trained != set()
+    frozen, _ = engine.build_model(_recipe(tmp_path / "frozen", "vision.train_projection=false"), torch.device("cpu"))
+    assert not any(p.requires_grad for name, p in frozen.named_parameters() if name.startswith(TOWER_PREFIXES))
+
+    train(whole, command="t")
+    train(cut, command="t", stop_after=1)
+    train(cut, command="t", resume=True)
+    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
+    losses = [loss for loss, _ in _metrics(tmp_path / "whole")]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    keys = FileSystemReader(str(latest_checkpoint(tmp_path / "whole"))).read_metadata().state_dict_metadata
+    state = [k for k in keys if k.startswith("optimizer.state.")]
+    assert not any(f".{prefix}" in k for k in state for prefix in FROZEN)  # no optimizer state for the towers
+    assert all(any(f".{prefix}" in k for k in state) for prefix in PROJECTION)
+    assert any(".language_model." in k for k in state)
+    assert all(any(k.startswith(f"model.{prefix}") for k in keys) for prefix in FROZEN)  # their weights are saved
+

@@ -1,6 +1,7 @@
 """Image-text SFT of a tiny complete Muse Spark on CPU (examples/tiny-muse-spark-image-sft.yaml): packed image rows
 give the loss of a direct forward of the model on each conversation, the vision and audio towers are frozen (no
-gradients, no optimizer state) while the adapter and projection train by recipe, and the run resumes bitwise."""
+gradients, no optimizer state) while the adapter and projection train by recipe, the run resumes bitwise, and
+``init: checkpoint`` from a complete checkpoint loads the towers with the decoder."""
 
 from __future__ import annotations
 
@@ -126,3 +127,41 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     assert any(".language_model." in k for k in state)
     assert all(any(k.startswith(f"model.{prefix}") for k in keys) for prefix in FROZEN)  # their weights are saved
 
+
+def test_init_from_a_complete_checkpoint_trains_on_images_with_its_towers(tmp_path: Path) -> None:
+    """``init: checkpoint`` on image rows reads the complete checkpoint (towers included, nothing skipped); the
+    towers stay as loaded, the projection trains, and the export is again a complete checkpoint. Text rows still
+    read the text model alone."""
+    import warnings
+
+    from openrecipes.checkpoint.hf import recipe_model_config, save_hf
+    from openrecipes.models.muse_spark.model import build_muse_spark
+    from openrecipes.train import engine
+    from tests.checkpoint.test_convert import all_tensors
+
+    source = build_muse_spark(CONFIG, seed=7)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # no tensor at its initial constant, so a tower left at its init shows
+        for param in source.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    save_hf(source, tmp_path / "complete")
+    recipe = _recipe(tmp_path / "run", f"model={tmp_path / 'complete'}", "init=checkpoint", "steps=2",
+                     "checkpoint.every=2", "checkpoint.export_hf=true")
+    assert recipe_model_config(recipe) == CONFIG
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # text-only mode would warn about the tower tensors it skips
+        model, _ = engine.build_model(recipe, torch.device("cpu"))
+    mine = dict(source.named_parameters())
+    assert {n for n, _ in model.named_parameters()} == set(mine)
+    assert all(torch.equal(p, mine[name]) for name, p in model.named_parameters())
+
+    train(recipe, command="t")
+    exported, saved = all_tensors(tmp_path / "run" / "hf"), all_tensors(tmp_path / "complete")
+    assert exported.keys() == saved.keys()
+    tower, projection = [n for n in saved if n.startswith(FROZEN)], [n for n in saved if n.startswith(PROJECTION)]
+    assert tower and all(torch.equal(exported[n], saved[n]) for n in tower)
+    assert projection and not all(torch.equal(exported[n], saved[n]) for n in projection)
+
+    text = load_recipe(EXAMPLE, [f"run_dir={tmp_path / 'text'}", f"model={tmp_path / 'complete'}", "init=checkpoint",
+                                 "data.build.input=bundled", "data.build.image_processor=null"])
+    assert recipe_model_config(text) == CONFIG.text_only()

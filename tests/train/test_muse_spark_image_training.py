@@ -79,6 +79,13 @@ def test_packed_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
     assert two_images, "a conversation with two images after another conversation in its row"
     assert packed == pytest.approx(reference, rel=1e-6)
 
+    # pipelined: image and text microbatches travel with the same one position axis (1-D RoPE), the rows' own
+    from openrecipes.train.images import pipeline_image_inputs
+
+    text = {key: batch[key] for key in ("input_ids", "position_ids")}
+    piped = pipeline_image_inputs(model, [batch, text])["position_ids"]
+    assert torch.equal(piped, torch.cat([batch["position_ids"]] * 2)[:, None])
+
     # a row holding image tokens 2.. of a 6-token image (a row boundary cut it) gets exactly those features
     grid = torch.tensor([[1, 4, 6]])
     generator = torch.Generator().manual_seed(0)

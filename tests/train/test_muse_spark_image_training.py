@@ -118,6 +118,12 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     towers = {name for name in dict(model.named_parameters()) if name.startswith(TOWER_PREFIXES)}
     assert {n for n in towers if n.startswith(FROZEN)} == towers - trained
     assert {n for n in towers if n.startswith(PROJECTION)} == towers & trained != set()
+    # the planner counts the same encoder and projection (plan/memory.py: trained or frozen by recipe)
+    from openrecipes.models.muse_spark.family import planner_shape
+
+    shape, params = planner_shape(CONFIG, "tiny"), dict(model.named_parameters())
+    assert shape.frozen_encoder_params == sum(params[n].numel() for n in towers)
+    assert shape.encoder_projection_params == sum(params[n].numel() for n in towers if n.startswith(PROJECTION))
     frozen, _ = engine.build_model(_recipe(tmp_path / "frozen", "vision.train_projection=false"), torch.device("cpu"))
     assert not any(p.requires_grad for name, p in frozen.named_parameters() if name.startswith(TOWER_PREFIXES))
 

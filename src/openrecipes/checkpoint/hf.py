@@ -40,7 +40,7 @@ def recipe_model_config(recipe: Any) -> Any:
             raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {recipe.model!r}")
         config = get_config(recipe.model)
     elif Path(recipe.model).is_dir():
-        _, config = read_config(HFCheckpoint(recipe.model))
+        _, config = read_config(HFCheckpoint(recipe.model), full=recipe_trains_images(recipe))
     else:
         raise ValueError(f"model: {recipe.model!r} is neither a registered model ({', '.join(names())}) "
                          "nor a checkpoint directory")
@@ -53,6 +53,19 @@ def recipe_model_config(recipe: Any) -> Any:
             _check_override(key, value, getattr(config, key))
         config = dataclasses.replace(config, **recipe.model_overrides)
     return config
+
+
+def recipe_trains_images(recipe: Any) -> bool:
+    """Whether the recipe's rows hold images (``data.build.image_processor``, or a built rows directory whose manifest
+    has an ``images`` section). A checkpoint directory is then read in full-checkpoint mode: a family with a text-only
+    mode (Muse Spark) keeps its towers, so image-text training starts from the complete checkpoint; text rows read
+    the text model alone, as before."""
+    if recipe.data.build is not None:
+        return recipe.data.build.image_processor is not None
+    from openrecipes.data.manifest import MANIFEST_FILE, read_manifest
+
+    rows = Path(recipe.data.rows)
+    return (rows / MANIFEST_FILE).is_file() and bool(read_manifest(rows).get("images"))
 
 
 _OVERRIDE_TYPES = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"),

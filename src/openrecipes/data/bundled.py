@@ -11,13 +11,16 @@ TOKENIZER = ASSETS / "tokenizer"
 TEMPLATES = {"qwen3": ASSETS / "templates" / "qwen3.jinja", "muse_spark": ASSETS / "templates" / "muse_spark.jinja"}
 BUNDLED = "bundled"  # the recipe's word for these (data.build.input / tokenizer / image_processor)
 # the image-text set (image_text/, made by image_text/make_image_text.py): conversations about small generated
-# images, the bundled tokenizer with Qwen3-VL's image tokens added, and a preprocessor config for tiny images
+# images, the bundled tokenizer with Qwen3-VL's image tokens added (and one with Muse Spark's), and a preprocessor
+# config for tiny images
 IMAGE_TEXT = ASSETS / "image_text"
 IMAGE_CONVERSATIONS = IMAGE_TEXT / "conversations.jsonl"
 VL_TOKENIZER = IMAGE_TEXT / "tokenizer"
+MUSE_VL_TOKENIZER = IMAGE_TEXT / "muse_spark_tokenizer"
 IMAGE_PROCESSOR = IMAGE_TEXT / "preprocessor_config.json"
 BUNDLED_IMAGES = "bundled-images"  # data.build.input: the image-text conversations
-BUNDLED_VL = "bundled-vl"  # data.build.tokenizer: the tokenizer with image tokens
+BUNDLED_VL = "bundled-vl"  # data.build.tokenizer: the tokenizer with Qwen3-VL's image tokens
+BUNDLED_MUSE_VL = "bundled-muse-vl"  # data.build.tokenizer: the tokenizer with Muse Spark's image tokens
 
 
 def resolve(value: str, bundled: Path) -> Path:
@@ -31,8 +34,8 @@ def resolve_input(value: str, format: str) -> Path:
 
 
 def resolve_tokenizer(value: str) -> Path:
-    """data.build.tokenizer: ``bundled``, ``bundled-vl`` or a directory."""
-    return VL_TOKENIZER if value == BUNDLED_VL else resolve(value, TOKENIZER)
+    """data.build.tokenizer: ``bundled``, ``bundled-vl``, ``bundled-muse-vl`` or a directory."""
+    return {BUNDLED_VL: VL_TOKENIZER, BUNDLED_MUSE_VL: MUSE_VL_TOKENIZER}.get(value) or resolve(value, TOKENIZER)
 
 
 def default_input(format: str) -> Path:

@@ -63,6 +63,9 @@ class LossMaskFormat:
 
 
 QWEN_VL_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+# Muse Spark's image tokens are not published: ours, in its Llama-style spelling (docs/muse_spark.md); <|image|> is the
+# placeholder whose id the model's image_token_id names
+MUSE_SPARK_IMAGE = ("<|image_start|>", "<|image|>", "<|image_end|>")
 LOSS_MASKS: dict[str, LossMaskFormat] = {
     # Supervise assistant content and <|im_end|>; the "\n" after <|im_end|> belongs to the
     # unsupervised text that follows.
@@ -73,9 +76,10 @@ LOSS_MASKS: dict[str, LossMaskFormat] = {
     # miles' qwen3 loss-mask generator: the same, and the "\n" after <|im_end|> supervised too
     "qwen3_miles": LossMaskFormat(name="qwen3_miles", header="<|im_start|>assistant\n", end="<|im_end|>\n",
                                   separator="<|endoftext|>", image=QWEN_VL_IMAGE),
-    # The project's own Muse Spark format (templates/muse_spark.jinja).
+    # The project's own Muse Spark format (templates/muse_spark.jinja); an image part is <|image_start|>, <|image|>
+    # once per merged patch, <|image_end|>
     "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
-                                 end="<|eot|>", separator="<|end_of_text|>"),
+                                 end="<|eot|>", separator="<|end_of_text|>", image=MUSE_SPARK_IMAGE),
 }
 
 

@@ -84,6 +84,17 @@ class ImageInputs:
     # forward takes for the whole rows (before context parallelism cuts them)
     positions: Callable[..., torch.Tensor]
     first_stage_layers: Callable[[Any], int]                   # config -> decoder layers the towers' stage must run
+    # (config, module path) -> whether the config's model holds that declared tower or projection: a family whose
+    # towers are optional (Muse Spark: each with its config section) leaves out what a config lacks; a config whose
+    # model holds no projection takes no images (a text-only config)
+    holds: Callable[[Any, str], bool] = lambda config, path: True
+
+    def modules(self, config: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(towers, projection) the config's model holds, or None when it takes no images."""
+        if not all(self.holds(config, path) for path in self.projection):
+            return None
+        return (tuple(p for p in self.towers if self.holds(config, p)),
+                tuple(p for p in self.projection if self.holds(config, p)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,8 +62,9 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         prune_to_stage(model, plan, options.stage_layers, first=parallel.pp_rank == 0,
                        last=parallel.pp_rank == parallel.pp_size - 1)
         images = family_for_model(model).images
-        if images is not None and parallel.pp_rank != 0:  # an image model's encoders run on the first stage only
-            for path in images.towers + images.projection:
+        held = images.modules(model.config) if images is not None else None
+        if held is not None and parallel.pp_rank != 0:  # an image model's encoders run on the first stage only
+            for path in held[0] + held[1]:
                 plan.drop(model, path)
     layers = plan.decoder_layers(model)
     if distributed and parallel.expert_mesh is not None:

@@ -41,10 +41,10 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     kernels = KernelOptions(attention=recipe.kernels.attention, experts=recipe.kernels.experts,
                             balanced_routing=recipe.debug.force_load_balance)
     pipelined = distributed and parallel.pp_size > 1
-    if recipe.init == "checkpoint":
-        from openrecipes.checkpoint.hf import from_hf
+    if recipe.init == "checkpoint":  # with image rows the complete checkpoint, towers included
+        from openrecipes.checkpoint.hf import from_hf, recipe_trains_images
 
-        model = from_hf(recipe.model, dtype=dtype, device=device, kernels=kernels)
+        model = from_hf(recipe.model, dtype=dtype, device=device, kernels=kernels, full=recipe_trains_images(recipe))
     elif pipelined or (distributed and parallel.expert_mesh is not None):
         # build on the meta device; parallelize materialises only what this rank keeps (its stage, its experts)
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None, kernels=kernels)

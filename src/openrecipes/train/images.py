@@ -13,10 +13,12 @@ from openrecipes.data.image_batch import IMAGE_INPUTS
 
 
 def image_family(config: Any):
-    """The ``ImageInputs`` of the config's family, or None for a text-only model."""
+    """The ``ImageInputs`` of the config's family, or None for a text-only model (also a text-only config of a
+    multimodal family: its model holds no projection)."""
     from openrecipes.models.families import family_for_config
 
-    return family_for_config(config).images
+    images = family_for_config(config).images
+    return images if images is not None and images.modules(config) is not None else None
 
 
 def trainable_modules(recipe: Recipe, config: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -28,9 +30,10 @@ def trainable_modules(recipe: Recipe, config: Any) -> tuple[tuple[str, ...], tup
             raise ValueError(f"vision.train_projection: {recipe.model} takes no images (its family declares no "
                              "vision towers); leave the vision section out")
         return (), ()
+    towers, projection = images.modules(config)
     if recipe.vision.train_projection:
-        return images.towers, images.projection
-    return images.towers + images.projection, ()
+        return towers, projection
+    return towers + projection, ()
 
 
 def check_rows_directory(recipe: Recipe, rows: Path) -> None:
@@ -141,8 +144,11 @@ def pipeline_image_inputs(model: Any, microbatches: list[dict[str, torch.Tensor]
             for k, row in enumerate(_placement_rows(input_ids, held, images.image_token_id(config))):
                 mine[row].append((patches[k], grid[k].tolist(), held[k].tolist()))
         else:
-            positions.append(batch["position_ids"][:, None].expand(-1, 3, -1))
+            positions.append(None)  # the text microbatch's own positions, on as many axes as the image ones'
         rows += mine
+    axes = next(p.shape[1] for p in positions if p is not None)
+    positions = [p if p is not None else b["position_ids"][:, None].expand(-1, axes, -1)
+                 for p, b in zip(positions, microbatches)]
     width = next(b["pixel_values"].shape[1] for b in microbatches if "pixel_values" in b)
     most_patches = max(sum(p.shape[0] for p, _, _ in row) for row in rows)
     most_images = max(len(row) for row in rows)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from openrecipes.models.families import ModelFamily, ShardingPlan
+from dataclasses import replace
+
+from openrecipes.models.families import ImageInputs, ModelFamily, ShardingPlan
 from openrecipes.models.muse_spark import hf
 from openrecipes.models.muse_spark.config import FULL, MODEL_TYPE, MuseSparkConfig
 from openrecipes.models.muse_spark.model import MuseSparkForCausalLM, build_muse_spark
@@ -33,6 +35,7 @@ def planner_shape(config: MuseSparkConfig, name: str) -> ModelShape:
         small_params_per_layer=small, embedding_params=config.embedding_params(),
         lm_head_params=config.lm_head_params(), active_params=config.active_params(),
         frozen_encoder_params=_encoder_params(config),
+        encoder_projection_params=config.vision.projection_params(config.hidden_size) if config.vision else 0,
     )
 
 
@@ -68,7 +71,30 @@ NAMED_CONFIGS = {
                                    hidden_size=16, intermediate_size=32, num_heads=2),
         image_token_id=250, video_token_id=251, audio_token_id=252,
     ),
+    # The same towers and decoder with the vocabulary of the bundled Muse Spark image-text tokenizer (the bundled
+    # 1,024 tokens, then <|image_start|>, <|image_end|>, <|image|>, <|video|>, <|audio|>:
+    # data/assets/image_text/make_image_text.py), so it trains on the bundled image-text set.
+    "muse-spark-tiny-vl": lambda: replace(NAMED_CONFIGS["muse-spark-tiny-full"](), vocab_size=1029,
+                                          image_token_id=1026, video_token_id=1027, audio_token_id=1028),
 }
+
+# What of the complete model trains on image rows: the vision tower's encoder and the whole audio side are frozen
+# towers (audio training is out of scope, as in the published recipes); the vision adapter and the projection into the
+# decoder are the projection (``vision.train_projection``).
+_VISION_TOWER = ("model.vision_tower.patch_embed", "model.vision_tower.position_embedding",
+                 "model.vision_tower.blocks", "model.vision_tower.post_layernorm")
+_AUDIO_TOWER = ("model.audio_tower", "model.audio_projector")
+IMAGES = ImageInputs(
+    towers=_VISION_TOWER + _AUDIO_TOWER,
+    projection=("model.vision_tower.adapter", "model.multi_modal_projector"),
+    image_token_id=lambda config: config.image_token_id,
+    patch_geometry=lambda config: (config.vision.patch_size, config.vision.temporal_patch_size,
+                                   config.vision.spatial_merge_size),
+    # media tokens count up like text (1-D RoPE): the rows' per-document positions, as one axis
+    positions=lambda config, input_ids, position_ids, grid, held: position_ids[None],
+    first_stage_layers=lambda config: 0,  # the features enter at the embedding
+    holds=lambda config, path: (config.audio if path in _AUDIO_TOWER else config.vision) is not None,
+)
 
 FAMILY = ModelFamily(
     name="muse_spark", named_configs=NAMED_CONFIGS, model_class=MuseSparkForCausalLM, planner_shape=planner_shape,
@@ -87,4 +113,5 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: MuseSparkConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_muse_spark,
     native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key, text_only=hf.text_only,
+    images=IMAGES,
 )

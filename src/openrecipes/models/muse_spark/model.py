@@ -40,6 +40,7 @@ from openrecipes.models.common.router import KeepFP32, SigmoidTopKRouter
 from openrecipes.models.muse_spark.audio import MuseSparkAudioEncoder, MuseSparkAudioProjector
 from openrecipes.models.muse_spark.config import SLIDING, MuseSparkConfig
 from openrecipes.models.muse_spark.vision import MuseSparkVisionProjector, MuseSparkVisionTower
+from openrecipes.models.qwen3_vl_moe.model import held_feature_index
 
 
 class ResidualGate(KeepFP32):
@@ -203,7 +204,8 @@ class MuseSparkForCausalLM(nn.Module):
                 documents: Documents | None = None, *, layers: range | None = None,
                 pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
                 pixel_values_videos: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
-                audio_values: torch.Tensor | None = None, audio_lengths: torch.Tensor | None = None) -> torch.Tensor:
+                audio_values: torch.Tensor | None = None, audio_lengths: torch.Tensor | None = None,
+                image_tokens_held: torch.Tensor | None = None) -> torch.Tensor:
         """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). The embedding
         runs before layer 0 and the final norm and head after the last layer.
 
@@ -211,11 +213,21 @@ class MuseSparkForCausalLM(nn.Module):
         ``data/images.py`` and ``data/video.py`` give them) and audio clips (``audio_values`` (clips, samples),
         ``audio_lengths``) run through their towers; their features replace the embeddings of the ``image_token_id``,
         ``video_token_id`` and ``audio_token_id`` tokens, in order. Those tokens take positions like text tokens
-        (the decoder's RoPE is 1-D)."""
+        (the decoder's RoPE is 1-D), so ``position_ids`` is (B, T), or (1, B, T) as training passes the positions of
+        image rows (``ImageInputs.positions``, one axis).
+
+        ``image_tokens_held`` (K, 2): packed training rows (data/image_batch.py) hold tokens first .. first + count - 1
+        of image k, for each (first, count); only those tokens' features are placed (a row boundary or a context
+        parallel cut may leave a row part of an image)."""
         text = self.model.language_model
         rows, tokens = input_ids.shape[:2]
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
+        elif position_ids.dim() == 3:
+            if position_ids.shape[0] != 1:
+                raise ValueError(f"position_ids of shape {tuple(position_ids.shape)}: Muse Spark's positions have one "
+                                 "axis (1-D RoPE)")
+            position_ids = position_ids[0]
         first = layers is None or layers.start == 0
         last = layers is None or layers.stop == self.config.num_hidden_layers
         h = text.embed_tokens(input_ids) if text.embed_tokens is not None and first else input_ids
@@ -224,6 +236,9 @@ class MuseSparkForCausalLM(nn.Module):
         if features and (text.embed_tokens is None or not first):
             raise ValueError("images, videos and audio need a forward that runs the embedding")
         for key, values in features:
+            if key == "image_token_id" and image_tokens_held is not None:
+                index = held_feature_index(image_grid_thw, image_tokens_held, self.config.vision.spatial_merge_size)
+                values = values[index]
             mask = input_ids == getattr(self.config, key)
             if int(mask.sum()) != values.shape[0]:
                 raise ValueError(f"input_ids hold {int(mask.sum())} tokens of {key} {getattr(self.config, key)}, "

@@ -81,6 +81,12 @@ class MuseSparkVisionConfig(PatchGeometry):
         adapter = 2 * d + m * m + m + m * o + o
         return patch + 2 * self.max_patches_per_side * d + self.depth * block + 2 * d + adapter + o * text_hidden
 
+    def projection_params(self, text_hidden: int) -> int:
+        """The adapter and the projection into a decoder of width ``text_hidden``: the part of ``params`` that maps
+        the tower's features into the decoder (trained unless the recipe freezes it)."""
+        d, m, o = self.hidden_size, self.merged_size, self.out_hidden_size
+        return 2 * d + m * m + m + m * o + o + o * text_hidden
+
     @classmethod
     def from_hf_dict(cls, raw: Any, *, source: str) -> "MuseSparkVisionConfig":
         return _from_dict(cls, raw, source=source, section="vision_config")

@@ -1,5 +1,6 @@
 """Generate the bundled image-text set: small images of coloured shapes, conversations about them, the bundled
-tokenizer with Qwen3-VL's image tokens added, and an image processor config for images this small.
+tokenizer with Qwen3-VL's image tokens added (and with Muse Spark's), and an image processor config for images this
+small.
 
 Everything is drawn by this script (Pillow, no anti-aliasing, fixed seed): nothing is downloaded. Run from the
 repository root:
@@ -21,6 +22,10 @@ BUNDLED_TOKENIZER = HERE.parent / "tokenizer"
 # Qwen3-VL's image and video tokens, added after the bundled tokenizer's 1,024 (ids 1024-1027): the tiny
 # Qwen3-VL-MoE config (qwen3-vl-moe-tiny) names these ids
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# Muse Spark's image-turn tokens (data/templates.py MUSE_SPARK_IMAGE) and the video and audio placeholders, after the
+# bundled tokenizer's 1,024 (ids 1024-1028): the tiny Muse Spark with towers (muse-spark-tiny-vl) names these ids
+MUSE_SPARK_TOKENS = ["<|image_start|>", "<|image_end|>", "<|image|>", "<|video|>", "<|audio|>"]
+MUSE_SPARK_TEMPLATE = HERE.parent / "templates" / "muse_spark.jinja"
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 40)}
 SHAPES = ("circle", "square", "triangle")
 SIZES = ((32, 32), (48, 32), (32, 48))  # (width, height): one to three merged tokens per 8 pixels each way
@@ -77,18 +82,20 @@ def main() -> None:
         out.writelines(json.dumps(r) + "\n" for r in records)
     (HERE / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n", encoding="utf-8")
     make_tokenizer(HERE / "tokenizer")
+    make_tokenizer(HERE / "muse_spark_tokenizer", MUSE_SPARK_TOKENS, MUSE_SPARK_TEMPLATE)
     print(f"wrote {len(drawn)} images and {len(records)} conversations to {HERE}")
 
 
-def make_tokenizer(out: Path) -> None:
+def make_tokenizer(out: Path, tokens: list[str] = VISION_TOKENS, template: Path | None = None) -> None:
+    """The bundled tokenizer with ``tokens`` added as special tokens; its chat template, or ``template`` instead."""
     from tokenizers import AddedToken, Tokenizer
 
     tokenizer = Tokenizer.from_file(str(BUNDLED_TOKENIZER / "tokenizer.json"))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     out.mkdir(exist_ok=True)
     tokenizer.save(str(out / "tokenizer.json"))
-    for name in ("tokenizer_config.json", "chat_template.jinja"):
-        shutil.copyfile(BUNDLED_TOKENIZER / name, out / name)
+    shutil.copyfile(BUNDLED_TOKENIZER / "tokenizer_config.json", out / "tokenizer_config.json")
+    shutil.copyfile(template or BUNDLED_TOKENIZER / "chat_template.jinja", out / "chat_template.jinja")
 
 
 if __name__ == "__main__":

@@ -112,3 +112,21 @@ def test_bf16_without_data_parallel_matches_one_process(runs):
         for rank, held in enumerate(_held(runs / name, 2)):
             assert held["trained"]["dtypes"] == ["bfloat16"], (name, rank)
         _assert_matches(metrics(runs / name), reference, name)
+
+
+def test_planner_bytes_without_data_parallel_are_what_each_rank_holds(runs):
+    # dp = pp = 1 under TP or CP: attention split by TP, embedding, LM head, router and norms whole on every TP rank,
+    # everything whole on every CP rank, experts split by EP; bf16 parameters, the first step's fp32 gradient
+    # accumulators (several microbatches) and unsharded optimizer state (fp32 master, bf16 moments)
+    from openrecipes.config.rundir import RECIPE_FILE
+    from openrecipes.plan.host import recipe_setup
+    from openrecipes.plan.memory import GIB, openrecipes_weight_gib
+
+    for name in ("TP2-EP2-SP", *SFT_LAYOUTS):
+        recipe = load_recipe(runs / name / RECIPE_FILE)
+        shape = model_shape(get_config(recipe.model))
+        predicted = openrecipes_weight_gib(shape, recipe.layout, recipe_setup(recipe, row_tokens=256),
+                                           shape.num_layers, first=True, last=True)
+        for rank, held in enumerate(_held(runs / name, 2)):
+            assert {"params": held["frozen"]["bytes"] + held["trained"]["bytes"], "grads": held["grads_bytes"],
+                    "optimizer": held["optimizer_bytes"]} == {k: v * GIB for k, v in predicted.items()}, (name, rank)

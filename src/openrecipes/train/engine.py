@@ -177,17 +177,20 @@ def _compiled_token_loss_sum():
 
 
 def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:
-    """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does,
-    and a checkpoint config asking for one the recipe does not match."""
+    """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does (a
+    family that does not declare it: ``ModelFamily.aux_loss``), and a checkpoint config asking for one the recipe
+    does not match."""
+    from openrecipes.models.families import family_for_config
+
     coef = recipe.moe.aux_loss_coef
-    wants = getattr(config, "output_router_logits", False)
-    if wants and coef != config.router_aux_loss_coef:
+    declared = family_for_config(config).aux_loss
+    if declared is not None and declared.requested(config) and coef != declared.coefficient(config):
         raise ValueError(f"moe.aux_loss_coef is {coef}, but the model config asks for the router load-balancing loss "
-                         f"(output_router_logits=true, router_aux_loss_coef={config.router_aux_loss_coef}): set "
-                         "moe.aux_loss_coef to that value, or output_router_logits: false in model_overrides")
+                         f"({declared.request_key}=true, {declared.coefficient_key}={declared.coefficient(config)}): "
+                         f"set moe.aux_loss_coef to that value, or {declared.request_key}: false in model_overrides")
     if coef == 0:
         return
-    if not hasattr(config, "router_aux_loss_coef"):
+    if declared is None:
         raise ValueError(f"moe.aux_loss_coef={coef}: the load-balancing loss is implemented for softmax routers "
                          f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
     # The loss pools every layer's routing over a microbatch's whole sequence before one product: stages holding

@@ -106,5 +106,15 @@ def test_every_family_declares_the_whole_contract():
             assert sorted(encoder + [n for n in names if n.startswith(decoder)]) == sorted(names)
             assert 0 <= family.images.image_token_id(config) < config.vocab_size
             assert all(size > 0 for size in family.images.patch_geometry(config))
+        # the router load-balancing loss: declared only by a family whose model routes with softmax top-k routers
+        # (what models/common/router_loss.py pools), through config fields every named config holds
+        from openrecipes.models.common.moe import SoftmaxTopKRouter
+
+        if family.aux_loss is not None:
+            assert any(isinstance(m, SoftmaxTopKRouter) for m in model.modules()), family.name
+            for factory in family.named_configs.values():
+                assert isinstance(family.aux_loss.requested(factory()), bool)
+                assert family.aux_loss.coefficient(factory()) >= 0
+                assert isinstance(getattr(factory(), family.aux_loss.request_key), bool)
         config_dict = family.config_to_hf(config)
         assert config_dict["model_type"] in family.model_types

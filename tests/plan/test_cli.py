@@ -95,3 +95,21 @@ def test_lora_flags_plan_adapters_on_a_frozen_base(capsys):
     assert json.loads(capsys.readouterr().out)["peak_memory_gib"] < full
     assert main(args + ["--lora-rank", "16", "--lora-targets", "q_proj,gate"]) == 2
     assert "lora.targets: unknown target(s) ['gate']" in capsys.readouterr().err
+
+
+def test_offload_update_is_the_recipes_default_for_this_engine(capsys):
+    # this engine's plan updates offloaded state where a recipe does by default (config/recipe.py Offload.update, the
+    # device: no host gradient copies); Megatron-LM's on the CPU, reading host copies of the gradients
+    from openrecipes.config.recipe import Offload
+
+    default = Offload.model_fields["update"].default
+    one = ["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "8", "--offload-fraction", "0.5"]
+    for engine, update in (("openrecipes", default), ("megatron", "host")):
+        assert main(one + ["--engine", engine, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["offload_update"] == update, engine
+        assert (out["host_parts_gib"][0]["gradient_copies"] > 0) == (update == "host"), engine
+    assert main(["plan", "qwen3-moe-tiny", "--gpus", "2xH200", "--offload-fraction", "0.5", "--optimizer", "adam",
+                 "--recompute", "full", "--max-tokens-per-gpu", "4096", "--engine", "openrecipes", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert ranked and all(plan["offload_update"] == default for plan in ranked)

@@ -35,3 +35,21 @@ def test_predicted_peak_within_10_percent_of_measured(file_name, variant, layout
     predicted = evaluate(shape, layout, setup, load_hardware("H200")).to_json()["per_stage_allocated_gib"][0]
     measured = measured_peak(file_name, variant)
     assert abs(predicted / measured - 1) <= 0.10, (predicted, measured)
+
+
+def test_pipeline_without_data_parallel_keeps_weights_unsharded():
+    # PP2 with dp = 1: no FSDP2, so each stage keeps bf16 parameters (2 B), fp32 gradient accumulators with several
+    # microbatches (4 B) and the whole optimizer state of its layers, and no gathered copies; DP2 shards them
+    from openrecipes.plan.memory import GIB, openrecipes_weight_gib, stage_params
+
+    shape = model_shape(get_config("qwen3-moe-tiny"))
+    setup = TrainingSetup(optimizer="adam", engine="openrecipes", global_batch_tokens=8 * 256)
+    layout = LayoutConfig(max_tokens_per_gpu=256, pp=2)
+    for stage, (first, last) in enumerate(((True, False), (False, True))):
+        held = sum(stage_params(shape, layout, shape.num_layers // 2, first=first, last=last, engine="openrecipes"))
+        weights = openrecipes_weight_gib(shape, layout, setup, shape.num_layers // 2, first=first, last=last)
+        assert {k: v * GIB for k, v in weights.items()} == {"params": 2 * held, "grads": 4 * held,
+                                                           "optimizer": 12 * held}, stage
+    sharded = openrecipes_weight_gib(shape, layout.model_copy(update={"dp": 2}), setup, shape.num_layers // 2,
+                                     first=False, last=True)
+    assert sharded["optimizer"] < weights["optimizer"]  # the last stage's

@@ -83,7 +83,7 @@ def test_frozen_base_has_no_gradients_or_optimizer_state(engine):
 def test_frozen_base_is_bf16_under_several_processes():
     # full training keeps fp32 masters (4 B) of every weight under several processes; LoRA keeps the frozen base in
     # bf16 (2 B) and fp32 adapter masters (4 B) with their gradients and moments; FSDP's gathered bf16 copies of the
-    # adapters are below the parts' rounding. tests/distributed/test_lora_bf16_base.py checks these bytes against
+    # adapters are below the parts' rounding. tests/distributed/test_bf16_layouts.py checks these bytes against
     # what the ranks of a run hold.
     lora = LoraSetup(rank=16, targets=(*ATTENTION, "experts"))
     common = dict(recompute="full", engine="openrecipes", global_batch_tokens=2 * 4096)

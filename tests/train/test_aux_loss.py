@@ -100,6 +100,26 @@ def test_muse_spark_and_a_mismatched_checkpoint_config_are_refused(make_recipe):
     engine.check_aux_loss(matched, engine.model_config(matched), _layout())
 
 
+def test_support_is_what_the_family_declares(make_recipe, monkeypatch):
+    # a family without ``aux_loss`` has the loss refused, even with a config holding router_aux_loss_coef; the
+    # image-text Qwen3 family declares its decoder's
+    from dataclasses import replace
+
+    from openrecipes.models import families
+    from openrecipes.models.registry import families as registered
+
+    recipe = make_recipe(moe__aux_loss_coef=0.01)
+    config = engine.model_config(recipe)
+    undeclared = replace(families.family_for_config(config), aux_loss=None)
+    monkeypatch.setattr(families, "_families", lambda: (undeclared,))
+    assert hasattr(config, "router_aux_loss_coef")
+    with pytest.raises(ValueError, match="moe.aux_loss_coef=0.01.*Qwen3MoeConfig"):
+        engine.check_aux_loss(recipe, config, _layout())
+    monkeypatch.undo()
+    declared = {family.name: family.aux_loss for family in registered()}
+    assert declared["qwen3_vl_moe"] is declared["qwen3_moe"] is not None
+
+
 @pytest.mark.parametrize("granularity", ["full", "selective"])
 def test_recompute_changes_no_number_with_the_aux_loss(make_recipe, tmp_path, granularity):
     plain = records(train(make_recipe(steps=2, moe__aux_loss_coef=0.1, run_dir=str(tmp_path / "a")), command="t"))

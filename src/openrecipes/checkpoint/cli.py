@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="source (default): each tensor in the dtype the imported checkpoint had, so tensors "
                           "promoted to fp32 on import go back bitwise; for a training save, the dtype the recipe "
                           "trains it in (bf16 recipes: bf16 except the fp32-pinned tensors); native: the dtypes "
-                          "the checkpoint holds (promoted tensors, and the fp32 masters of multi-process runs, "
+                          "the checkpoint holds (promoted tensors, and the fp32 masters of data-parallel runs, "
                           "stay fp32)")
     exp.add_argument("--expert-layout", choices=("fused", "per_expert"), default=None,
                      help="fused: two 3-D tensors per layer (gate_up_proj, down_proj); per_expert: one tensor per "

@@ -47,7 +47,7 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
     """Write the model of the training save ``ckpt_dir`` as a Hugging Face directory ``hf_dir``; returns it.
 
     ``dtypes="source"``: each tensor in the dtype the recipe trains it in (a bf16 recipe: bf16, except the tensors
-    the model pins to fp32), whatever the layout stored (several processes keep fp32 masters); ``"native"``: the
+    the model pins to fp32), whatever the layout stored (data-parallel runs keep fp32 masters); ``"native"``: the
     dtypes the save holds. ``expert_layout``: "fused" or "per_expert" (None: the family's default).
     """
     from openrecipes.config.recipe import load_recipe

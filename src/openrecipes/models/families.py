@@ -98,6 +98,23 @@ class ImageInputs:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RouterAuxLoss:
+    """What a family declares when its router takes transformers' load-balancing loss (a softmax top-k router:
+    models/common/router_loss.py) and the recipe's ``moe.aux_loss_coef`` may turn it on: the config fields, by their
+    Hugging Face names, through which a checkpoint asks its own forward to add the loss and with what weight (a
+    recipe must then match it). A family without one (its router balances otherwise) has the loss refused."""
+
+    request_key: str = "output_router_logits"       # bool: the checkpoint's forward adds the loss
+    coefficient_key: str = "router_aux_loss_coef"   # float: the weight it adds it with
+
+    def requested(self, config: Any) -> bool:
+        return bool(getattr(config, self.request_key))
+
+    def coefficient(self, config: Any) -> float:
+        return float(getattr(config, self.coefficient_key))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
     name: str
     named_configs: dict[str, Callable[[], Any]]               # registry name -> config factory
@@ -120,6 +137,7 @@ class ModelFamily:
     # perception towers that the language model can run without; None: the family has no such mode
     text_only: Callable[[Any], Any] | None = None
     images: ImageInputs | None = None                         # None: a text-only model
+    aux_loss: RouterAuxLoss | None = None                     # None: the router load-balancing loss is refused
 
 
 def _families() -> tuple[ModelFamily, ...]:

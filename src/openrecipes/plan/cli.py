@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
-    from openrecipes.plan.enumerate import engine_for, evaluate, search
+    from openrecipes.plan.enumerate import engine_for, evaluate, offload_update_for, search
     from openrecipes.plan.hardware import load_hardware
     from openrecipes.plan.memory import TrainingSetup
     from openrecipes.plan.shape import model_shape
@@ -115,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
                               rows_per_microbatch=args.rows_per_microbatch)
         if layout.world_size != count:
             raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
+        engine = engine_for(layout, args.engine)
         setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
-                              offload_fraction=one["offload_fraction"], global_batch_tokens=args.global_batch_tokens,
-                              engine=engine_for(layout, args.engine), lora=lora)
+                              offload_fraction=one["offload_fraction"], offload_update=offload_update_for(engine),
+                              global_batch_tokens=args.global_batch_tokens, engine=engine, lora=lora)
         plan = evaluate(shape, layout, setup, hw)
         if args.json:
             print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))

@@ -45,6 +45,7 @@ class Plan:
             "recompute": self.setup.recompute,
             "optimizer": self.setup.optimizer,
             "offload_fraction": self.setup.offload_fraction,
+            "offload_update": self.setup.offload_update,
             "microbatches": self.throughput.microbatches,
             "bubble_fraction": round(self.throughput.bubble_fraction, 4),
             "step_time_s": round(self.throughput.step_time_s, 3),
@@ -67,6 +68,14 @@ def engine_for(layout: LayoutConfig, engine: str) -> str:
     if engine != AUTO_ENGINE:
         return engine
     return "openrecipes" if unsupported_reason(layout) is None else "megatron"
+
+
+def offload_update_for(engine: str) -> str:
+    """Where a plan updates offloaded optimizer state: this engine as a recipe does unless it says otherwise (the
+    recipe's default, ``config/recipe.py`` ``Offload.update``); Megatron-LM on the CPU (its CPU optimizer)."""
+    from openrecipes.config.recipe import Offload
+
+    return Offload.model_fields["update"].default if engine == "openrecipes" else "host"
 
 
 def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: Hardware) -> Plan:
@@ -96,9 +105,10 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
         if engine == "openrecipes":  # rank only what this engine can run
             layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
         for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
+            chosen = engine_for(layout, engine)
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
-                                  global_batch_tokens=global_batch_tokens, engine=engine_for(layout, engine),
-                                  lora=lora)
+                                  offload_update=offload_update_for(chosen), global_batch_tokens=global_batch_tokens,
+                                  engine=chosen, lora=lora)
             counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
                                      num_experts=shape.num_experts)
             evaluated += 1

@@ -2,7 +2,8 @@
 
 Model (all sizes per rank; docs/plan.md gives the derivation):
 - weights: attention matmuls split by TP; router, norms, residual gates and latent projections replicated; experts split by EP
-  (and ETP); the embedding on the first stage, the LM head on the last.
+  (and ETP); the embedding on the first stage, the LM head on the last (split by TP in Megatron, whole on every TP
+  rank in this engine). This engine shards with FSDP2 over dp only: with dp = 1 every rank keeps its split whole.
 - bf16 params (2 B) and gradients (fp32 4 B or bf16 2 B) whole on every rank (distributed optimizer,
   ZeRO-1 style); optimizer state sharded over the data-parallel group (dense: dp*cp ranks) and the
   expert-data-parallel group (experts: edp ranks). State bytes per parameter: adam 12 (fp32 master and
@@ -101,17 +102,20 @@ def microbatches_per_step(layout: LayoutConfig, setup: TrainingSetup) -> int:
     return max(1, -(-setup.global_batch_tokens // per_microbatch))
 
 
-def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first: bool, last: bool
-                 ) -> tuple[float, float]:
-    """(dense, expert) parameters held by one rank of a stage."""
+def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first: bool, last: bool,
+                 engine: str = "megatron") -> tuple[float, float]:
+    """(dense, expert) parameters held by one rank of a stage. Megatron splits the vocabulary of the embedding and
+    the LM head over TP; this engine (``engine="openrecipes"``) keeps both whole on every TP rank (each embeds and
+    projects its own sequence-parallel tokens; the families' sharding plans list them as replicated)."""
     # Muse's latent projections are whole on every TP rank (Megatron-Core builds them as "duplicated" linears; our
     # sharding plan lists them as replicated): each rank applies them to its sequence-parallel tokens
     dense = layers * (shape.attention_params / layout.tp + shape.latent_params
                       + shape.router_params + shape.small_params_per_layer)
+    vocab_split = layout.tp if engine == "megatron" else 1
     if first:
-        dense += shape.embedding_params / layout.tp
+        dense += shape.embedding_params / vocab_split
     if last:
-        dense += shape.lm_head_params / layout.tp + shape.hidden
+        dense += shape.lm_head_params / vocab_split + shape.hidden
     experts = layers * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
     return dense, experts
 
@@ -202,7 +206,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1
-        dense, experts = stage_params(shape, layout, layers, first=first, last=last)
+        dense, experts = stage_params(shape, layout, layers, first=first, last=last, engine=setup.engine)
         # what trains: the whole model, or with lora only the adapters (the frozen base has neither gradients nor
         # optimizer state)
         trained_dense, trained_experts = dense, experts
@@ -222,18 +226,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         if setup.engine == "openrecipes":
-            # an image model's encoders sit on the first stage, whole in FSDP's root unit: the towers frozen (their
-            # parameters only), the projection trained like the decoder unless the recipe freezes it
-            encoder = shape.frozen_encoder_params if first else 0
-            projection = shape.encoder_projection_params if first and setup.train_projection else 0
-            root = (shape.embedding_params * first + shape.lm_head_params * last) / layout.tp + projection
-            weights = _openrecipes_weights(dense + projection, experts, layout, setup, m, layers, on_gpu, root=root,
-                                           frozen=lora is not None)
-            if lora is not None:  # the adapters' share of every part, the base's parameters
-                adapters = _openrecipes_weights(trained_dense + projection, trained_experts, layout, setup, m, layers,
-                                                on_gpu, root=0.0)
-                weights = {**adapters, "params": weights["params"] + adapters["params"]}
-            weights["params"] += _frozen_params_gib(encoder - projection, layout, setup)
+            weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)
             # gradients exist only from the backward on (they are freed after each step), when the logits are
             # already gone: the peak is the larger of the two, not their sum
             transient = max(transient - weights["grads"] * GIB, working)
@@ -260,8 +253,12 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             reserved_gib=allocated * mem.allocator_overhead + mem.cuda_context_gib,
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
+        state_elements = dense / (layout.dp * layout.cp) + experts / edp
+        if setup.engine == "openrecipes":  # no state sharded over cp or edp; with dp = 1 none sharded at all
+            state_elements = _openrecipes_state_elements(trained_dense, trained_experts, layout)
+            stages[-1].cpu_optimizer_gib = state_bytes * state_elements * setup.offload_fraction / GIB
         stages[-1].host_parts_gib = host_parts_gib(
-            offloaded_elements=(dense / (layout.dp * layout.cp) + experts / edp) * setup.offload_fraction,
+            offloaded_elements=state_elements * setup.offload_fraction,
             # streamed through the GPU (offload_update device), the update reads the gradients where they are
             state_bytes=state_bytes, grad_bytes=grad_bytes if setup.offload_update == "host" else 0,
             activations=stored * setup.offload_activations)
@@ -286,11 +283,41 @@ def sharded_elements(dense: float, experts: float, layout: LayoutConfig) -> floa
     return dense / layout.dp + (experts if layout.ep * layout.etp > 1 else experts / layout.dp)
 
 
+def _openrecipes_state_elements(dense: float, experts: float, layout: LayoutConfig) -> float:
+    """Elements of optimizer state one rank of this engine keeps, of the trained (dense, expert) ones its stage
+    holds: all of them without FSDP2 (dp = 1), else its FSDP2 shards (``sharded_elements``)."""
+    return dense + experts if layout.dp == 1 else sharded_elements(dense, experts, layout)
+
+
+def openrecipes_weight_gib(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, layers: int, *,
+                           first: bool, last: bool) -> dict[str, float]:
+    """This engine's parameters, gradients and optimizer state on one rank of a stage (GiB, unrounded: the parts
+    ``stage_memory`` reports). The weights as the engine splits them (``stage_params`` with ``engine="openrecipes"``:
+    attention by TP; embedding, LM head, router and norms whole on every TP rank; everything whole on every CP rank;
+    experts by EP and ETP), stored as ``_openrecipes_weights`` says. An image model's encoders sit on the first
+    stage, whole in FSDP's root unit: the towers frozen (their parameters only), the projection trained like the
+    decoder unless the recipe freezes it."""
+    dense, experts = stage_params(shape, layout, layers, first=first, last=last, engine="openrecipes")
+    microbatches, on_gpu, lora = microbatches_per_step(layout, setup), 1.0 - setup.offload_fraction, setup.lora
+    encoder = shape.frozen_encoder_params if first else 0
+    projection = shape.encoder_projection_params if first and setup.train_projection else 0
+    root = shape.embedding_params * first + shape.lm_head_params * last + projection
+    weights = _openrecipes_weights(dense + projection, experts, layout, setup, microbatches, layers, on_gpu, root=root,
+                                   frozen=lora is not None)
+    if lora is not None:  # the adapters' share of every part, the base's parameters
+        trained_dense, trained_experts = adapter_params(shape, layout, lora, layers)
+        adapters = _openrecipes_weights(trained_dense + projection, trained_experts, layout, setup, microbatches,
+                                        layers, on_gpu, root=0.0)
+        weights = {**adapters, "params": weights["params"] + adapters["params"]}
+    weights["params"] += _frozen_params_gib(encoder - projection, layout, setup)
+    return weights
+
+
 def _frozen_params_gib(params: float, layout: LayoutConfig, setup: TrainingSetup) -> float:
-    """Frozen parameters in this engine (no gradients, no optimizer state): bf16 in one process; under FSDP2 their
-    shard (fp32; bf16 with the precision-aware optimizer or under LoRA, whose base stays bf16) and the bf16 copy
-    gathered for the step (root unit)."""
-    if layout.dp * layout.pp == 1:
+    """Frozen parameters in this engine (no gradients, no optimizer state): bf16 without FSDP2 (one process, or dp =
+    1); under FSDP2 their shard (fp32; bf16 with the precision-aware optimizer or under LoRA, whose base stays bf16)
+    and the bf16 copy gathered for the step (root unit)."""
+    if layout.dp == 1:
         return 2 * params / GIB
     stored = 2 if setup.optimizer == "precision-aware" or setup.lora is not None else 4
     return (stored * params / layout.dp + 2 * params) / GIB
@@ -298,13 +325,15 @@ def _frozen_params_gib(params: float, layout: LayoutConfig, setup: TrainingSetup
 
 def _openrecipes_weights(dense: float, experts: float, layout: LayoutConfig, setup: TrainingSetup, microbatches: int,
                          layers: int, on_gpu: float, *, root: float, frozen: bool = False) -> dict[str, float]:
-    """This engine's weight-side memory (docs/train.md): one process keeps bf16 parameters, bf16 gradients with one
-    microbatch (fp32 accumulators with several) and unsharded optimizer state; several processes shard over dp with
-    FSDP2 (``sharded_elements``) either fp32 masters, gradients and moments (adam) or bf16 parameters with
-    remainders and bf16 moments (precision-aware), plus the bf16 copies FSDP gathers: the root unit (embedding and
-    LM head, ``root`` parameters, gathered for the whole step) and about two layers at a time. ``frozen``: a LoRA
-    run's base, parameters only and bf16 under any layout (no gradients, no optimizer state, so no fp32 masters)."""
-    if layout.dp * layout.pp == 1:
+    """This engine's weight-side memory (docs/train.md) of the (dense, expert) parameters one rank holds: without
+    FSDP2 (one process, or several with dp = 1: TP, CP, PP and EP leave each rank its split of the weights whole)
+    bf16 parameters, bf16 gradients with one microbatch (fp32 accumulators with several) and unsharded optimizer
+    state; with dp > 1 FSDP2 shards over dp (``sharded_elements``) either fp32 masters, gradients and moments (adam)
+    or bf16 parameters with remainders and bf16 moments (precision-aware), plus the bf16 copies FSDP gathers: the
+    root unit (embedding and LM head, ``root`` parameters, gathered for the whole step) and about two layers at a
+    time. ``frozen``: a LoRA run's base, parameters only and bf16 under any layout (no gradients, no optimizer state,
+    so no fp32 masters)."""
+    if layout.dp == 1:
         grad_bytes = 0 if frozen else 2 if microbatches == 1 else 4
         state_bytes = 0 if frozen else setup.state_bytes()
         return {"params": 2 * (dense + experts) / GIB, "grads": grad_bytes * (dense + experts) / GIB,

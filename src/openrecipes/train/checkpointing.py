@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from openrecipes.checkpoint.checksums import write_checksums
 from openrecipes.config.rundir import CHECKPOINTS_DIR
-from openrecipes.checkpoint.safe_load import load_dcp
+from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
 from openrecipes.utils import atomic_write_text
 
 LATEST = "latest"
@@ -186,9 +186,25 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load a save into ``model`` and ``optimizer`` (resharding to the current layout); returns its step."""
+    """Load a save into ``model`` and ``optimizer`` (resharding to the current layout); returns its step.
+
+    The fp32 master of a bf16 recipe's weight lives in one of two places (``train/engine.py`` ``parameter_dtype``):
+    the parameter itself where FSDP2 shards it (dp > 1), else the optimizer's ``master`` beside a bf16 parameter.
+    A save of one kind resumes under a layout of the other: each master is read from where the save keeps it."""
     state = _state(model, optimizer, 0)
+    saved = read_dcp_metadata(Path(path) / METADATA_FILE).state_dict_metadata
+    masters = {"model": {}, "optimizer": {"state": {}}}  # a second read: each master from the save's place for it
+    for name, values in state["optimizer"]["state"].items():
+        in_save = f"optimizer.state.{name}.master" in saved
+        if "master" in values and not in_save:  # the save's parameter is the master
+            masters["model"][name] = values.pop("master")
+        elif "master" not in values and in_save and state["model"][name].dtype == torch.float32:
+            masters["optimizer"]["state"][name] = {"master": state["model"][name]}  # this parameter is the master
     load_dcp(state, path)  # restricted: a checkpoint's pickles cannot run code
+    if masters["model"] or masters["optimizer"]["state"]:
+        load_dcp(masters, path)
+        for name, master in masters["model"].items():
+            state["optimizer"]["state"][name]["master"] = master
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return int(state["trainer"]["step"])

@@ -29,15 +29,16 @@ def model_config(recipe: Recipe) -> Any:
 def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn.Module, GradientSync]:
     """The model, on ``device``, with the recipe's kernels, parallelized by ``parallel``'s layout (recompute, and
     when ``parallel`` spans several ranks pipeline, expert, tensor, context and data parallelism); and the object
-    that accumulates and synchronises its gradients. Parallel runs keep fp32 parameters (the sharded masters) and
-    compute in bf16; a LoRA run's frozen base stays in the compute dtype (``base_dtype``)."""
+    that accumulates and synchronises its gradients. Runs whose dense weights FSDP2 shards (dp > 1) keep fp32
+    parameters (the sharded masters) and compute in bf16 (``parameter_dtype``); a LoRA run's frozen base stays in the
+    compute dtype (``base_dtype``)."""
     from openrecipes.config.layout import rank_layers
     from openrecipes.models.families import family_for_config
     from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
 
     config = model_config(recipe)
     distributed = parallel is not None and parallel.distributed
-    dtype = base_dtype(recipe, distributed)
+    dtype = base_dtype(recipe, parallel)
     kernels = KernelOptions(attention=recipe.kernels.attention, experts=recipe.kernels.experts,
                             balanced_routing=recipe.debug.force_load_balance)
     pipelined = distributed and parallel.pp_size > 1
@@ -61,7 +62,7 @@ def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn
     frozen, trained = trainable_modules(recipe, config)
     grads = parallelize(model, parallel, ParallelizeOptions(
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32,
-        parameter_dtype=parameter_dtype(recipe, distributed),
+        parameter_dtype=parameter_dtype(recipe, parallel),
         seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
         recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
         compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None,
@@ -80,7 +81,7 @@ def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, paralle
     """Refuse a model whose weights alone cannot fit this rank's memory (an override of a size by mistake, say)
     before trying to allocate them. A lower bound: gradients, optimizer state and activations come on top."""
     distributed = parallel is not None and parallel.distributed
-    bytes_per_param = torch.finfo(base_dtype(recipe, distributed)).bits // 8
+    bytes_per_param = torch.finfo(base_dtype(recipe, parallel)).bits // 8
     ranks = parallel.world_size if distributed else 1  # sharded by the layout at best
     needed = config.total_params() * bytes_per_param / ranks
     if device.type == "cuda":
@@ -96,24 +97,32 @@ def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, paralle
                          "whole footprint)")
 
 
-def parameter_dtype(recipe: Recipe, distributed: bool) -> torch.dtype:
-    """How trained parameters are stored. One process: in the compute dtype. Several processes: fp32 masters sharded
-    by FSDP2, except with the precision-aware optimizer, which keeps bf16 parameters (+ int16 remainders) there too."""
+def fsdp_shards(parallel=None) -> bool:
+    """Whether FSDP2 shards this run's dense weights: several data-parallel ranks (``parallel.dense_mesh``). TP, CP,
+    PP and EP without dp leave the weights to their own modules: nothing gathers (and casts) them for compute."""
+    return parallel is not None and parallel.distributed and parallel.dense_mesh is not None
+
+
+def parameter_dtype(recipe: Recipe, parallel=None) -> torch.dtype:
+    """How trained parameters are stored. Without FSDP2 (one process, or several with dp = 1): in the compute dtype,
+    the optimizer keeping the fp32 masters, since nothing would cast fp32 weights to bf16 for the forward (the dense
+    layers would silently compute in fp32 and meet bf16 experts). With FSDP2: fp32 masters it shards and gathers in
+    bf16, except with the precision-aware optimizer, which keeps bf16 parameters (+ int16 remainders) there too."""
     if recipe.precision == "fp32":
         return torch.float32
-    if distributed and not recipe.optimizer.precision_aware:
+    if fsdp_shards(parallel) and not recipe.optimizer.precision_aware:
         return torch.float32
     return torch.bfloat16
 
 
-def base_dtype(recipe: Recipe, distributed: bool) -> torch.dtype:
+def base_dtype(recipe: Recipe, parallel=None) -> torch.dtype:
     """How the model's own weights are stored: as trained parameters, except under LoRA, where the base is frozen
     (no gradients, no optimizer state, so no master to keep) and stays in the compute dtype under any layout; only
-    the adapters are ``parameter_dtype``'s (fp32 masters under several processes). Modules the model pins to fp32
-    stay fp32 either way."""
+    the adapters are ``parameter_dtype``'s (fp32 masters under FSDP2). Modules the model pins to fp32 stay fp32
+    either way."""
     if recipe.lora is not None:
         return torch.bfloat16 if recipe.precision == "bf16" else torch.float32
-    return parameter_dtype(recipe, distributed)
+    return parameter_dtype(recipe, parallel)
 
 
 def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -168,17 +177,20 @@ def _compiled_token_loss_sum():
 
 
 def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:
-    """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does,
-    and a checkpoint config asking for one the recipe does not match."""
+    """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does (a
+    family that does not declare it: ``ModelFamily.aux_loss``), and a checkpoint config asking for one the recipe
+    does not match."""
+    from openrecipes.models.families import family_for_config
+
     coef = recipe.moe.aux_loss_coef
-    wants = getattr(config, "output_router_logits", False)
-    if wants and coef != config.router_aux_loss_coef:
+    declared = family_for_config(config).aux_loss
+    if declared is not None and declared.requested(config) and coef != declared.coefficient(config):
         raise ValueError(f"moe.aux_loss_coef is {coef}, but the model config asks for the router load-balancing loss "
-                         f"(output_router_logits=true, router_aux_loss_coef={config.router_aux_loss_coef}): set "
-                         "moe.aux_loss_coef to that value, or output_router_logits: false in model_overrides")
+                         f"({declared.request_key}=true, {declared.coefficient_key}={declared.coefficient(config)}): "
+                         f"set moe.aux_loss_coef to that value, or {declared.request_key}: false in model_overrides")
     if coef == 0:
         return
-    if not hasattr(config, "router_aux_loss_coef"):
+    if declared is None:
         raise ValueError(f"moe.aux_loss_coef={coef}: the load-balancing loss is implemented for softmax routers "
                          f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
     # The loss pools every layer's routing over a microbatch's whole sequence before one product: stages holding

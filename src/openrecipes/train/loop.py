@@ -133,7 +133,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     # a frozen base (lora) has no gradients and gets no optimizer state
     optimizer = MixedPrecisionAdam([p for p in model.parameters() if p.requires_grad], AdamConfig(
         lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
-        master="param" if engine.parameter_dtype(recipe, parallel.distributed) == torch.float32
+        master="param" if engine.parameter_dtype(recipe, parallel) == torch.float32
         else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap,
         offload_update=recipe.offload.update))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openrecipes.models.families import ModelFamily, ShardingPlan
+from openrecipes.models.families import ModelFamily, RouterAuxLoss, ShardingPlan
 from openrecipes.models.qwen3_moe import hf
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.models.qwen3_moe.model import Qwen3MoeForCausalLM, build_qwen3_moe
@@ -57,4 +57,5 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: Qwen3MoeConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_moe,
     native_parts=hf.native_parts, to_hf=hf.to_hf,
+    aux_loss=RouterAuxLoss(),  # Qwen3MoeConfig's output_router_logits and router_aux_loss_coef, as transformers'
 )

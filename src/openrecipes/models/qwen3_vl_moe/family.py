@@ -63,6 +63,7 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: Qwen3VLMoeConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_vl_moe,
     native_parts=hf.native_parts, to_hf=hf.to_hf,
+    aux_loss=QWEN3_MOE.aux_loss,  # the text decoder's router; the config reads its fields from text_config
     images=ImageInputs(
         towers=("model.visual.patch_embed", "model.visual.pos_embed", "model.visual.blocks"),
         projection=("model.visual.merger", "model.visual.deepstack_merger_list"),

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.train.loop import train
+from tests.train.image_reference import per_conversation_loss
 from tests.train.workflow_card import workflow_card
 
 pytest.importorskip("PIL")
@@ -27,12 +27,6 @@ def _recipe(run_dir: Path, *overrides: str):
                                    "data.build.rows=16", *overrides])
     build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
     return recipe
-
-
-def _pieces(batch: dict, row: int):
-    """(start, stop) of each document piece of ``row`` and the placements (index into the batch's) inside it."""
-    starts = (batch["position_ids"][row] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
-    return list(zip(starts[:-1], starts[1:]))
 
 
 def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
@@ -58,24 +52,8 @@ def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
     with torch.no_grad():
         packed = engine.microbatch_loss_sum(model, batch).item()
 
-    patches = batch["image_grid_thw"].prod(dim=1).tolist()
-    pixels = batch["pixel_values"].split(patches)
     token_id = config.image_token_id
-    reference, image, two_images = 0.0, 0, False
-    for b in range(len(rows)):
-        for start, stop in _pieces(batch, b):
-            ids = batch["input_ids"][b, start:stop]
-            runs = int(((ids == token_id).int().diff() == 1).sum()) + int(ids[0] == token_id)
-            kwargs = {}
-            if runs:
-                kwargs = dict(pixel_values=torch.cat(pixels[image:image + runs]),
-                              image_grid_thw=batch["image_grid_thw"][image:image + runs])
-                two_images |= runs > 1 and start > 0
-                image += runs
-            with torch.no_grad():
-                logits = model(ids[None], **kwargs)[0]
-            weights = batch["loss_mask"][b, start + 1:stop].float()
-            reference += (F.cross_entropy(logits[:-1], ids[1:], reduction="none") * weights).sum().item()
+    reference, image, two_images = per_conversation_loss(model, batch, token_id)
     assert image == batch["image_grid_thw"].shape[0]
     assert two_images, "a conversation with two images after another conversation in its row"
     assert packed == pytest.approx(reference, rel=1e-6)

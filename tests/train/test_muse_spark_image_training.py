@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
@@ -19,6 +18,7 @@ from openrecipes.data.build import build_recipe_rows
 from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
 from openrecipes.models.registry import get_config
 from openrecipes.train.loop import train
+from tests.train.image_reference import per_conversation_loss
 
 pytest.importorskip("PIL")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-muse-spark-image-sft.yaml"
@@ -57,24 +57,8 @@ def test_packed_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
         blind = engine.microbatch_loss_sum(model, {**batch, "pixel_values": batch["pixel_values"] + 1.0}).item()
     assert packed != blind  # the images reach the loss
 
-    pixels = batch["pixel_values"].split(batch["image_grid_thw"].prod(dim=1).tolist())
     token = CONFIG.image_token_id
-    reference, image, two_images = 0.0, 0, False
-    for b in range(3):
-        starts = (batch["position_ids"][b] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
-        for start, stop in zip(starts[:-1], starts[1:]):
-            ids = batch["input_ids"][b, start:stop]
-            runs = int(((ids == token).int().diff() == 1).sum()) + int(ids[0] == token)
-            media = {}
-            if runs:
-                media = dict(pixel_values=torch.cat(pixels[image:image + runs]),
-                             image_grid_thw=batch["image_grid_thw"][image:image + runs])
-                two_images |= runs > 1 and start > 0
-                image += runs
-            with torch.no_grad():
-                logits = model(ids[None], **media)[0]
-            weights = batch["loss_mask"][b, start + 1:stop].float()
-            reference += (F.cross_entropy(logits[:-1], ids[1:], reduction="none") * weights).sum().item()
+    reference, image, two_images = per_conversation_loss(model, batch, token)
     assert image == batch["image_grid_thw"].shape[0] >= 4
     assert two_images, "a conversation with two images after another conversation in its row"
     assert packed == pytest.approx(reference, rel=1e-6)

@@ -1,0 +1,35 @@
+"""The oracle of packed image rows: the loss of a forward of the model on each conversation alone, with its own
+positions and its whole images (no document mask, no packing)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def document_pieces(batch: dict, row: int) -> list[tuple[int, int]]:
+    """(start, stop) of each document piece of ``row`` (a document starts where its positions restart at 0)."""
+    starts = (batch["position_ids"][row] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def per_conversation_loss(model, batch: dict, image_token_id: int) -> tuple[float, int, bool]:
+    """Σ weighted cross entropy of every document of the microbatch run alone; also the images it used and whether
+    some conversation with two images follows another in its row. Rows must hold whole images."""
+    pixels = batch["pixel_values"].split(batch["image_grid_thw"].prod(dim=1).tolist())
+    reference, image, two_images = 0.0, 0, False
+    for b in range(batch["input_ids"].shape[0]):
+        for start, stop in document_pieces(batch, b):
+            ids = batch["input_ids"][b, start:stop]
+            runs = int(((ids == image_token_id).int().diff() == 1).sum()) + int(ids[0] == image_token_id)
+            media = {}
+            if runs:
+                media = dict(pixel_values=torch.cat(pixels[image:image + runs]),
+                             image_grid_thw=batch["image_grid_thw"][image:image + runs])
+                two_images |= runs > 1 and start > 0
+                image += runs
+            with torch.no_grad():
+                logits = model(ids[None], **media)[0]
+            weights = batch["loss_mask"][b, start + 1:stop].float()
+            reference += (F.cross_entropy(logits[:-1], ids[1:], reduction="none") * weights).sum().item()
+    return reference, image, two_images

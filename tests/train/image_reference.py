@@ -33,3 +33,15 @@ def per_conversation_loss(model, batch: dict, image_token_id: int) -> tuple[floa
             weights = batch["loss_mask"][b, start + 1:stop].float()
             reference += (F.cross_entropy(logits[:-1], ids[1:], reduction="none") * weights).sum().item()
     return reference, image, two_images
+
+
+def example_recipe(example, run_dir, *overrides: str):
+    """``example`` for a 4-step CPU run in ``run_dir`` (saves every 2 steps, 16 rows), its rows built."""
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.config.rundir import rows_directory
+    from openrecipes.data.build import build_recipe_rows
+
+    recipe = load_recipe(example, [f"run_dir={run_dir}", "steps=4", "logging.progress=false", "checkpoint.every=2",
+                                   "data.build.rows=16", *overrides])
+    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+    return recipe

@@ -13,9 +13,8 @@ import torch
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
-from openrecipes.data.build import build_recipe_rows
 from openrecipes.train.loop import train
-from tests.train.image_reference import per_conversation_loss
+from tests.train.image_reference import example_recipe, per_conversation_loss
 from tests.train.workflow_card import workflow_card
 
 pytest.importorskip("PIL")
@@ -23,10 +22,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-vl-moe-
 
 
 def _recipe(run_dir: Path, *overrides: str):
-    recipe = load_recipe(EXAMPLE, [f"run_dir={run_dir}", "steps=4", "logging.progress=false", "checkpoint.every=2",
-                                   "data.build.rows=16", *overrides])
-    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-    return recipe
+    return example_recipe(EXAMPLE, run_dir, *overrides)
 
 
 def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:

@@ -14,11 +14,10 @@ import torch
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
-from openrecipes.data.build import build_recipe_rows
 from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
 from openrecipes.models.registry import get_config
 from openrecipes.train.loop import train
-from tests.train.image_reference import per_conversation_loss
+from tests.train.image_reference import example_recipe, per_conversation_loss
 
 pytest.importorskip("PIL")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-muse-spark-image-sft.yaml"
@@ -29,10 +28,7 @@ PROJECTION = ("model.vision_tower.adapter.", "model.multi_modal_projector.")
 
 
 def _recipe(run_dir: Path, *overrides: str):
-    recipe = load_recipe(EXAMPLE, [f"run_dir={run_dir}", "steps=4", "logging.progress=false", "checkpoint.every=2",
-                                   "data.build.rows=16", *overrides])
-    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-    return recipe
+    return example_recipe(EXAMPLE, run_dir, *overrides)
 
 
 def test_packed_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:

@@ -45,3 +45,25 @@ def example_recipe(example, run_dir, *overrides: str):
                                    "data.build.rows=16", *overrides])
     build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
     return recipe
+
+
+def train_and_resume(whole, cut) -> list[str]:
+    """Train ``whole`` through; train ``cut`` one step, stop, resume to the end; both runs' losses and gradient norms
+    must be equal, the losses falling. Returns the keys of ``whole``'s last save."""
+    import json
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from openrecipes.train.checkpointing import latest_checkpoint
+    from openrecipes.train.loop import train
+
+    def curve(run_dir):
+        return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+    train(whole, command="t")
+    train(cut, command="t", stop_after=1)
+    train(cut, command="t", resume=True)
+    assert curve(cut.run_dir) == curve(whole.run_dir)
+    losses = [loss for loss, _ in curve(whole.run_dir)]
+    assert len(losses) == whole.steps and losses[-1] < losses[0]
+    return list(FileSystemReader(str(latest_checkpoint(whole.run_dir))).read_metadata().state_dict_metadata)

@@ -4,7 +4,6 @@ recipe resumes bitwise."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.train.loop import train
-from tests.train.image_reference import example_recipe, per_conversation_loss
+from tests.train.image_reference import example_recipe, per_conversation_loss, train_and_resume
 from tests.train.workflow_card import workflow_card
 
 pytest.importorskip("PIL")
@@ -112,23 +111,9 @@ def test_towers_frozen_projection_by_recipe(tmp_path: Path, capsys) -> None:
         train(_recipe(tmp_path / "a", "model=qwen3-moe-tiny"), command="t")
 
 
-def _metrics(run_dir: Path) -> list[tuple[float, float]]:
-    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
-
-
 def test_example_trains_with_a_frozen_tower_and_resumes_bitwise(tmp_path: Path) -> None:
-    from torch.distributed.checkpoint import FileSystemReader
-
-    from openrecipes.train.checkpointing import latest_checkpoint
-
     whole, cut = _recipe(tmp_path / "whole", "checkpoint.export_hf=true"), _recipe(tmp_path / "cut")
-    train(whole, command="t")
-    train(cut, command="t", stop_after=1)
-    train(cut, command="t", resume=True)
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    losses = [loss for loss, _ in _metrics(tmp_path / "whole")]
-    assert len(losses) == 4 and losses[-1] < losses[0]
-    keys = FileSystemReader(str(latest_checkpoint(tmp_path / "whole"))).read_metadata().state_dict_metadata
+    keys = train_and_resume(whole, cut)
     state = [k for k in keys if k.startswith("optimizer.state.")]
     assert not any(".visual.blocks." in k or ".visual.patch_embed." in k or ".visual.pos_embed." in k for k in state)
     assert any(".visual.merger." in k for k in state) and any(".language_model." in k for k in state)

@@ -5,7 +5,6 @@ gradients, no optimizer state) while the adapter and projection train by recipe,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
 from openrecipes.models.registry import get_config
 from openrecipes.train.loop import train
-from tests.train.image_reference import example_recipe, per_conversation_loss
+from tests.train.image_reference import example_recipe, per_conversation_loss, train_and_resume
 
 pytest.importorskip("PIL")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-muse-spark-image-sft.yaml"
@@ -82,15 +81,8 @@ def test_packed_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
     assert torch.equal(cut, expected)
 
 
-def _metrics(run_dir: Path) -> list[tuple[float, float]]:
-    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
-
-
 def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -> None:
-    from torch.distributed.checkpoint import FileSystemReader
-
     from openrecipes.train import engine
-    from openrecipes.train.checkpointing import latest_checkpoint
 
     whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
     model, _ = engine.build_model(whole, torch.device("cpu"))
@@ -107,13 +99,7 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     frozen, _ = engine.build_model(_recipe(tmp_path / "frozen", "vision.train_projection=false"), torch.device("cpu"))
     assert not any(p.requires_grad for name, p in frozen.named_parameters() if name.startswith(TOWER_PREFIXES))
 
-    train(whole, command="t")
-    train(cut, command="t", stop_after=1)
-    train(cut, command="t", resume=True)
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    losses = [loss for loss, _ in _metrics(tmp_path / "whole")]
-    assert len(losses) == 4 and losses[-1] < losses[0]
-    keys = FileSystemReader(str(latest_checkpoint(tmp_path / "whole"))).read_metadata().state_dict_metadata
+    keys = train_and_resume(whole, cut)
     state = [k for k in keys if k.startswith("optimizer.state.")]
     assert not any(f".{prefix}" in k for k in state for prefix in FROZEN)  # no optimizer state for the towers
     assert all(any(f".{prefix}" in k for k in state) for prefix in PROJECTION)

@@ -51,6 +51,7 @@ def train_and_resume(whole, cut) -> list[str]:
     """Train ``whole`` through; train ``cut`` one step, stop, resume to the end; both runs' losses and gradient norms
     must be equal, the losses falling. Returns the keys of ``whole``'s last save."""
     import json
+    from pathlib import Path
 
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -58,7 +59,7 @@ def train_and_resume(whole, cut) -> list[str]:
     from openrecipes.train.loop import train
 
     def curve(run_dir):
-        return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+        return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())]
 
     train(whole, command="t")
     train(cut, command="t", stop_after=1)

@@ -1,8 +1,10 @@
 """``long_context_worker`` that also records, on every rank, what the model it trains holds: the dtypes and bytes of
 its frozen parameters (a LoRA run's base) and its trained ones (fp32-pinned modules aside; this rank's shards and
-experts), the bytes of the optimizer state built for them, and those of the gradients the first step reduces.
+experts), the bytes of the optimizer state built for them, those of the gradients the first step reduces, and a digest
+of this rank's expert gradients as that step's optimizer reads them (ranks holding the same experts must agree).
 Writes RUN_DIR/params-rank{R}.json as each is known."""
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -47,6 +49,19 @@ def _parameters(model: torch.nn.Module) -> dict:
     return {key: {"dtypes": sorted(value["dtypes"]), "bytes": value["bytes"]} for key, value in parts.items()}
 
 
+def _expert_grads_digest(model: torch.nn.Module) -> str:
+    """sha256 of this rank's expert gradients in module order: the fp32 accumulator where one is kept, else .grad."""
+    from openrecipes.parallel.expert import expert_parameters
+
+    digest = hashlib.sha256()
+    for param in expert_parameters(model):
+        grad = getattr(param, "main_grad", None)
+        grad = param.grad if grad is None else grad
+        if grad is not None:
+            digest.update(_local(grad).detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def main(spec: Path) -> None:
     from openrecipes.train import engine, loop
 
@@ -63,7 +78,7 @@ def main(spec: Path) -> None:
         def recording_synchronize():  # the first step's gradients, as the optimizer will read them
             synchronize()
             if "grads_bytes" not in record.held:
-                record.add(grads_bytes=_bytes(grads.gradients()))
+                record.add(grads_bytes=_bytes(grads.gradients()), expert_grads=_expert_grads_digest(model))
         grads.synchronize = recording_synchronize
         return model, grads
 

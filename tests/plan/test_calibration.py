@@ -47,3 +47,8 @@ def test_training_peaks(comparisons):
     assert len(errors) >= 12
     worst = max(errors.items(), key=lambda item: abs(item[1]))
     assert abs(worst[1]) <= 0.10, worst
+    # one microbatch on one stage, gradients larger than the logits: the peak is the end of the backward, without the
+    # fixed overhead (stacked on the gradients, these were +4.8 % to +9.9 %)
+    by_variant = {variant: error for (_, variant), error in errors.items()}
+    for variant in ("single_bal", "dp2_bal", "dp2ep2_bal", "tp2_pa_bal", "cp2_pa_bal"):
+        assert abs(by_variant[variant]) < 0.05, (variant, by_variant[variant])

@@ -12,7 +12,9 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   sharded optimizer bytes to host memory.
 - activations: ``layer_activation_bytes`` per layer and microbatch; 1F1B keeps ``pp - i`` microbatches in
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
-  fp32 copy the loss uses; pipeline send/receive buffers.
+  fp32 copy the loss uses; pipeline send/receive buffers. This engine with one microbatch on one stage: the larger of
+  the loss (logits, fixed overhead, no gradients yet) and the end of the backward (every gradient and the working
+  set, no fixed overhead; ``_openrecipes_peak_moment``).
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
 - Image models (``ModelShape.frozen_encoder_params``): the first stage holds the encoders. Megatron's layout: all of
   them frozen bf16. This engine's: the towers frozen (parameters only, ``_frozen_params_gib``), the projection
@@ -225,11 +227,16 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
                 logits += 4 * shape.lm_head_params / layout.tp
             transient = max(working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
+        buffers = mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0)
         if setup.engine == "openrecipes":
             weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)
-            # gradients exist only from the backward on (they are freed after each step), when the logits are
-            # already gone: the peak is the larger of the two, not their sum
-            transient = max(transient - weights["grads"] * GIB, working)
+            if layout.pp == 1 and m == 1:
+                buffers, transient = _openrecipes_peak_moment(transient, working, weights["grads"] * GIB,
+                                                              mem.fixed_overhead_gib * GIB)
+            else:
+                # gradients exist only from the backward on (they are freed after each step), when the logits are
+                # already gone: the peak is the larger of the two, not their sum
+                transient = max(transient - weights["grads"] * GIB, working)
         else:
             kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
             # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole
@@ -243,7 +250,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
             "activations": ((stored_per_layer if setup.offload_activations else stored) + p2p) / GIB,
             "transient": transient / GIB,
-            "buffers": mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0),
+            "buffers": buffers,
         }
         allocated = sum(parts.values())
         stages.append(StageMemory(
@@ -264,6 +271,23 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             activations=stored * setup.offload_activations)
         stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
+
+
+def _openrecipes_peak_moment(transient: float, working: float, grads: float, fixed: float) -> tuple[float, float]:
+    """(buffers GiB, transient bytes) of this engine at its peak with one microbatch per step on one stage (nothing
+    else runs after the last backward), over what the weights' part already counts (all gradients). The peak is the
+    larger of two moments: the loss, where ``transient`` (the logits, or the working set if larger) and the fixed
+    overhead (workspaces, loss and routing bookkeeping; the logits' 8 B were fitted
+    with it) are alive but no gradient is yet (they exist from the backward on and are freed after each step); and
+    the end of the backward, with every gradient and the last layer's recompute working set but not the fixed
+    overhead (our TP2 and CP2 runs, whose gradients outweigh their logits, peak within 0.25 GiB of parameters,
+    gradients and optimizer state: no room for it; docs/plan.md). At the loss, gradients the weights' part counts
+    but that do not exist yet make room for the logits first, then for the fixed overhead."""
+    at_loss = transient + fixed - grads
+    if at_loss <= working:
+        return 0.0, working
+    held = max(transient - grads, 0.0)
+    return (at_loss - held) / GIB, held
 
 
 def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes: float, activations: float

@@ -58,7 +58,16 @@ def test_the_space_holds_every_kind_of_change(start_yaml):
             "TP1 PP2 EP1 DP1", "TP1 PP2(1/3) EP1 DP1", "TP1 PP2(3/1) EP1 DP1"} <= layouts
     assert any(c.get("recompute.granularity") == "none" for c in changes)
     assert any(c.get("recompute.method") == "block" for c in changes)
-    assert any(c.get("offload.fraction") == 0.5 for c in changes)
+    # the offload endpoints are listed; a fraction between them is solved (test_solve) and refined one step
+    assert any(c.get("offload.fraction") == 1.0 for c in changes)
+    assert not any(c.get("kernels.compile") for c in changes)  # no prior for the target: compile comes later
+    compiled = [s for s in first_ranking_space(start, FACTS, with_compile=True) if s.compile]
+    assert compiled and all(dict(s.layout)["tp"] == dict(s.layout)["cp"] == 1 for s in compiled)
+    quarter = replace(start_settings(start, FACTS), offload=0.25, recompute=("full", "block", 2))
+    near = {knob: {getattr(s, knob) for k, s in neighbours(quarter, start, FACTS) if k == knob}
+            for knob in ("offload", "recompute")}
+    assert near["offload"] == {0.0, 0.2, 0.3, 1.0}
+    assert {("full", "block", 1), ("full", "block", 3)} <= near["recompute"]
     assert any(c.get("layout.rows_per_microbatch") == 4 for c in changes)
     assert any(c.get("recompute.granularity") == "attention_core" for c in changes)
     assert any(c.get("recompute.granularity") == "experts" and c.get("recompute.method") == "block" for c in changes)

@@ -9,8 +9,14 @@ The refit (``Calibration``): the measured step time of every finished trial agai
 the planner's step time and the count of layer-microbatches on the busiest stage (a fixed cost per layer and
 microbatch, which the FLOP model does not have and which dominates small models and host-bound runs), fitted by
 least squares on relative errors. With one trial, or when the two-term fit is not positive, it falls back to one
-ratio (the geometric mean of measured over predicted). Memory is rescaled by the mean ratio of measured peak to
-predicted allocated memory where the trials measured one (GPUs).
+ratio (the geometric mean of measured over predicted). The planner has no model of compiled blocks: a compiled
+candidate's step time is the eager one divided by ``compile_speedup``, a prior from BENCHMARKS.md (the target's
+measured effect) that the refit replaces once eager and compiled trials were both measured.
+
+Memory is rescaled by the mean ratio of measured peak to predicted allocated memory where the trials measured one
+(GPUs). An out-of-memory trial is a measurement too: its predicted peak was at least the capacity, so the scale is
+raised to at least capacity / that prediction, and every candidate predicted to need as much or more is refused
+("above a measured out-of-memory").
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ from openrecipes.plan.host import recipe_setup
 from openrecipes.plan.shape import ModelShape, model_shape
 
 CPU = "cpu"
+# measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
+# recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
+COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170, "H100": 0.202 / 0.170}
+# the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
+MEMORY_MARGIN = 0.05
+# a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
+# settings that close (an offload fraction of a small model, say) differ by less than its error
+OUT_OF_MEMORY_TOLERANCE = 0.002
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +109,7 @@ class Prediction:
     allocated_gib: float  # busiest stage, comparable with a measured peak
     peak_reserved_gib: float
     capacity_gib: float
+    compiled: bool = False  # kernels.compile: the planner's step time is eager; the calibration scales it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,25 +121,65 @@ class Calibration:
     per_layer_microbatch_s: float = 0.0
     memory_scale: float = 1.0
     fitted_on: int = 0
+    compile_speedup: float = 1.0  # eager step time / compiled step time
+    out_of_memory_gib: float | None = None  # the smallest planner peak (before scaling) of a trial that ran out
+
+    def eager_step_time_s(self, p: Prediction) -> float:
+        return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
 
     def step_time_s(self, p: Prediction) -> float:
-        return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
+        return self.eager_step_time_s(p) / (self.compile_speedup if p.compiled else 1.0)
 
     def tokens_per_s_per_gpu(self, p: Prediction) -> float:
         return p.tokens_per_s_per_gpu * p.step_time_s / self.step_time_s(p)
 
-    def fits(self, p: Prediction) -> bool:
-        return p.peak_reserved_gib * self.memory_scale <= p.capacity_gib
+    def peak_gib(self, p: Prediction) -> float:
+        return p.peak_reserved_gib * self.memory_scale
+
+    def above_out_of_memory(self, p: Prediction) -> bool:
+        return (self.out_of_memory_gib is not None
+                and p.peak_reserved_gib >= self.out_of_memory_gib * (1.0 - OUT_OF_MEMORY_TOLERANCE))
+
+    def fits(self, p: Prediction, margin: float = 0.0) -> bool:
+        return self.peak_gib(p) <= p.capacity_gib * (1.0 - margin) and not self.above_out_of_memory(p)
+
+    def misfit_reason(self, p: Prediction) -> str:
+        if self.above_out_of_memory(p):
+            return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB before scaling, a trial "
+                    f"predicted {self.out_of_memory_gib:.1f} GiB ran out")
+        return f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def fit_calibration(pairs: list[tuple[Prediction, float, float | None]]) -> Calibration:
-    """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials."""
+def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
+                    out_of_memory: list[Prediction] = (), compile_prior: float = 1.0) -> Calibration:
+    """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials and the
+    predictions of the trials that ran out of memory."""
+    memory = [peak / p.allocated_gib for p, _, peak in pairs if peak and p.allocated_gib > 0]
+    memory_scale = sum(memory) / len(memory) if memory else 1.0
+    bound = min((p.peak_reserved_gib for p in out_of_memory), default=None)
+    if out_of_memory:  # each one's prediction was at least its capacity
+        memory_scale = max(memory_scale, max(p.capacity_gib / p.peak_reserved_gib for p in out_of_memory))
     if not pairs:
-        return Calibration()
-    rows = [(p.step_time_s, float(p.layer_microbatches), p.step_time_s * p.tokens_per_s_per_gpu / measured)
+        return Calibration(memory_scale=memory_scale, out_of_memory_gib=bound, compile_speedup=compile_prior)
+    scale, per_unit = _fit_step(pairs, compile_prior)
+    speedup = compile_prior
+    compiled = [(p, m) for p, m, _ in pairs if p.compiled]
+    if compiled and len(compiled) < len(pairs):  # both measured: the ratio replaces the prior
+        eager = Calibration(step_scale=scale, per_layer_microbatch_s=per_unit)
+        ratios = [eager.eager_step_time_s(p) / (p.step_time_s * p.tokens_per_s_per_gpu / m) for p, m in compiled]
+        speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit, memory_scale=memory_scale,
+                       fitted_on=len(pairs), compile_speedup=speedup, out_of_memory_gib=bound)
+
+
+def _fit_step(pairs: list[tuple[Prediction, float, float | None]], compile_prior: float) -> tuple[float, float]:
+    """(scale, cost per layer-microbatch) of the eager step time; compiled trials enter at their measured step time
+    times the prior, their eager equivalent."""
+    rows = [(p.step_time_s, float(p.layer_microbatches),
+             p.step_time_s * p.tokens_per_s_per_gpu / measured * (compile_prior if p.compiled else 1.0))
             for p, measured, _ in pairs]  # (x1, x2, measured step time in the planner's step units)
     ratio = math.exp(sum(math.log(y / x1) for x1, _, y in rows) / len(rows))
     scale, per_unit = ratio, 0.0
@@ -140,9 +195,7 @@ def fit_calibration(pairs: list[tuple[Prediction, float, float | None]]) -> Cali
             a, b = (t1 * s22 - t2 * s12) / det, (s11 * t2 - s12 * t1) / det
             if a > 0 and b >= 0:
                 scale, per_unit = a, b
-    memory = [peak / p.allocated_gib for p, _, peak in pairs if peak and p.allocated_gib > 0]
-    return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit,
-                       memory_scale=sum(memory) / len(memory) if memory else 1.0, fitted_on=len(pairs))
+    return scale, per_unit
 
 
 class Planner:
@@ -155,6 +208,8 @@ class Planner:
         self.hardware = planner_hardware(target)
         self.target = target
         self.row_tokens = row_tokens
+        # None: no measured effect of compiled blocks on this target; compile is then explored around the best
+        self.compile_prior: float | None = None if target.is_cpu else COMPILE_SPEEDUP_PRIOR.get(target.gpu_type)
 
     def refusal(self, recipe: Recipe) -> str | None:
         """Why train would refuse the recipe's layout (the rules train applies), or None."""
@@ -179,7 +234,8 @@ class Planner:
         return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),
                           allocated_gib=max(s.allocated_gib for s in plan.stages),
-                          peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib)
+                          peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib,
+                          compiled=recipe.kernels.compile)
 
 
 def gpu_memory_gb(target: Target) -> float | None:

@@ -1,4 +1,5 @@
-"""The live display on stderr: the trial in progress, the best so far, the budget left.
+"""The live display on stderr: the trial in progress, the best so far, the budget left, and the clock of the
+budget: ``--minutes`` is the wall time of the whole command, from the start of the search to the site.
 
 On a terminal one status line is redrawn every second while a trial runs; otherwise (a log file, CI) only one line
 per event is written, so logs stay readable.
@@ -6,13 +7,18 @@ per event is written, so logs stay readable.
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 
 class Progress:
-    def __init__(self, *, trials: int, minutes: float, stream: TextIO | None = None, quiet: bool = False) -> None:
+    def __init__(self, *, trials: int, minutes: float, stream: TextIO | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.reserve_s = 0.0  # held back for verification and the interleaved remeasurement
         self.stream = stream or sys.stderr
         self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.quiet = quiet
@@ -48,10 +54,20 @@ class Progress:
         self.current = f"trial {index + 1}/{self.trials}: {label}"
         self._write(f"[tune] {self.current}{predicted}", line=True)
 
+    def _left_text(self) -> str:
+        left = max(0.0, self.budget_s - self.elapsed_s())
+        reserved = f", {self.reserve_s / 60:.1f} of them for verification" if self.reserve_s else ""
+        return f"{left / 60:.1f} min left{reserved}"
+
     def tick(self, elapsed_s: float) -> None:
-        left = max(0.0, self.budget_s - self.used_s - elapsed_s)
         self._write(f"[tune] {self.current} running {elapsed_s:4.0f} s | {self._best_text()} | "
-                    f"{left / 60:.1f} min left", line=False)
+                    f"{self._left_text()}", line=False)
+
+    def projected_finish(self, remaining_s: float) -> None:
+        """Say when the command should end: now plus ``remaining_s`` (the trials still planned and the reserve)."""
+        at = datetime.datetime.now() + datetime.timedelta(seconds=remaining_s)
+        self.say(f"projected finish {at:%H:%M:%S} ({(self.elapsed_s() + remaining_s) / 60:.1f} of "
+                 f"{self.budget_s / 60:g} minutes)")
 
     def trial_finished(self, record: dict, *, reused: bool) -> None:
         self.used_s += record.get("wall_s", 0.0)
@@ -66,13 +82,12 @@ class Progress:
         else:
             result = f"FAILED ({record['failure']['class']}: {record['failure']['detail'][:120]})"
         how = "reused from trials.jsonl" if reused else f"{record.get('wall_s', 0):.0f} s"
-        left = max(0.0, self.budget_s - self.used_s) / 60
         self._write(f"[tune] trial {record['index'] + 1}: {result} [{how}] | {self._best_text()} | "
-                    f"{left:.1f} min left", line=True)
+                    f"{self._left_text()}", line=True)
 
     def elapsed_s(self) -> float:
-        return self.used_s
+        """Wall time since the command started (trials reused from an earlier run take none)."""
+        return self.clock() - self.started
 
-    @staticmethod
-    def clock() -> float:
-        return time.monotonic()
+    def left_s(self) -> float:
+        return self.budget_s - self.elapsed_s()

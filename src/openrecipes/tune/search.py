@@ -3,8 +3,16 @@
 Order of trials (deterministic given the trials already recorded, so a rerun walks the same path and reuses them):
 1. the starting point; 2. candidates given with ``--try``; 3. about half of the remaining budget down the planner's
 ranking (refitted after every trial); 4. the rest around the best measured recipe: every setting one knob away, and
-two knobs away from the most promising of those, best predicted first. A trial is counted against ``--minutes`` by
-its wall time; the last trial started may end past the budget.
+two knobs away from the most promising of those, best predicted first. The offload fraction and the number of
+recomputed layers are solved from the memory model (``tune/solve.py``) for every setting of the other knobs.
+
+``--minutes`` is the wall time of the whole command: a trial starts only when its estimated time (the start's fixed
+cost before step 0 plus its predicted steps) and the reserve for verification and remeasurement (``reserve_s``) fit
+in what is left, and its time limit ends where the reserve begins.
+
+A failed trial is information: after an out-of-memory every candidate predicted to need as much memory or more is
+pruned (``Calibration.out_of_memory_gib``), and after any other failure every candidate that makes all the failed
+trial's changes is pruned, so no two trials fail the same way for the same reason.
 """
 
 from __future__ import annotations
@@ -12,16 +20,18 @@ from __future__ import annotations
 import datetime
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, write_pruned
-from openrecipes.tune.predict import Calibration, Planner, Prediction, Target, fit_calibration, resolve_target
+from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
+                                     resolve_target)
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
+from openrecipes.tune.solve import solved_offload, solved_recompute_layers
 from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
                                     start_settings)
@@ -29,6 +39,10 @@ from openrecipes.verify.rules import compare_recipes
 
 ROWS_DIR = "rows"
 TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
+# verification besides the remeasured trials: the optimizer component test, the card and the site (seconds; the
+# component test took about 20 s on two CPU cores and less on a GPU)
+VERIFY_FIXED_S = 60.0
+CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 
 
 @dataclass(kw_only=True)
@@ -44,6 +58,7 @@ class TuneOptions:
     trial_timeout_s: float = 900.0
     tries: tuple[str, ...] = ()  # "KEY=VALUE KEY=VALUE": candidates measured right after the start
     author: str = "openrecipes tune"
+    remeasure: int = 2  # interleaved (start, winner) pairs measured again before publishing (tune/remeasure.py)
 
     def measurement_window(self) -> tuple[int, int]:
         return self.window or trial_window(self.trial_steps)
@@ -112,6 +127,7 @@ class Search:
         self.refused: dict[str, str] = {}
         self.pruned: list[dict[str, Any]] = []
         self.trial_index = 0
+        self.searching = True  # False once the search is over: only the card is left to reserve time for
 
     def _rows(self) -> Path:
         """The rows every trial trains on: the start's rows directory, or its data.build built once into OUT."""
@@ -155,20 +171,70 @@ class Search:
             self._prune(candidate.settings, candidate, f"refused by the planner: {error}")
             return None
         if not self.calibration.fits(prediction):
-            self._prune(candidate.settings, candidate, f"predicted not to fit: "
-                        f"{prediction.peak_reserved_gib * self.calibration.memory_scale:.1f} GiB of "
-                        f"{prediction.capacity_gib:.1f} GiB", prediction)
+            self._prune(candidate.settings, candidate, self.calibration.misfit_reason(prediction), prediction)
+            return None
+        failed = self._failed_like(candidate)
+        if failed:
+            self._prune(candidate.settings, candidate, failed, prediction)
             return None
         return Ranked(candidate=candidate, prediction=prediction)
 
+    def _still_fits(self, ranked: Ranked) -> bool:
+        candidate, prediction = ranked.candidate, ranked.prediction
+        reason = (self.calibration.misfit_reason(prediction) if not self.calibration.fits(prediction)
+                  else self._failed_like(candidate))
+        if reason:
+            self._prune(candidate.settings, candidate, reason, prediction)
+        return reason is None
+
+    def _failed_like(self, candidate: Candidate) -> str | None:
+        """Why ``candidate`` would fail as a measured trial did: it makes every change of a trial that failed (other
+        than by memory, which the memory bound covers)."""
+        items = candidate.changes.items()
+        for record in self.journal.records:
+            if (record["status"] == "failed" and record["key"] in self.tried and record["changes"]
+                    and record["failure"]["class"] != "out_of_memory"
+                    and all((path, value) in items for path, value in record["changes"].items())):
+                return (f"makes every change of trial {record['index']}, which failed "
+                        f"({record['failure']['class']}: {record['failure']['detail'][:160]})")
+        return None
+
+    def _fits(self, settings: Settings) -> bool | None:
+        """Whether the memory model says ``settings`` fit with MEMORY_MARGIN free (None: refused)."""
+        candidate = self.candidate_or_none(settings)
+        if candidate is None or self.planner.refusal(candidate.recipe):
+            return None
+        try:
+            return self.calibration.fits(self.planner.predict(candidate.recipe), margin=MEMORY_MARGIN)
+        except ValueError:
+            return None
+
+    def _solved(self, settings: list[Settings]) -> list[Settings]:
+        """The offload fraction and the recomputed layers solved for every distinct setting of the other knobs."""
+        found: dict[Settings, None] = {}
+        bases = dict.fromkeys(replace(s, offload=0.0) for s in settings)
+        for base in bases:
+            if self.start.precision == "bf16" and self._fits(base) is False:
+                if (solved := solved_offload(base, self._fits)) is not None:
+                    found[solved] = None
+        for base in dict.fromkeys(replace(s, recompute=("none", "uniform", 1)) for s in settings):
+            for solved in solved_recompute_layers(base, self._fits, self.facts.num_layers):
+                found[solved] = None
+        return list(found)
+
     def _order(self, ranked: list[Ranked]) -> list[Ranked]:
-        untried = [r for r in ranked if r.candidate.key not in self.tried and r.candidate.key not in self.refused]
+        """The untried candidates, fastest predicted first, each checked again under the latest refit and failures
+        (ranked before an out-of-memory, a candidate may now be above it)."""
+        untried = [r for r in ranked if r.candidate.key not in self.tried and r.candidate.key not in self.refused
+                   and self._still_fits(r)]
         return sorted(untried, key=lambda r: (-self.calibration.tokens_per_s_per_gpu(r.prediction), r.candidate.key))
 
     def _around(self, best: Candidate) -> list[Ranked]:
-        """Candidates one knob from the best measured, then two knobs from its most promising neighbours."""
-        one = [r for _, s in neighbours(best.settings, self.start, self.facts)
-               if (c := self._candidate(s)) and (r := self._rank_one(c))]
+        """Candidates one knob from the best measured (and its offload and recomputed layers solved again under the
+        refitted memory model), then two knobs from its most promising neighbours."""
+        moves = [s for _, s in neighbours(best.settings, self.start, self.facts)]
+        moves += self._solved([best.settings])
+        one = [r for s in dict.fromkeys(moves) if (c := self._candidate(s)) and (r := self._rank_one(c))]
         found = {r.candidate.key: r for r in one}
         for seed in self._order(one)[:TWO_KNOB_SEEDS]:
             for _, s in neighbours(seed.candidate.settings, self.start, self.facts):
@@ -204,35 +270,41 @@ class Search:
         return path
 
     def _timeout(self) -> float:
-        start = self.journal.find("start")
-        if start is None or start.get("status") != "ok":
-            return self.options.trial_timeout_s
+        """The trial's limit: ``--trial-timeout``, three times the start's time once it was measured (at least two
+        minutes), and never past the point where the budget's reserve begins."""
+        budget = max(1.0, self.progress.left_s() - self.reserve_s())
+        start = self._measured("start")
+        if start is None:
+            return min(self.options.trial_timeout_s, budget)
         # a candidate three times slower than the (deliberately slow) start is not worth waiting for
-        return min(self.options.trial_timeout_s, max(120.0, 3.0 * start["wall_s"]))
+        return min(self.options.trial_timeout_s, max(120.0, 3.0 * start["wall_s"]), budget)
 
     def run_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
-                  refusal: str | None = None) -> dict[str, Any]:
-        """Run (or reuse) one trial and record it; ``refusal`` records a layout train would refuse, unrun."""
+                  refusal: str | None = None, key: str | None = None) -> dict[str, Any]:
+        """Run (or reuse) one trial and record it; ``refusal`` records a layout train would refuse, unrun. A ``key``
+        of its own records a repeated measurement of the candidate, which the search and the refit leave aside."""
         index = self.trial_index
         self.trial_index += 1
-        self.tried[candidate.key] = candidate
+        key = key or candidate.key
+        if key == candidate.key:
+            self.tried[candidate.key] = candidate
         label = describe_changes(candidate.changes)
         calibrated = self.calibration.tokens_per_s_per_gpu(prediction) if prediction else None
-        record = self.journal.find(candidate.key)
+        record = self.journal.find(key)
         if record is not None:
             self.progress.trial_started(index, label, calibrated)
             self.progress.trial_finished(record, reused=True)
             self._refit()
             return record
         self.progress.trial_started(index, label, calibrated)
-        trial_dir = self.journal.fresh_trial_dir(index, candidate.key)
+        trial_dir = self.journal.fresh_trial_dir(index, key)
         recipe_path = self._run_recipe(candidate, trial_dir)
         run = TrialRun(recipe_path=recipe_path, run_dir=trial_dir / "run", nproc=self.nproc,
                        timeout_s=self._timeout(), window=self.window)
         outcome = (Outcome(failure="refused_layout", detail=refusal) if refusal
                    else self.runner.run(run, tick=self.progress.tick))
         record = {
-            "index": index, "key": candidate.key, "phase": phase, "changes": candidate.changes, "label": label,
+            "index": index, "key": key, "phase": phase, "changes": candidate.changes, "label": label,
             "layout": candidate.recipe.layout.label(),
             "prediction": None if prediction is None else {**prediction.to_dict(), "calibrated_tokens_per_s_per_gpu":
                                                           calibrated, "calibration": self.calibration.to_dict()},
@@ -248,16 +320,70 @@ class Search:
         return record
 
     def _refit(self) -> None:
-        pairs = []
+        pairs, out_of_memory = [], []
         for record in self.journal.records:
-            if record["status"] == "ok" and record.get("prediction") and record["key"] in self.tried:
-                raw = {k: record["prediction"][k] for k in Prediction.__dataclass_fields__}
+            if not record.get("prediction") or record["key"] not in self.tried:
+                continue
+            raw = {k: record["prediction"][k] for k in Prediction.__dataclass_fields__ if k in record["prediction"]}
+            if record["status"] == "ok":
                 measured = record["measured"]
                 pairs.append((Prediction(**raw), measured["tokens_per_s_per_gpu"], measured.get("peak_memory_gib")))
-        self.calibration = fit_calibration(pairs)
+            elif record["failure"]["class"] == "out_of_memory":
+                out_of_memory.append(Prediction(**raw))
+        prior = self.planner.compile_prior or 1.0
+        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior)
+        self.progress.reserve_s = self.reserve_s()
 
-    def _budget_left(self) -> bool:
-        return self.trial_index < self.options.trials and self.progress.elapsed_s() < self.options.minutes * 60
+    # ---- the budget -------------------------------------------------------------------------------------------
+
+    def _measured(self, key: str) -> dict[str, Any] | None:
+        record = self.journal.find(key)
+        return record if record is not None and record["status"] == "ok" else None
+
+    def reserve_s(self) -> float:
+        """Time held back for what follows the search: the remeasured (start, winner) pairs at their measured
+        trial times (the best so far standing in for the winner) and the rest of verification."""
+        start = self._measured("start")
+        if start is None:
+            return 0.0
+        if not self.searching:
+            return CARD_S
+        best = self._best()
+        best_wall = self._measured(best[0].key)["wall_s"] if best else start["wall_s"]
+        return self.options.remeasure * (start["wall_s"] + best_wall) + VERIFY_FIXED_S
+
+    def estimated_wall_s(self, prediction: Prediction | None) -> float:
+        """A trial's expected wall time: the start's cost before and around its steps plus the predicted steps."""
+        start = self._measured("start")
+        if start is None:
+            return 0.0
+        steps = self.options.trial_steps
+        fixed = max(0.0, start["wall_s"] - steps * start["measured"]["step_time_mean_s"])
+        if prediction is None:
+            return start["wall_s"]
+        return fixed + steps * self.calibration.step_time_s(prediction)
+
+    def within_budget(self, prediction: Prediction | None = None) -> bool:
+        return self.estimated_wall_s(prediction) + self.reserve_s() <= self.progress.left_s()
+
+    def _budget_left(self, prediction: Prediction | None = None) -> bool:
+        return self.trial_index < self.options.trials and self.within_budget(prediction)
+
+    def candidate_or_none(self, settings: Settings) -> Candidate | None:
+        try:
+            return candidate_recipe(self.start, settings, self.facts)
+        except ValueError:
+            return None
+
+    def prediction_if_fits(self, candidate: Candidate) -> Prediction | None:
+        """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
+        if self.planner.refusal(candidate.recipe):
+            return None
+        try:
+            prediction = self.planner.predict(candidate.recipe)
+        except ValueError:
+            return None
+        return prediction if self.calibration.fits(prediction) else None
 
     def _best(self) -> tuple[Candidate, float] | None:
         ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records
@@ -283,12 +409,13 @@ class Search:
                 if given.key not in self.tried:
                     self.run_trial(given, self._prediction_or_none(given), "given",
                                    refusal=self.planner.refusal(given.recipe))
-        ranked = [r for s in first_ranking_space(self.start, self.facts)
-                  if (c := self._candidate(s)) and (r := self._rank_one(c))]
+        first = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
+        first += self._solved(first)
+        ranked = [r for s in dict.fromkeys(first) if (c := self._candidate(s)) and (r := self._rank_one(c))]
         self.progress.say(f"{len(ranked)} candidates ranked by the planner, {len(self.pruned)} pruned "
                           f"(reasons in {self.out / 'pruned.jsonl'})")
         first_phase = self.trial_index + math.ceil((self.options.trials - self.trial_index) / 2)
-        while self._budget_left():
+        while self.trial_index < self.options.trials:
             pool: list[Ranked] = []
             if self.trial_index >= first_phase and (best := self._best()):
                 pool = self._order(self._around(best[0]))
@@ -296,8 +423,16 @@ class Search:
             if not pool:
                 self.progress.say("no untried candidate left")
                 break
+            if not self._budget_left(pool[0].prediction):
+                self.progress.say(f"the budget is spent: the next trial would take about "
+                                  f"{self.estimated_wall_s(pool[0].prediction):.0f} s and "
+                                  f"{self.reserve_s():.0f} s are reserved for verification, "
+                                  f"{max(0.0, self.progress.left_s()):.0f} s are left")
+                break
             self.run_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
                            else "around-best")
+        self.progress.projected_finish(self.reserve_s())
+        self.searching = False
         write_pruned(self.out, self.pruned)
         return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
                             records=[r for r in self.journal.records if r["key"] in self.tried],

@@ -24,7 +24,8 @@ from openrecipes.verify.rules import compare_recipes
 
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "sequence_parallel", "pp_first_stage_layers",
                  "pp_last_stage_layers")
-OFFLOAD_FRACTIONS = (0.0, 0.5, 1.0)
+OFFLOAD_FRACTIONS = (0.0, 1.0)  # the endpoints; the fraction between them is solved (tune/solve.py)
+FRACTION_STEP = 0.05  # the engine offloads whole parameter shards up to any fraction; a twentieth is fine enough
 # the kernels a search tries: not the exact oracles (dense masked attention, the per-expert loop), which are for
 # checking, never faster (on one H200 the loop ran the 16-layer trial at 4,546 tokens/s against 25,738)
 ORACLE_KERNELS = ("reference", "loop")
@@ -191,19 +192,34 @@ def recompute_options(facts: ModelFacts) -> list[tuple[str, str, int]]:
     return options
 
 
-def offload_options(start: Recipe) -> list[float]:
-    return list(OFFLOAD_FRACTIONS) if start.precision == "bf16" else [0.0]
+def offload_options(start: Recipe, around: float | None = None) -> list[float]:
+    """The endpoints, and next to ``around`` one FRACTION_STEP either way (a measured peak refines a solved
+    fraction); the fraction that fits is solved, not listed (tune/solve.py)."""
+    if start.precision != "bf16":
+        return [0.0]
+    near = [] if around is None else [round(around + d, 6) for d in (-FRACTION_STEP, FRACTION_STEP)]
+    return sorted({*OFFLOAD_FRACTIONS, *(f for f in near if 0.0 <= f <= 1.0)})
 
 
-def first_ranking_space(start: Recipe, facts: ModelFacts) -> Iterator[Settings]:
-    """The settings the planner ranks first: layout x rows per microbatch x recompute x offload fraction (what the
-    planner models); overlap and kernels stay as in the start and are explored around the best measured."""
+def compile_options(layout: dict[str, Any]) -> list[bool]:
+    # compiled blocks run with one process and data parallelism (config.recipe refuses tp and cp)
+    return [False, True] if layout["tp"] == 1 and layout["cp"] == 1 else [False]
+
+
+def first_ranking_space(start: Recipe, facts: ModelFacts, *, with_compile: bool = False) -> Iterator[Settings]:
+    """The settings the planner ranks first: layout x rows per microbatch x recompute x offload endpoints (what the
+    planner models), and compiled blocks where the target has a measured prior (``with_compile``); the solved
+    offload fraction and recomputed layers are added by the search; overlap and the other kernels stay as in the
+    start and are explored around the best measured."""
     base = start_settings(start, facts)
     for layout in layout_options(start, facts):
+        compiles = compile_options(dict(layout)) if with_compile else [base.compile]
         for rows in rows_options(start, dict(layout)):
             for recompute in recompute_options(facts):
                 for offload in offload_options(start):
-                    yield replace(base, layout=layout, rows=rows, recompute=recompute, offload=offload)
+                    for compiled in compiles:
+                        yield replace(base, layout=layout, rows=rows, recompute=recompute, offload=offload,
+                                      compile=compiled)
 
 
 def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
@@ -213,17 +229,18 @@ def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -
     if knob == "rows":
         return rows_options(start, around.layout_dict())
     if knob == "recompute":
-        return recompute_options(facts)
+        granularity, method, layers = around.recompute
+        near = [(granularity, method, n) for n in (layers - 1, layers + 1)
+                if method == "block" and 1 <= n < facts.num_layers]
+        return list(dict.fromkeys(recompute_options(facts) + near))
     if knob == "offload":
-        return offload_options(start)
+        return offload_options(start, around.offload)
     if knob == "overlap":
         return [True, False] if around.offload else []
     if knob == "offload_update":
         return list(OFFLOAD_UPDATES) if around.offload else []
     if knob == "compile":
-        # compiled blocks run with one process and data parallelism (config.recipe refuses tp and cp)
-        layout = around.layout_dict()
-        return [False, True] if layout["tp"] == 1 and layout["cp"] == 1 else [False]
+        return compile_options(around.layout_dict())
     if knob == "offload_activations":
         return [False, True]
     if knob == "loss_chunk":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -267,14 +268,48 @@ class TuningTrial(_Strict):
         return self
 
 
+class TuningGain(_Strict):
+    """The start and the winner measured again in turns: the gain as a median with its spread."""
+
+    start_tokens_per_s_per_gpu: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)] = Field(
+        description="the start's samples: its trial, then each remeasurement")
+    winner_tokens_per_s_per_gpu: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]
+    pair_gains: Annotated[list[float], Field(min_length=1)] = Field(
+        description="winner / start - 1 of each interleaved pair")
+    median_gain: float
+    start_spread: Annotated[float, Field(ge=0)] = Field(description="(max - min) / median of the start's samples")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TuningGain":
+        if not (len(self.start_tokens_per_s_per_gpu) == len(self.winner_tokens_per_s_per_gpu) == len(self.pair_gains)):
+            raise ValueError("pair_gains needs one start and one winner sample per pair")
+        pairs = [w / s - 1 for s, w in zip(self.start_tokens_per_s_per_gpu, self.winner_tokens_per_s_per_gpu)]
+        if any(abs(g - p) > 1e-6 for g, p in zip(self.pair_gains, pairs)):
+            raise ValueError("pair_gains do not follow from the samples (winner / start - 1)")
+        if abs(self.median_gain - statistics.median(pairs)) > 1e-6:
+            raise ValueError("median_gain is not the median of pair_gains")
+        return self
+
+
+class TuningAblation(_Strict):
+    """The winner with one changed knob set back to the start's, measured once."""
+
+    knob: Text
+    measured_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] | None = None
+    contribution: float | None = Field(default=None, description="winner median / this run - 1")
+    note: str = ""
+
+
 class Tuning(_Strict):
     """How `openrecipes tune` reached this recipe from a starting point (docs/tune.md)."""
 
     start_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
     tuned_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
-    minutes: Annotated[float, Field(ge=0)] = Field(description="wall time of the trials")
+    minutes: Annotated[float, Field(ge=0)] = Field(description="wall time of the command up to the card")
     pruned: NonNegInt = Field(description="candidates the planner or the layout rules pruned before any trial")
     trials: Annotated[list[TuningTrial], Field(min_length=1)]
+    gain: TuningGain | None = None
+    ablations: list[TuningAblation] = Field(default_factory=list)
 
 
 class RecipeCard(_Strict):

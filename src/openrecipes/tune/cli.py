@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import statistics
 from pathlib import Path
 
 
@@ -20,8 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_gpus_option(parser, default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
                                                  "COUNTxTYPE such as 2xH200; the count is the start's world size")
     parser.add_argument("--trials", type=int, default=12, help="trials, the starting point included (default 12)")
-    parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the trials (default 30); the last "
-                                                                    "trial started may end past it")
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="wall time of the whole command, verification and card included (default 30)")
+    parser.add_argument("--remeasure", type=int, default=2, metavar="PAIRS",
+                        help="interleaved (start, winner) pairs measured again before a gain is published (default 2)")
     parser.add_argument("--trial-steps", type=int, default=20, help="steps per trial (default 20, window 5-19)")
     parser.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "LAST"),
                         help="measurement window (default: steps 5 to the last, earlier for short trials)")
@@ -42,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from openrecipes.tune.progress import Progress
     from openrecipes.tune.publish import publish
+    from openrecipes.tune.remeasure import ablate, remeasure
     from openrecipes.tune.runner import LocalRunner, SlurmRunner
     from openrecipes.tune.search import Search, TuneOptions
     from openrecipes.tune.verification import choose_winner
@@ -49,21 +52,33 @@ def run(args: argparse.Namespace) -> int:
     options = TuneOptions(start=Path(args.start), out=Path(args.out), gpus=args.gpus, trials=args.trials,
                           minutes=args.minutes, trial_steps=args.trial_steps,
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
-                          trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author)
+                          trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
+                          remeasure=args.remeasure)
     runner = SlurmRunner(gpus_per_node=args.slurm_scripts) if args.slurm_scripts else LocalRunner()
     progress = Progress(trials=options.trials, minutes=options.minutes)
-    result = Search(options, runner, progress).run()
+    search = Search(options, runner, progress)
+    result = search.run()
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
     for verdict in failed:
         progress.say(f"trial {verdict.record['index']} failed verification: {'; '.join(verdict.failures)}; "
                      "trying the next fastest")
-    published = publish(result, winner, failed)
-    gain = published.tuned_tps / published.start_tps - 1
-    print(f"openrecipes tune: {published.start_tps:,.1f} -> {published.tuned_tps:,.1f} tokens/s/GPU ({gain:+.1%}), "
-          f"{published.status}")
+    gain = ablations = None
+    if winner is not None:
+        progress.say(f"measuring the start and trial {winner.record['index']} again, interleaved "
+                     f"({options.remeasure} pairs)")
+        gain = remeasure(search, winner.record, options.remeasure)
+        if gain.faster:
+            ablations = ablate(search, result.candidates[winner.record["key"]], statistics.median(gain.winner))
+    if winner is None or not gain.faster:
+        why = gain.describe() if gain else ("no candidate passed verification" if failed
+                                            else "no measured candidate was faster than the start")
+        print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
+              f"({len(result.records)} trials, {progress.elapsed_s() / 60:.1f} minutes; {Path(args.out) / 'trials.jsonl'})")
+        return 0
+    published = publish(result, winner, failed, gain=gain, ablations=ablations)
+    print(f"openrecipes tune: {published.start_tps:,.1f} -> {published.tuned_tps:,.1f} tokens/s/GPU, gain "
+          f"{gain.describe()}, {published.status}, {progress.elapsed_s() / 60:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"
           f"  site          {published.site / 'index.html'}\n  trials        {Path(args.out) / 'trials.jsonl'}")
-    if winner is None and failed:
-        print("no faster candidate passed verification; the card is the starting point", file=sys.stderr)
     return 0

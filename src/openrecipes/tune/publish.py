@@ -2,8 +2,9 @@
 
 The card is written by ``openrecipes.cards.new`` from the winner's trial run against the start's, so its numbers
 are ``measure``'s and its checks ``verify``'s; ``status: verified`` only when every check passed. Its notes say
-where the search started, where it ended, in how many trials and minutes, what changed and what the measurements
-say about why (step time and peak memory).
+where the search started, where it ended, in how many trials and minutes, what changed, the gain as the median of
+the interleaved remeasurement with its spread (``tune/remeasure.py``) and, where the budget allowed, each changed
+knob's measured contribution.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from openrecipes.config.recipe import dump_recipe
 from openrecipes.tune.predict import gpu_memory_gb, safe_name
+from openrecipes.tune.remeasure import Ablations, Gain
 from openrecipes.tune.search import SearchResult
 from openrecipes.tune.space import describe_changes
 from openrecipes.tune.verification import Verdict
@@ -33,7 +35,8 @@ class Published:
     notes: list[str]
 
 
-def _tuning_block(result: SearchResult, winner_key: str) -> dict[str, Any]:
+def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
+                  ablations: Ablations | None) -> dict[str, Any]:
     trials = []
     for record in result.records:
         prediction = record.get("prediction") or {}
@@ -49,8 +52,16 @@ def _tuning_block(result: SearchResult, winner_key: str) -> dict[str, Any]:
         })
     start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
     tuned = next(r for r in result.records if r["key"] == winner_key)["measured"]["tokens_per_s_per_gpu"]
-    return {"start_tokens_per_s_per_gpu": start, "tuned_tokens_per_s_per_gpu": tuned,
-            "minutes": round(result.trial_s / 60, 3), "pruned": result.pruned, "trials": trials}
+    block = {"start_tokens_per_s_per_gpu": start, "tuned_tokens_per_s_per_gpu": tuned,
+             "minutes": round(result.trial_s / 60, 3), "pruned": result.pruned, "trials": trials}
+    if gain is not None and gain.pairs:
+        block["gain"] = {"start_tokens_per_s_per_gpu": list(gain.start), "winner_tokens_per_s_per_gpu":
+                         list(gain.winner), "pair_gains": list(gain.pairs), "median_gain": gain.median,
+                         "start_spread": gain.start_noise}
+    if ablations is not None:
+        block["ablations"] = [{"knob": a.knob, "measured_tokens_per_s_per_gpu": a.measured_tokens_per_s_per_gpu,
+                               "contribution": a.contribution, "note": a.note} for a in ablations.found]
+    return block
 
 
 def _why(start: dict[str, Any], winner: dict[str, Any]) -> str:
@@ -62,7 +73,8 @@ def _why(start: dict[str, Any], winner: dict[str, Any]) -> str:
     return text
 
 
-def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict]) -> list[str]:
+def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict],
+              gain: Gain | None = None, ablations: Ablations | None = None) -> list[str]:
     start = next(r for r in result.records if r["key"] == "start")
     start_tps, tuned_tps = start["measured"]["tokens_per_s_per_gpu"], winner["measured"]["tokens_per_s_per_gpu"]
     failures = [r for r in result.records if r["status"] == "failed"]
@@ -76,6 +88,13 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
     else:
         notes.append(f"What changed: {describe_changes(winner['changes'])}. Why it is faster (measured): "
                      f"{_why(start, winner)}.")
+    if gain is not None:
+        notes.append(f"Gain measured again, start and winner in turns: {gain.describe()}.")
+    if ablations is not None and (ablations.found or ablations.skipped):
+        parts = [a.describe() for a in ablations.found]
+        if ablations.skipped:
+            parts.append("not measured within the budget: " + ", ".join(ablations.skipped))
+        notes.append("Each changed knob dropped in turn (one run each): " + "; ".join(parts) + ".")
     for verdict in failed:
         tps = verdict.record["measured"]["tokens_per_s_per_gpu"]
         notes.append(f"Trial {verdict.record['index']} ({describe_changes(verdict.record['changes'])}) measured "
@@ -87,7 +106,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
     return notes
 
 
-def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict]) -> Published:
+def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict], *, gain: Gain | None = None,
+            ablations: Ablations | None = None) -> Published:
     from openrecipes.cards.new import NewCardOptions, new_card
     from openrecipes.site.build import build_site
 
@@ -101,7 +121,7 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict])
     recipe_path = out / TUNED_FILE
     atomic_write_text(recipe_path, f"# written by openrecipes tune from {result.start_path}; only performance-only "
                       "fields differ from it\n" + dump_recipe(tuned))
-    notes = notes_for(result, record, status, failed)
+    notes = notes_for(result, record, status, failed, gain, ablations)
     gpu_dir = "cpu" if result.target.is_cpu else result.target.gpu_type.lower()
     card = out / "recipes" / safe_name(result.start.model) / gpu_dir / f"{name}.yaml"
     component_tests = (winner.optimizer_report,) if winner and winner.optimizer_report else ()
@@ -109,7 +129,7 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict])
         run_dir=out / record["run_dir"], reference=out / start["run_dir"], out=card, author=result.options.author,
         window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
         status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
-        tuning=_tuning_block(result, record["key"])))
+        tuning=_tuning_block(result, record["key"], gain, ablations)))
     errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
     if errors:
         raise ValueError(f"{card}: the card does not validate: {errors[0]}")

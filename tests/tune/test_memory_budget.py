@@ -1,0 +1,191 @@
+"""The tuner where memory binds and time is short: knobs solved from the memory model, an out-of-memory that prunes
+what needs as much, a budget kept with verification inside it, and gains that must survive an interleaved
+remeasurement (synthetic runners, no training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from openrecipes.cards.validate import validate_file
+from openrecipes.tune.predict import MEMORY_MARGIN, OUT_OF_MEMORY_TOLERANCE
+from openrecipes.tune.progress import Progress
+from openrecipes.tune.publish import publish
+from openrecipes.tune.remeasure import ablate, remeasure
+from openrecipes.tune.runner import Outcome
+from openrecipes.tune.search import Search, TuneOptions
+from openrecipes.tune.solve import least_fitting, solved_offload
+from openrecipes.tune.space import first_ranking_space, start_settings
+from openrecipes.tune.verification import choose_winner
+
+from .conftest import SyntheticRunner
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner(SyntheticRunner):
+    """The synthetic runner whose trials take their wall time on a fake clock, plus a fixed cost before step 0."""
+
+    def __init__(self, clock: FakeClock, setup_s: float = 10.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.clock, self.setup_s = clock, setup_s
+
+    def run(self, trial, tick=None) -> Outcome:
+        outcome = super().run(trial, tick)
+        outcome.wall_s += self.setup_s
+        self.clock.now += outcome.wall_s
+        return outcome
+
+
+def _search(start: Path, out: Path, runner, *, trials: int = 8, minutes: float = 60, clock=None) -> Search:
+    options = TuneOptions(start=start, out=out, gpus="cpu", trials=trials, minutes=minutes, trial_steps=8)
+    progress = Progress(trials=trials, minutes=minutes, stream=io.StringIO(), **({"clock": clock} if clock else {}))
+    return Search(options, runner, progress)
+
+
+def _with_capacity(search: Search, capacity_gib: float) -> None:
+    hardware = search.planner.hardware
+    search.planner.hardware = replace(hardware, gpu=replace(hardware.gpu, memory_gib=capacity_gib))
+
+
+def _peak(search: Search, settings) -> float:
+    candidate = search.candidate_or_none(settings)
+    return search.planner.predict(candidate.recipe).peak_reserved_gib
+
+
+def test_least_fitting_is_the_boundary_of_a_monotone_model():
+    peak = lambda n: 150.0 - 5.0 * n  # noqa: E731  (a linear memory model, GiB at n twentieths offloaded)
+    limit = 140.0 * (1 - MEMORY_MARGIN)
+    found = least_fitting(lambda n: peak(n) <= limit, 0, 20)
+    assert found == 4 and peak(found) <= limit < peak(found - 1)
+    assert least_fitting(lambda n: False, 0, 20) is None and least_fitting(lambda n: True, 0, 20) == 0
+
+
+def test_the_offload_fraction_is_solved_where_memory_binds(start_yaml, tmp_path):
+    search = _search(start_yaml, tmp_path / "out", SyntheticRunner())
+    base = start_settings(search.start, search.facts)
+    none, full = _peak(search, replace(base, offload=0.0)), _peak(search, replace(base, offload=1.0))
+    assert full < none
+    # a device on which the start does not fit without offload, and fits with about a third of it offloaded
+    _with_capacity(search, (none - 0.35 * (none - full)) / (1 - MEMORY_MARGIN))
+    solved = solved_offload(base, search._fits)
+    assert solved is not None and solved.offload not in (0.0, 0.5, 1.0) and 0.0 < solved.offload < 1.0
+    assert search._fits(solved) and not search._fits(replace(solved, offload=round(solved.offload - 0.05, 6)))
+    # the search ranks it: a candidate with that fraction is among the first ranking
+    ranked = {s.offload for s in search._solved([base])}
+    assert solved.offload in ranked
+
+
+def test_an_out_of_memory_prunes_what_needs_as_much(start_yaml, tmp_path):
+    out = tmp_path / "out"
+
+    class OutOfMemoryAbove(SyntheticRunner):
+        """Runs out of memory when the planner predicts at least ``threshold`` GiB (the injected failure)."""
+        threshold = float("inf")
+
+        def run(self, trial, tick=None):
+            from openrecipes.config.recipe import load_recipe
+
+            if search.planner.predict(load_recipe(trial.recipe_path)).peak_reserved_gib >= self.threshold:
+                self.calls.append(trial.run_dir)
+                return Outcome(failure="out_of_memory", detail="CUDA out of memory (injected)", wall_s=1.0)
+            return super().run(trial, tick)
+
+    runner = OutOfMemoryAbove()
+    search = _search(start_yaml, out, runner, trials=8)
+    peaks = [_peak(search, s) for s in first_ranking_space(search.start, search.facts)
+             if search.candidate_or_none(s) and not search.planner.refusal(search.candidate_or_none(s).recipe)]
+    # every candidate in the upper half of the predicted peaks runs out; the planner does not know it
+    runner.threshold = (min(peaks) + max(peaks)) / 2
+    _with_capacity(search, 1.2 * max(peaks))
+    search.run()
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    failures = [r for r in records if r["status"] == "failed"]
+    assert len(failures) == 1 and failures[0]["failure"]["class"] == "out_of_memory"
+    assert len(records) == 8  # the search went on below the bound
+    pruned = [json.loads(line) for line in (out / "pruned.jsonl").read_text().splitlines()]
+    above = [p for p in pruned if p["reason"].startswith("above a measured out-of-memory")]
+    bound = failures[0]["prediction"]["peak_reserved_gib"] * (1 - OUT_OF_MEMORY_TOLERANCE)
+    assert above and all(p["prediction"]["peak_reserved_gib"] >= bound for p in above)
+    # the refit raised the memory scale to at least what made the failed prediction reach the capacity
+    failed = failures[0]["prediction"]
+    assert search.calibration.memory_scale >= failed["capacity_gib"] / failed["peak_reserved_gib"] - 1e-9
+
+
+def test_a_crash_prunes_every_candidate_that_makes_its_changes(start_yaml, tmp_path):
+    out = tmp_path / "out"
+    search = _search(start_yaml, out, SyntheticRunner(), trials=1)
+    search.options.tries = ("kernels.attention=sdpa debug.fail_at=[1,3]",)
+    search.options.trials = 2
+    search.run()
+    crashed = search.tried[next(k for k in search.tried if k != "start")]
+    assert search.journal.find(crashed.key)["failure"]["class"] == "crash"
+    more = replace(crashed, changes={**crashed.changes, "layout.rows_per_microbatch": 2})
+    assert search._failed_like(more).startswith("makes every change of trial 1, which failed (crash")
+    fewer = replace(crashed, changes={"kernels.attention": "sdpa"})
+    assert search._failed_like(fewer) is None
+
+
+def test_the_budget_holds_verification_and_the_gain_is_remeasured(start_yaml, tmp_path):
+    clock, out, minutes = FakeClock(), tmp_path / "out", 4.0
+    runner = TimedRunner(clock)
+    search = _search(start_yaml, out, runner, trials=50, minutes=minutes, clock=clock)
+    result = search.run()
+    assert 3 <= len(result.records) < 50  # stopped by the budget, not the trial count
+    assert "the budget is spent" in search.progress.stream.getvalue()
+    winner, failed = choose_winner(result)
+    gain = remeasure(search, winner.record, 2)
+    assert gain.faster and len(gain.pairs) == 3 and len(runner.calls) == len(result.records) + 4
+    ablations = ablate(search, result.candidates[winner.record["key"]], max(gain.winner))
+    assert clock.now <= minutes * 60 * 1.05
+    published = publish(result, winner, failed, gain=gain, ablations=ablations)
+    loaded, problems = validate_file(published.card)
+    assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
+    tuning = loaded.card.tuning
+    assert tuning.gain.pair_gains == list(gain.pairs) and tuning.gain.median_gain == pytest.approx(gain.median)
+    assert "interleaved start/winner pairs" in loaded.card.notes and "contributes" in loaded.card.notes
+    assert all(a.knob for a in tuning.ablations)
+
+
+class NoisyRunner(SyntheticRunner):
+    """Every recipe runs at the same speed; only the noise differs from run to run (a fixed sequence)."""
+
+    NOISE = (1.0, 0.8, 1.1, 0.9, 1.2, 0.9, 1.1, 0.95, 1.0, 1.0, 1.0, 1.0)
+
+    def run(self, trial, tick=None):
+        from openrecipes.config.rundir import METRICS_FILE
+        from openrecipes.tune.runner import measure_trial
+
+        outcome = super().run(trial, tick)
+        path = trial.run_dir / METRICS_FILE
+        factor = self.NOISE[(len(self.calls) - 1) % len(self.NOISE)]
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "step_time_s": 0.5 * factor}) + "\n" for r in lines))
+        return dataclasses.replace(outcome, measured=measure_trial(trial.run_dir, trial.window))
+
+
+@pytest.mark.parametrize("runner_class", [NoisyRunner])
+def test_a_gain_inside_the_noise_is_no_faster_recipe(start_yaml, tmp_path, monkeypatch, capsys, runner_class):
+    from openrecipes.cli import main
+
+    monkeypatch.setattr("openrecipes.tune.runner.LocalRunner", runner_class)
+    out = tmp_path / "out"
+    code = main(["tune", str(start_yaml), "--gpus", "cpu", "--trials", "5", "--trial-steps", "8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "no faster recipe found" in printed and "the start stays as it is" in printed
+    assert not (out / "recipes").exists()  # no card against itself
+    remeasured = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()
+                  if json.loads(line)["phase"] == "remeasure"]
+    assert len(remeasured) == 4  # start, winner, start, winner

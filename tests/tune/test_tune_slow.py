@@ -31,8 +31,11 @@ def test_tune_finds_a_faster_verified_recipe_on_two_processes(tmp_path):
     out = tmp_path / "out"
     result = _tune(start, out, "--try", "debug.fail_at=[1,3]")
     assert result.returncode == 0, result.stderr[-4000:]
-    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    every = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    records = [r for r in every if r["phase"] not in ("remeasure", "ablation")]
     assert len(records) == 4
+    # before the card: start and winner twice more, in turns
+    assert [r["key"].split("-")[1] == "start" for r in every if r["phase"] == "remeasure"] == [True, False] * 2
     crash = records[1]
     assert crash["failure"]["class"] == "crash" and "injected failure" in crash["failure"]["detail"]
     measured = [r for r in records if r["status"] == "ok"]
@@ -49,12 +52,14 @@ def test_tune_finds_a_faster_verified_recipe_on_two_processes(tmp_path):
     assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
     assert loaded.card.status == "verified" and loaded.card.correctness.convergence.result == "pass"
     assert loaded.card.result.tokens_per_s_per_gpu == best
+    gain = loaded.card.tuning.gain
+    assert len(gain.pair_gains) == 3 and min(gain.pair_gains) > 0 and gain.median_gain > gain.start_spread
     assert compare_recipes(load_recipe(out / "tuned.yaml"), load_recipe(start)).passed
     assert 'id="tuning-chart"' in (out / "site" / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.html").read_text()
 
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")}
     again = _tune(start, out, "--try", "debug.fail_at=[1,3]")
     assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stderr.count("reused from trials.jsonl") == 4
+    assert again.stderr.count("reused from trials.jsonl") == len(every)
     assert {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")} == mtimes
-    assert (out / "trials.jsonl").read_text().splitlines() == [json.dumps(r, sort_keys=True) for r in records]
+    assert (out / "trials.jsonl").read_text().splitlines() == [json.dumps(r, sort_keys=True) for r in every]

@@ -60,6 +60,9 @@ class TrainingSetup:
     train_projection: bool = True  # this engine: an image model's projection trains (its towers never do)
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
+    # recompute applies to the first this many layers of each stage, the rest keep every activation (the block
+    # method); None: every layer (uniform)
+    recompute_layers: int | None = None
     # bytes of optimizer state per parameter when the recipe says exactly (master or remainder + two moments);
     # None: by ``optimizer``
     optimizer_state_bytes: float | None = None
@@ -180,6 +183,13 @@ def inflight(layout: LayoutConfig, stage: int, layers: int, microbatches: int) -
     return layers / layout.vpp * min(chunks, microbatches * layout.vpp)
 
 
+def recomputed_share(setup: TrainingSetup, layers: int) -> float:
+    """The share of a stage's ``layers`` that recompute (the block method's first N; every layer otherwise)."""
+    if setup.recompute_layers is None or setup.recompute == "none" or layers == 0:
+        return 1.0
+    return min(layers, setup.recompute_layers) / layers
+
+
 def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
                  hw: Hardware) -> list[StageMemory]:
     mem = hw.memory
@@ -199,8 +209,10 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     else:
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
     working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
+    kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
     if lora is not None and setup.engine == "openrecipes":  # merged expert weights, kept for each layer's backward
         merged = merged_expert_bytes(shape, layout, lora)
+        kept_per_layer += merged
         if setup.recompute == "full":
             working += merged
         else:
@@ -216,7 +228,15 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             trained_dense, trained_experts = adapter_params(shape, layout, lora, layers)
         sharded_state = state_bytes * (trained_dense / (layout.dp * layout.cp) + trained_experts / edp)
         held = inflight(layout, i, layers, m)
-        transient = working
+        share = recomputed_share(setup, layers)
+        stored = (share * stored_per_layer + (1 - share) * kept_per_layer) * held
+        stage_working = working
+        if share < 1:
+            # the block method recomputes the first layers last in the backward, when the later layers' kept
+            # activations are already freed: the peak is the larger of the backward's start and that recompute
+            recompute_peak = share * stored_per_layer * held + working
+            stage_working = max(full_layer * (mem.working_set_multiplier - 1), recompute_peak - stored)
+        transient = stage_working
         if last:
             # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP); the chunked
             # loss holds one chunk's and an fp32 accumulator of the head's weight gradient
@@ -225,18 +245,18 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
                 OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4)
             if setup.loss_chunk_tokens:
                 logits += 4 * shape.lm_head_params / layout.tp
-            transient = max(working, logits)
+            transient = max(stage_working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         buffers = mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0)
         if setup.engine == "openrecipes":
             weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)
             if layout.pp == 1 and m == 1:
-                buffers, transient = _openrecipes_peak_moment(transient, working, weights["grads"] * GIB,
+                buffers, transient = _openrecipes_peak_moment(transient, stage_working, weights["grads"] * GIB,
                                                               mem.fixed_overhead_gib * GIB)
             else:
                 # gradients exist only from the backward on (they are freed after each step), when the logits are
                 # already gone: the peak is the larger of the two, not their sum
-                transient = max(transient - weights["grads"] * GIB, working)
+                transient = max(transient - weights["grads"] * GIB, stage_working)
         else:
             kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
             # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole
@@ -244,11 +264,11 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             frozen = 2 * shape.frozen_encoder_params if first else 0.0
             weights = {"params": (2 * kept + frozen) / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
-        stored = stored_per_layer * held
+        in_flight = stored_per_layer if share == 1 else max(stored_per_layer, kept_per_layer)
         parts = {
             **weights,
             # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
-            "activations": ((stored_per_layer if setup.offload_activations else stored) + p2p) / GIB,
+            "activations": ((in_flight if setup.offload_activations else stored) + p2p) / GIB,
             "transient": transient / GIB,
             "buffers": buffers,
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
-from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, stage_params
+from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, recomputed_share, stage_params
 from openrecipes.plan.shape import ModelShape
 
 
@@ -84,9 +84,12 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         lo = sum(counts[:i])
         attn_flops = sum(4 * tok * shape.q_width * mean_context(seq_len, shape.attention_windows[j])
                          for j in range(lo, lo + layers))
-        compute = (passes * layers * dense_fwd / (peak * eff.dense_matmul)
-                   + expert_passes * layers * expert_fwd / (peak * eff.expert_matmul)
-                   + attn_passes * attn_flops / (peak * eff.attention))
+        # the block method: the first layers recompute, the others run three passes (forward, two backward)
+        share = recomputed_share(setup, layers)
+        mixed = lambda recomputing: share * recomputing + (1 - share) * 3.0  # noqa: E731
+        compute = (mixed(passes) * layers * dense_fwd / (peak * eff.dense_matmul)
+                   + mixed(expert_passes) * layers * expert_fwd / (peak * eff.expert_matmul)
+                   + mixed(attn_passes) * attn_flops / (peak * eff.attention))
         if i == len(counts) - 1:
             head_passes = 4 if setup.loss_chunk_tokens else 3  # the chunked loss computes the logits again
             compute += head_passes * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
@@ -94,8 +97,9 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         if layout.pp > 1:
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T
             p2p = 2 * _link_time(2 * shape.hidden * hidden_tokens, 2 * layout.tp * layout.cp * layout.dp, hw)
-        stage_parts.append({"compute": compute, "tp_cp": comm_passes * layers * tp_time + layers * split_overhead,
-                            "ep": comm_passes * layers * ep_time, "pp": p2p})
+        layer_comm = (share * comm_passes + (1 - share) * 2.0) * layers
+        stage_parts.append({"compute": compute, "tp_cp": layer_comm * tp_time + layers * split_overhead,
+                            "ep": layer_comm * ep_time, "pp": p2p})
     stage_times = [sum(p.values()) for p in stage_parts]
     parts = stage_parts[stage_times.index(max(stage_times))]  # per microbatch, on the slowest stage
 

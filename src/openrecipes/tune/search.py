@@ -122,7 +122,7 @@ class Search:
                                   "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
         self.journal = Journal(self.out)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
-        self.calibration = Calibration()
+        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
         self.refused: dict[str, str] = {}
         self.pruned: list[dict[str, Any]] = []

@@ -88,7 +88,7 @@ def test_the_reference_is_qwen3s_tokenizer(qwen3_reference):
     assert tokenizer.get_vocab_size(with_added_tokens=True) == 151_669
     assert [tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")] \
         == [151_643, 151_644, 151_645, 151_667, 151_668]
-    card = next((REPO / "recipes" / "qwen3-30b-a3b").rglob("*.yaml")).read_text(encoding="utf-8")
+    card = (REPO / "recipes" / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml").read_text(encoding="utf-8")
     assert QWEN3_TOKENIZER_JSON_SHA256 in card
 
 

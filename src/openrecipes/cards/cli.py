@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                  "numbers")
     validate.add_argument("paths", nargs="+", metavar="PATH",
                           help="card files, or directories searched recursively for *.yaml (a file with "
-                               "kind: verification is a verification card)")
+                               "kind: verification is a verification card; *.recipe.yaml files are recipes, skipped)")
     validate.add_argument("--quiet", action="store_true", help="print errors only, no notes")
     validate.set_defaults(func=_validate)
 

@@ -18,6 +18,8 @@ from openrecipes.config.safe_yaml import UnsafeYamlError, load_plain_yaml_file
 from openrecipes.cards.schema import RecipeCard
 
 CARD_SUFFIXES = (".yaml", ".yml")
+# a runnable recipe beside its card (recipes/<model>/<gpu>/<name>.recipe.yaml): not a card, skipped in directories
+RECIPE_SUFFIXES = (".recipe.yaml", ".recipe.yml")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,12 +130,14 @@ def validate_file(path: str | os.PathLike) -> tuple[LoadedCard | None, list[Prob
 
 
 def find_card_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files named directly, and every *.yaml / *.yml under directories (sorted, recursive)."""
+    """Files named directly, and every *.yaml / *.yml under directories (sorted, recursive), but recipes
+    (*.recipe.yaml) there."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix in CARD_SUFFIXES and p.is_file()))
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix in CARD_SUFFIXES and p.is_file()
+                                and not p.name.endswith(RECIPE_SUFFIXES)))
         elif path.is_file():
             found.append(path)
         else:

@@ -30,7 +30,7 @@ SKIPPED_SHARE = 0.2
 class Finding:
     loc: Loc
     message: str
-    severity: Literal["error", "note"] = "error"
+    severity: Literal["error", "warning", "note"] = "error"
 
 
 def half_unit(value: float) -> float:

@@ -18,7 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate.add_argument("paths", nargs="+", metavar="PATH",
                           help="card files, or directories searched recursively for *.yaml (a file with "
                                "kind: verification is a verification card; *.recipe.yaml files are recipes, skipped)")
-    validate.add_argument("--quiet", action="store_true", help="print errors only, no notes")
+    validate.add_argument("--quiet", action="store_true", help="print errors and warnings only, no notes")
+    validate.add_argument("--published", action="store_const", const=True, default=None,
+                          help="check every recipe card as a catalog card: an absolute machine path is an error "
+                               "(default: only for cards under a repository's recipes/, a warning elsewhere)")
     validate.set_defaults(func=_validate)
 
     _register_new(verbs)
@@ -36,13 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from openrecipes.cards.verification_load import validate_any
 
-    files, problems = validate_any(args.paths)
+    files, problems = validate_any(args.paths, published=getattr(args, "published", None))
     errors = [p for p in problems if p.severity == "error"]
+    warnings = [p for p in problems if p.severity == "warning"]
     for problem in problems:
-        if problem.severity == "error" or not args.quiet:
+        if problem.severity != "note" or not args.quiet:
             print(problem, file=sys.stderr if problem.severity == "error" else sys.stdout)
     bad = len({p.file for p in errors})
-    print(f"{files} card(s) checked, {bad} with errors, {len(errors)} error(s)")
+    print(f"{files} card(s) checked, {bad} with errors, {len(errors)} error(s)"
+          + (f", {len(warnings)} warning(s)" if warnings else ""))
     return 1 if errors else 0
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Literal
 import pydantic
 
 from openrecipes.cards.checks import Finding, Loc, check_card
+from openrecipes.cards.paths import find_absolute_paths, is_catalog_path
 from openrecipes.config.safe_yaml import UnsafeYamlError, load_plain_yaml_file
 from openrecipes.cards.schema import RecipeCard
 
@@ -28,12 +29,12 @@ class Problem:
     line: int | None
     path: str
     message: str
-    severity: Literal["error", "note"] = "error"
+    severity: Literal["error", "warning", "note"] = "error"
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
         field_path = f" {self.path}:" if self.path else ""
-        prefix = "note: " if self.severity == "note" else ""
+        prefix = "" if self.severity == "error" else f"{self.severity}: "
         return f"{where}:{field_path} {prefix}{self.message}"
 
 
@@ -93,10 +94,12 @@ def schema_problems(error: pydantic.ValidationError, source: str,
     return problems
 
 
-def load_card(path: str | os.PathLike) -> LoadedCard:
+def load_card(path: str | os.PathLike, *, published: bool | None = None) -> LoadedCard:
     """Load one card and run every check; raise CardError if it is not a valid card at all.
 
-    Consistency errors do not raise: they are in the result's ``problems`` (see ``ok``).
+    Consistency errors do not raise: they are in the result's ``problems`` (see ``ok``). ``published``: whether
+    the card is one of a catalog's, where an absolute machine path is an error rather than a warning; None (the
+    default) decides by where the file is (``paths.is_catalog_path``: under a repository's ``recipes/``).
     """
     path = Path(path)
     source = str(path)
@@ -113,7 +116,27 @@ def load_card(path: str | os.PathLike) -> LoadedCard:
     except pydantic.ValidationError as error:
         raise CardError(schema_problems(error, source, lines)) from None
     problems = [to_problem(finding, source, lines) for finding in check_card(card)]
+    published = is_catalog_path(path) if published is None else published
+    problems += [to_problem(finding, source, lines) for finding in path_findings(data, published=published)]
     return LoadedCard(path=path, card=card, text=text, problems=problems)
+
+
+def path_findings(tree: Any, *, published: bool) -> list[Finding]:
+    """One finding per field holding absolute machine paths: an error on a published card, else a warning."""
+    by_field: dict[Loc, list[str]] = {}
+    for loc, found in find_absolute_paths(tree):
+        by_field.setdefault(loc, []).append(found)
+    findings = []
+    for loc, found in by_field.items():
+        more = f" (and {len(found) - 1} more: {', '.join(found[1:4])}{', ...' if len(found) > 4 else ''})" \
+            if len(found) > 1 else ""
+        message = (f"{format_loc(loc)} holds the absolute machine path {found[0]!r}{more}, which a reader's clone of "
+                   "the repository does not have: use a path relative to the repository (e.g. a recipe under "
+                   "recipes/) or name the build (input, tokenizer, flags) and its hash")
+        if not published:
+            message += " (a warning outside a repository's recipes/ catalog, an error in it)"
+        findings.append(Finding(loc=loc, message=message, severity="error" if published else "warning"))
+    return findings
 
 
 def to_problem(finding: Finding, source: str, lines: dict[tuple[Any, ...], int]) -> Problem:
@@ -121,9 +144,11 @@ def to_problem(finding: Finding, source: str, lines: dict[tuple[Any, ...], int])
                    message=finding.message, severity=finding.severity)
 
 
-def validate_file(path: str | os.PathLike) -> tuple[LoadedCard | None, list[Problem]]:
+def validate_file(path: str | os.PathLike, *, published: bool | None = None
+                  ) -> tuple[LoadedCard | None, list[Problem]]:
+    """The card and its problems, or None and the problems that kept it from loading (``published``: load_card)."""
     try:
-        loaded = load_card(path)
+        loaded = load_card(path, published=published)
     except CardError as error:
         return None, error.problems
     return loaded, loaded.problems
@@ -145,8 +170,9 @@ def find_card_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
-def validate_paths(paths: Iterable[str | os.PathLike]) -> tuple[list[LoadedCard], list[Problem]]:
-    """Validate every card under ``paths``; returns the loaded cards and all problems."""
+def validate_paths(paths: Iterable[str | os.PathLike], *, published: bool | None = None
+                   ) -> tuple[list[LoadedCard], list[Problem]]:
+    """Validate every card under ``paths``; returns the loaded cards and all problems (``published``: load_card)."""
     paths = list(paths)
     files = find_card_files(paths)
     if not files:
@@ -154,7 +180,7 @@ def validate_paths(paths: Iterable[str | os.PathLike]) -> tuple[list[LoadedCard]
     cards: list[LoadedCard] = []
     problems: list[Problem] = []
     for path in files:
-        loaded, found = validate_file(path)
+        loaded, found = validate_file(path, published=published)
         problems.extend(found)
         if loaded is not None:
             cards.append(loaded)

@@ -72,8 +72,9 @@ def _is_verification_file(path: Path) -> bool:
     return is_verification_data(data)
 
 
-def validate_any(paths: Iterable[str | os.PathLike]) -> tuple[int, list[Problem]]:
-    """Validate every card under ``paths``, recipe or verification; returns (files checked, problems)."""
+def validate_any(paths: Iterable[str | os.PathLike], *, published: bool | None = None) -> tuple[int, list[Problem]]:
+    """Validate every card under ``paths``, recipe or verification; returns (files checked, problems).
+    ``published`` is for recipe cards (``validate.load_card``)."""
     paths = list(paths)
     files = find_card_files(paths)
     if not files:
@@ -86,7 +87,7 @@ def validate_any(paths: Iterable[str | os.PathLike]) -> tuple[int, list[Problem]
             except CardError as error:
                 problems.extend(error.problems)
         else:
-            problems.extend(validate_file(path)[1])
+            problems.extend(validate_file(path, published=published)[1])
     return len(files), problems
 
 

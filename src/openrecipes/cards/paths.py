@@ -1,0 +1,87 @@
+"""Absolute machine paths in a card: a reader rerunning a published card from a clone has none of them.
+
+A path counts when a whitespace-, quote-, bracket- or separator-delimited token starts with ``/`` and a letter,
+dot or underscore (``/tmp/x``, ``/home/u``, ``/.cache``), with ``~/`` or ``~user/``, with a drive (``C:\\``,
+``C:/``) or is a UNC share (``\\\\host\\share``); ``file:`` URLs too. Other URLs (``https://``, ``hf://``,
+``s3://``) are left out, and so is a ``/`` inside a token: ``tokens/s/GPU``, ``$/1M tokens``, ``1/3``, dates.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+Loc = tuple[str | int, ...]
+
+# what may stand right before a path: start of text, whitespace, quotes, brackets, separators
+_BEFORE = r"(?<![^\s'\"`(\[{<=:,;|])"
+# what a path token stops at
+_BODY = r"[^\s'\"`()\[\]{}<>,;|:=]*"
+_URL = re.compile(r"(?<![A-Za-z0-9+.-])(?!file:)[A-Za-z][A-Za-z0-9+.-]*://\S*")
+_PATH = re.compile(_BEFORE + "(?:" + "|".join((
+    r"file:/" + _BODY,  # file:///tmp/x, file:/tmp/x
+    r"[A-Za-z]:[\\/](?![\\/])" + _BODY,  # C:\Users\x, C:/Users/x
+    r"\\\\[A-Za-z0-9._$-]+\\" + _BODY,  # \\host\share
+    r"~(?:[A-Za-z_][A-Za-z0-9_.-]*)?/" + _BODY,  # ~/x, ~user/x
+)) + ")")
+_POSIX = re.compile(_BEFORE + r"/[A-Za-z._]" + _BODY)
+_TRAILING = ".:"  # sentence punctuation after a path
+
+
+def _strip(token: str) -> str:
+    return token.rstrip(_TRAILING) or token
+
+
+def paths_in_text(text: str) -> list[str]:
+    """The absolute machine paths in one string, in order, each once."""
+    masked = _URL.sub(lambda m: " " * len(m.group()), text)
+    found: list[tuple[int, str]] = []
+    taken: list[range] = []
+    for pattern in (_PATH, _POSIX):
+        for match in pattern.finditer(masked):
+            if any(match.start() in span for span in taken):
+                continue  # the /x of C:/x or file:/x, already reported whole
+            taken.append(range(match.start(), match.end()))
+            found.append((match.start(), _strip(text[match.start():match.end()])))
+    return list(dict.fromkeys(path for _, path in sorted(found)))
+
+
+def _walk(tree: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _walk(value, (*loc, str(key)))
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            yield from _walk(value, (*loc, index))
+    elif isinstance(tree, str):
+        for path in paths_in_text(tree):
+            yield loc, path
+
+
+def find_absolute_paths(tree: Any) -> list[tuple[Loc, str]]:
+    """(field location, path) for every absolute machine path in every string of a loaded YAML tree."""
+    return list(_walk(tree, ()))
+
+
+def dotted(loc: Loc) -> str:
+    """('workload', 'dataset', 'source') -> 'workload.dataset.source'; list indices as [i]."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def absolute_paths(tree: Any) -> list[tuple[str, str]]:
+    """(dotted field path, path) for every absolute machine path in every string of a loaded card tree."""
+    return [(dotted(loc), path) for loc, path in find_absolute_paths(tree)]
+
+
+def is_catalog_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies in a repository's ``recipes/`` catalog: a ``recipes`` directory beside the
+    repository's ``.git`` or ``pyproject.toml``. A ``recipes`` directory elsewhere (a tuner's output) is not one."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if parent.name == "recipes" and any((parent.parent / marker).exists() for marker in (".git", "pyproject.toml")):
+            return True
+    return False

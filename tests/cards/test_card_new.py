@@ -158,6 +158,27 @@ def test_verified_only_when_every_check_holds(runs, tmp_path):
     assert cor.result == "fail" and cor.configuration == "fail" and "optimizer.lr" in cor.summary
 
 
+def test_paths_under_the_working_directory_are_written_relative(runs, tmp_path, monkeypatch):
+    from openrecipes.cards.paths import absolute_paths
+
+    repo = tmp_path / "clone"  # a repository's catalog: an absolute path there is an error
+    (repo / "recipes").mkdir(parents=True)
+    (repo / ".git").mkdir()
+    out = repo / "recipes" / "qwen3-moe-tiny" / "cpu" / "tiny.yaml"
+    out.parent.mkdir(parents=True)
+    assert _new(runs, out, "--status", "verified") == 2 and not out.exists()  # the runs lie outside the cwd
+    assert _new(runs, out) == 1 and not load_card(out).ok
+    assert any(str(runs["cand"]) in p.message for p in load_card(out).problems if p.severity == "error")
+
+    monkeypatch.chdir(runs["root"])
+    assert _new(runs, out, "--status", "verified", "--overwrite") == 0
+    loaded = load_card(out)
+    assert loaded.ok and absolute_paths(yaml.safe_load(loaded.text)) == [], [str(p) for p in loaded.problems]
+    assert "from run directory cand (started" in loaded.card.notes and "candidate arm: cand;" in (
+        loaded.card.correctness.convergence.note)
+    assert "rows: rows\n" in loaded.card.recipe  # the resolved recipe's data.rows, relative too
+
+
 def test_a_diverging_reference_fails_the_convergence_block(runs, tmp_path):
     shifted = _copy_run(runs, "ref-shifted")
     lines = [json.loads(line) for line in (shifted / "metrics.jsonl").read_text().splitlines()]

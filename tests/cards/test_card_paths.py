@@ -12,7 +12,7 @@ import yaml
 from .card_fixtures import CATALOG, REPO
 
 from openrecipes.cards.cli import _validate
-from openrecipes.cards.paths import absolute_paths, is_catalog_path, paths_in_text
+from openrecipes.cards.paths import absolute_paths, is_catalog_path, paths_in_text, relative_to
 from openrecipes.cards.validate import find_card_files, validate_file, validate_paths
 
 TUNED_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "qwen3-30b-a3b-16l-tune-start-tuned.yaml"
@@ -135,3 +135,14 @@ def test_the_tuned_cards_run_trains_a_recipe_of_the_catalog_that_builds_its_rows
     assert manifest["rows_sha256"] == card["workload"]["dataset"]["rows_sha256"]
     assert (manifest["rows"], manifest["row_tokens"], manifest["seed"]) == (build["rows"], build["row_tokens"],
                                                                             build["seed"])
+
+
+def test_card_new_writes_paths_under_the_working_directory_relative():
+    tree = {"run": "openrecipes train /w/repo/runs/x/recipe.yaml --nproc 1",
+            "notes": "- from run directory /w/repo/runs/x (started); rows /w/rows; https://h/w/repo/y",
+            "list": ["/w/repo", "/w/repository/z"], "n": 3}
+    assert relative_to(tree, "/w/repo") == {
+        "run": "openrecipes train runs/x/recipe.yaml --nproc 1",
+        "notes": "- from run directory runs/x (started); rows /w/rows; https://h/w/repo/y",
+        "list": [".", "/w/repository/z"], "n": 3}
+    assert relative_to(tree, "/") == tree  # every path is under the root: nothing is rewritten

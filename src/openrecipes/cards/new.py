@@ -405,14 +405,16 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
 def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
     """Build the card, write it atomically to ``options.out`` and validate the written file.
 
-    Returns the path and the validator's problems (errors and notes). A ``verified`` status is refused
-    before anything is written unless every check, the verified ones included, passes.
+    Returns the path and the validator's problems (errors, warnings and notes). A ``verified`` status is refused
+    before anything is written unless every check, the verified ones included, passes (for a card of a repository's
+    recipes/ catalog, the absolute-path check too). Absolute paths under the working directory are written relative.
     """
     import pydantic
 
     from openrecipes.cards.checks import check_card
+    from openrecipes.cards.paths import is_catalog_path, relative_to
     from openrecipes.cards.schema import RecipeCard
-    from openrecipes.cards.validate import format_loc, validate_file
+    from openrecipes.cards.validate import format_loc, path_findings, validate_file
     from openrecipes.utils import atomic_write_text
 
     out = Path(options.out)
@@ -425,7 +427,8 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
             raise ValueError(f"--out {out} is inside or equal to the input {source}; write the card elsewhere")
     if out.exists() and not options.overwrite:
         raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
-    data = build_card_data(options)
+    # paths under the working directory as a clone of it names them; others stay absolute (card validate flags them)
+    data = relative_to(build_card_data(options), Path.cwd())
     try:
         card = RecipeCard.model_validate(data)
     except pydantic.ValidationError as error:
@@ -434,6 +437,7 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
                          f"{format_loc(first['loc'])}: {first['msg']}") from None
     if options.status == "verified":
         blocking = [f for f in check_card(card) if f.severity == "error"]
+        blocking += path_findings(data, published=True) if is_catalog_path(out) else []
         if blocking:
             raise ValueError("--status verified refused: " + "; ".join(
                 f"{format_loc(f.loc)}: {f.message}" for f in blocking))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 Loc = tuple[str | int, ...]
@@ -20,6 +20,7 @@ _BEFORE = r"(?<![^\s'\"`(\[{<=:,;|])"
 # what a path token stops at
 _BODY = r"[^\s'\"`()\[\]{}<>,;|:=]*"
 _URL = re.compile(r"(?<![A-Za-z0-9+.-])(?!file:)[A-Za-z][A-Za-z0-9+.-]*://\S*")
+_FILE_URL = re.compile(r"(?<![A-Za-z0-9+.-])file:/\S*")
 _PATH = re.compile(_BEFORE + "(?:" + "|".join((
     r"file:/" + _BODY,  # file:///tmp/x, file:/tmp/x
     r"[A-Za-z]:[\\/](?![\\/])" + _BODY,  # C:\Users\x, C:/Users/x
@@ -85,3 +86,38 @@ def is_catalog_path(path: str | os.PathLike) -> bool:
         if parent.name == "recipes" and any((parent.parent / marker).exists() for marker in (".git", "pyproject.toml")):
             return True
     return False
+
+
+def _relative(token: str, bases: list[PurePosixPath]) -> str:
+    path = PurePosixPath(os.path.normpath(token))
+    for base in bases:
+        if path == base or base in path.parents:
+            return str(path.relative_to(base))
+    return token
+
+
+def relative_to(tree: Any, base: str | os.PathLike) -> Any:
+    """A copy of ``tree`` whose strings name absolute paths under ``base`` relative to it (others are kept)."""
+    bases = [PurePosixPath(os.path.abspath(base))]
+    if str(Path(base).resolve()) != str(bases[0]):
+        bases.append(PurePosixPath(str(Path(base).resolve())))
+    if any(b.parent == b for b in bases):  # the filesystem root: every path is "under" it
+        return tree
+
+    def text(value: str) -> str:
+        masked = _FILE_URL.sub(lambda m: " " * len(m.group()), _URL.sub(lambda m: " " * len(m.group()), value))
+        pieces, last = [], 0
+        for match in _POSIX.finditer(masked):
+            token = _strip(value[match.start():match.end()])
+            pieces += [value[last:match.start()], _relative(token, bases)]
+            last = match.start() + len(token)
+        return "".join(pieces) + value[last:]
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        return text(value) if isinstance(value, str) else value
+
+    return walk(tree)

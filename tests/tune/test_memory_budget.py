@@ -118,9 +118,7 @@ def test_an_out_of_memory_prunes_what_needs_as_much(start_yaml, tmp_path):
     above = [p for p in pruned if p["reason"].startswith("above a measured out-of-memory")]
     bound = failures[0]["prediction"]["peak_reserved_gib"] * (1 - OUT_OF_MEMORY_TOLERANCE)
     assert above and all(p["prediction"]["peak_reserved_gib"] >= bound for p in above)
-    # the refit raised the memory scale to at least what made the failed prediction reach the capacity
-    failed = failures[0]["prediction"]
-    assert search.calibration.memory_scale >= failed["capacity_gib"] / failed["peak_reserved_gib"] - 1e-9
+    assert search.calibration.out_of_memory_gib == failures[0]["prediction"]["peak_reserved_gib"]
 
 
 def test_a_crash_prunes_every_candidate_that_makes_its_changes(start_yaml, tmp_path):

@@ -31,14 +31,29 @@ def test_refit_recovers_a_scale_and_a_per_microbatch_cost():
         assert fit.tokens_per_s_per_gpu(p) == pytest.approx(measured, rel=1e-6)
 
 
-def test_refit_from_one_trial_is_a_ratio_and_memory_rescales_fit():
+def test_refit_from_one_trial_is_a_ratio_and_memory_is_offset():
     p = _prediction(0.1, 4)
     fit = fit_calibration([(p, 250.0, 1.5)])
     assert fit.per_layer_microbatch_s == 0 and fit.tokens_per_s_per_gpu(p) == pytest.approx(250.0)
-    assert fit.memory_scale == pytest.approx(1.5)
+    assert fit.memory_offset_gib == pytest.approx(0.5)  # measured 1.5 GiB against 1.0 predicted
     big = Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=60.0,
-                     peak_reserved_gib=60.0, capacity_gib=80.0)
+                     peak_reserved_gib=79.8, capacity_gib=80.0)
     assert fit_calibration([]).fits(big) and not fit.fits(big)
+
+
+def test_compiled_memory_follows_the_eager_offset_and_the_saving():
+    def prediction(compiled: bool, logits: float) -> Prediction:
+        return Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=100.0,
+                          peak_reserved_gib=110.0, capacity_gib=140.0, compiled=compiled, logits_gib_per_byte=logits)
+
+    eager, compiled = prediction(False, 1.0), prediction(True, 1.0)
+    prior = fit_calibration([(eager, 1.0, 108.0)], saving_prior=8.0)  # eager measured 8 GiB above
+    assert prior.peak_gib(eager) == pytest.approx(118.0) and prior.peak_gib(compiled) == pytest.approx(110.0)
+    both = fit_calibration([(eager, 1.0, 108.0), (compiled, 1.0, 98.0)], saving_prior=8.0)
+    assert both.compiled_saving_bytes == pytest.approx(10.0)  # 108 - 98 over one GiB of logits per byte
+    only_compiled = fit_calibration([(compiled, 1.0, 98.0)], saving_prior=8.0)
+    assert only_compiled.peak_gib(compiled) == pytest.approx(108.0) and only_compiled.peak_gib(eager) == \
+        pytest.approx(116.0)
 
 
 def test_planner_refuses_what_train_refuses(start_yaml):

@@ -13,9 +13,12 @@ ratio (the geometric mean of measured over predicted). The planner has no model 
 candidate's step time is the eager one divided by ``compile_speedup``, a prior from BENCHMARKS.md (the target's
 measured effect) that the refit replaces once eager and compiled trials were both measured.
 
-Memory is rescaled by the mean ratio of measured peak to predicted allocated memory where the trials measured one
-(GPUs). An out-of-memory trial is a measurement too: its predicted peak was at least the capacity, so the scale is
-raised to at least capacity / that prediction, and every candidate predicted to need as much or more is refused
+Memory is corrected by an offset: the mean of measured peak minus predicted allocated memory of the trials that
+measured one (GPUs), the planner's error being mostly a fixed amount (the measured table in BENCHMARKS.md). Compiled
+blocks fuse the loss and hold less than eager ones: a compiled candidate's offset is the eager one less
+``compiled_saving_bytes`` per logits element, a prior from the measured grid that the refit replaces once both kinds
+were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to need
+as much memory or more is refused
 ("above a measured out-of-memory").
 """
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrecipes.config.hardware import GpuSpec, known_gpu_name, parse_gpus
-from openrecipes.config.layout import layout_problems, rows_per_microbatch, unsupported_reason
+from openrecipes.config.layout import LayoutConfig, layout_problems, rows_per_microbatch, unsupported_reason
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
 from openrecipes.plan.hardware import Hardware, load_hardware
@@ -40,6 +43,10 @@ CPU = "cpu"
 # measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
 # recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
 COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170, "H100": 0.202 / 0.170}
+# bytes per logits element (last-stage tokens x vocabulary) that compiled blocks hold less than eager ones at the
+# peak: the 18-layer grid on one H200 (BENCHMARKS.md) measured eager runs 7.8 GiB above the planner and compiled ones
+# 1.8 GiB below it, 9.6 GiB apart at 8,192 x 151,936 logits
+COMPILED_SAVING_BYTES_PRIOR = {"H200": 8.3, "H100": 8.3}
 # the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
 MEMORY_MARGIN = 0.05
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
@@ -110,6 +117,7 @@ class Prediction:
     peak_reserved_gib: float
     capacity_gib: float
     compiled: bool = False  # kernels.compile: the planner's step time is eager; the calibration scales it
+    logits_gib_per_byte: float = 0.0  # logits elements of the busiest stage's loss, in GiB per byte each
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,7 +127,8 @@ class Prediction:
 class Calibration:
     step_scale: float = 1.0
     per_layer_microbatch_s: float = 0.0
-    memory_scale: float = 1.0
+    memory_offset_gib: float = 0.0  # measured peak - predicted allocated, for eager blocks
+    compiled_saving_bytes: float = 0.0  # per logits element, what compiled blocks hold less than eager ones
     fitted_on: int = 0
     compile_speedup: float = 1.0  # eager step time / compiled step time
     out_of_memory_gib: float | None = None  # the smallest planner peak (before scaling) of a trial that ran out
@@ -133,8 +142,11 @@ class Calibration:
     def tokens_per_s_per_gpu(self, p: Prediction) -> float:
         return p.tokens_per_s_per_gpu * p.step_time_s / self.step_time_s(p)
 
+    def offset_gib(self, p: Prediction) -> float:
+        return self.memory_offset_gib - (self.compiled_saving_bytes * p.logits_gib_per_byte if p.compiled else 0.0)
+
     def peak_gib(self, p: Prediction) -> float:
-        return p.peak_reserved_gib * self.memory_scale
+        return p.peak_reserved_gib + self.offset_gib(p)
 
     def above_out_of_memory(self, p: Prediction) -> bool:
         return (self.out_of_memory_gib is not None
@@ -154,16 +166,17 @@ class Calibration:
 
 
 def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
-                    out_of_memory: list[Prediction] = (), compile_prior: float = 1.0) -> Calibration:
+                    out_of_memory: list[Prediction] = (), compile_prior: float = 1.0,
+                    saving_prior: float = 0.0) -> Calibration:
     """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials and the
     predictions of the trials that ran out of memory."""
-    memory = [peak / p.allocated_gib for p, _, peak in pairs if peak and p.allocated_gib > 0]
-    memory_scale = sum(memory) / len(memory) if memory else 1.0
+    offset, saving = _fit_memory(pairs, saving_prior)
+    # an out-of-memory bounds its region, not the whole space: the planner's error differs between regions (rows
+    # per microbatch, offload), so it prunes what is predicted to need as much and leaves the offset as measured
     bound = min((p.peak_reserved_gib for p in out_of_memory), default=None)
-    if out_of_memory:  # each one's prediction was at least its capacity
-        memory_scale = max(memory_scale, max(p.capacity_gib / p.peak_reserved_gib for p in out_of_memory))
+    memory = dict(memory_offset_gib=offset, compiled_saving_bytes=saving, out_of_memory_gib=bound)
     if not pairs:
-        return Calibration(memory_scale=memory_scale, out_of_memory_gib=bound, compile_speedup=compile_prior)
+        return Calibration(compile_speedup=compile_prior, **memory)
     scale, per_unit = _fit_step(pairs, compile_prior)
     speedup = compile_prior
     compiled = [(p, m) for p, m, _ in pairs if p.compiled]
@@ -171,8 +184,25 @@ def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
         eager = Calibration(step_scale=scale, per_layer_microbatch_s=per_unit)
         ratios = [eager.eager_step_time_s(p) / (p.step_time_s * p.tokens_per_s_per_gpu / m) for p, m in compiled]
         speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit, memory_scale=memory_scale,
-                       fitted_on=len(pairs), compile_speedup=speedup, out_of_memory_gib=bound)
+    return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit, fitted_on=len(pairs),
+                       compile_speedup=speedup, **memory)
+
+
+def _fit_memory(pairs: list[tuple[Prediction, float, float | None]], saving_prior: float) -> tuple[float, float]:
+    """(eager offset GiB, compiled saving in bytes per logits element) from the measured peaks."""
+    eager = [peak - p.allocated_gib for p, _, peak in pairs if peak and not p.compiled]
+    compiled = [(peak - p.allocated_gib, p.logits_gib_per_byte) for p, _, peak in pairs if peak and p.compiled]
+    saving = saving_prior
+    if eager and compiled and all(size > 0 for _, size in compiled):
+        offset = sum(eager) / len(eager)
+        saving = sum((offset - error) / size for error, size in compiled) / len(compiled)
+    elif eager:
+        offset = sum(eager) / len(eager)
+    elif compiled:
+        offset = sum(error + saving * size for error, size in compiled) / len(compiled)
+    else:
+        offset = 0.0
+    return offset, saving
 
 
 def _fit_step(pairs: list[tuple[Prediction, float, float | None]], compile_prior: float) -> tuple[float, float]:
@@ -210,6 +240,7 @@ class Planner:
         self.row_tokens = row_tokens
         # None: no measured effect of compiled blocks on this target; compile is then explored around the best
         self.compile_prior: float | None = None if target.is_cpu else COMPILE_SPEEDUP_PRIOR.get(target.gpu_type)
+        self.saving_prior = 0.0 if target.is_cpu else COMPILED_SAVING_BYTES_PRIOR.get(target.gpu_type, 0.0)
 
     def refusal(self, recipe: Recipe) -> str | None:
         """Why train would refuse the recipe's layout (the rules train applies), or None."""
@@ -235,7 +266,12 @@ class Planner:
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),
                           allocated_gib=max(s.allocated_gib for s in plan.stages),
                           peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib,
-                          compiled=recipe.kernels.compile)
+                          compiled=recipe.kernels.compile, logits_gib_per_byte=self._logits_gib_per_byte(recipe, layout))
+
+    def _logits_gib_per_byte(self, recipe: Recipe, layout: LayoutConfig) -> float:
+        chunk = recipe.kernels.loss_chunk_tokens
+        tokens = min(layout.max_tokens_per_gpu, chunk) if chunk else layout.max_tokens_per_gpu
+        return tokens * self.shape.vocab / layout.tp / 1024 ** 3
 
 
 def gpu_memory_gb(target: Target) -> float | None:

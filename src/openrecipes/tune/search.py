@@ -40,8 +40,8 @@ from openrecipes.verify.rules import compare_recipes
 ROWS_DIR = "rows"
 TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
 # verification besides the remeasured trials: the optimizer component test, the card and the site (seconds; the
-# component test took about 20 s on two CPU cores and less on a GPU)
-VERIFY_FIXED_S = 60.0
+# component test took about 20 s on two CPU cores)
+VERIFY_FIXED_S = 30.0
 CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 
 
@@ -122,7 +122,8 @@ class Search:
                                   "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
         self.journal = Journal(self.out)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
-        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
+        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0,
+                                       compiled_saving_bytes=self.planner.saving_prior)
         self.tried: dict[str, Candidate] = {}
         self.refused: dict[str, str] = {}
         self.pruned: list[dict[str, Any]] = []
@@ -331,7 +332,8 @@ class Search:
             elif record["failure"]["class"] == "out_of_memory":
                 out_of_memory.append(Prediction(**raw))
         prior = self.planner.compile_prior or 1.0
-        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior)
+        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior,
+                                           saving_prior=self.planner.saving_prior)
         self.progress.reserve_s = self.reserve_s()
 
     # ---- the budget -------------------------------------------------------------------------------------------
@@ -340,17 +342,21 @@ class Search:
         record = self.journal.find(key)
         return record if record is not None and record["status"] == "ok" else None
 
-    def reserve_s(self) -> float:
+    def reserve_s(self, next_wall_s: float = 0.0) -> float:
         """Time held back for what follows the search: the remeasured (start, winner) pairs at their measured
-        trial times (the best so far standing in for the winner) and the rest of verification."""
+        trial times (the slower of the best candidate so far and the next trial, ``next_wall_s``, standing in for
+        the winner) and the rest of verification."""
         start = self._measured("start")
         if start is None:
             return 0.0
         if not self.searching:
             return CARD_S
         best = self._best()
-        best_wall = self._measured(best[0].key)["wall_s"] if best else start["wall_s"]
-        return self.options.remeasure * (start["wall_s"] + best_wall) + VERIFY_FIXED_S
+        best_wall = self._measured(best[0].key)["wall_s"] if best and best[0].key != "start" else 0.0
+        winner_wall = max(best_wall, next_wall_s)
+        if not winner_wall:
+            return CARD_S  # nothing but the start was measured: nothing to remeasure
+        return self.options.remeasure * (start["wall_s"] + winner_wall) + VERIFY_FIXED_S
 
     def estimated_wall_s(self, prediction: Prediction | None) -> float:
         """A trial's expected wall time: the start's cost before and around its steps plus the predicted steps."""
@@ -364,7 +370,8 @@ class Search:
         return fixed + steps * self.calibration.step_time_s(prediction)
 
     def within_budget(self, prediction: Prediction | None = None) -> bool:
-        return self.estimated_wall_s(prediction) + self.reserve_s() <= self.progress.left_s()
+        wall = self.estimated_wall_s(prediction)
+        return wall + self.reserve_s(wall) <= self.progress.left_s()
 
     def _budget_left(self, prediction: Prediction | None = None) -> bool:
         return self.trial_index < self.options.trials and self.within_budget(prediction)
@@ -425,8 +432,8 @@ class Search:
                 break
             if not self._budget_left(pool[0].prediction):
                 self.progress.say(f"the budget is spent: the next trial would take about "
-                                  f"{self.estimated_wall_s(pool[0].prediction):.0f} s and "
-                                  f"{self.reserve_s():.0f} s are reserved for verification, "
+                                  f"{(wall := self.estimated_wall_s(pool[0].prediction)):.0f} s and "
+                                  f"{self.reserve_s(wall):.0f} s would be reserved for verification, "
                                   f"{max(0.0, self.progress.left_s()):.0f} s are left")
                 break
             self.run_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase

@@ -39,9 +39,9 @@ from openrecipes.verify.rules import compare_recipes
 
 ROWS_DIR = "rows"
 TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
-# verification besides the remeasured trials: the optimizer component test, the card and the site (seconds; the
-# component test took about 20 s on two CPU cores)
-VERIFY_FIXED_S = 30.0
+# verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
+# (measured: about 20 s on two CPU cores; about 220 s within the one-H200 tuner call of 2026-12-02, BENCHMARKS.md)
+VERIFY_FIXED_S = {"cpu": 30.0, "gpu": 240.0}
 CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 
 
@@ -270,15 +270,18 @@ class Search:
         path.write_text(dump_recipe(recipe_from_dict(tree, source=str(path))))
         return path
 
-    def _timeout(self) -> float:
+    def _timeout(self, phase: str) -> float:
         """The trial's limit: ``--trial-timeout``, three times the start's time once it was measured (at least two
-        minutes), and never past the point where the budget's reserve begins."""
-        budget = max(1.0, self.progress.left_s() - self.reserve_s())
+        minutes), and for a search trial never past the point where the budget's reserve begins (a remeasurement
+        is what the reserve is for: cutting it would leave the gain unmeasured)."""
+        limit = self.options.trial_timeout_s
+        if phase != "remeasure":
+            limit = min(limit, max(1.0, self.progress.left_s() - self.reserve_s()))
         start = self._measured("start")
         if start is None:
-            return min(self.options.trial_timeout_s, budget)
+            return limit
         # a candidate three times slower than the (deliberately slow) start is not worth waiting for
-        return min(self.options.trial_timeout_s, max(120.0, 3.0 * start["wall_s"]), budget)
+        return min(limit, max(120.0, 3.0 * start["wall_s"]))
 
     def run_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
                   refusal: str | None = None, key: str | None = None) -> dict[str, Any]:
@@ -301,7 +304,7 @@ class Search:
         trial_dir = self.journal.fresh_trial_dir(index, key)
         recipe_path = self._run_recipe(candidate, trial_dir)
         run = TrialRun(recipe_path=recipe_path, run_dir=trial_dir / "run", nproc=self.nproc,
-                       timeout_s=self._timeout(), window=self.window)
+                       timeout_s=self._timeout(phase), window=self.window)
         outcome = (Outcome(failure="refused_layout", detail=refusal) if refusal
                    else self.runner.run(run, tick=self.progress.tick))
         record = {
@@ -356,7 +359,8 @@ class Search:
         winner_wall = max(best_wall, next_wall_s)
         if not winner_wall:
             return CARD_S  # nothing but the start was measured: nothing to remeasure
-        return self.options.remeasure * (start["wall_s"] + winner_wall) + VERIFY_FIXED_S
+        fixed = VERIFY_FIXED_S["cpu" if self.target.is_cpu else "gpu"]
+        return self.options.remeasure * (start["wall_s"] + winner_wall) + fixed
 
     def estimated_wall_s(self, prediction: Prediction | None) -> float:
         """A trial's expected wall time: the start's cost before and around its steps plus the predicted steps."""

@@ -154,6 +154,12 @@ def test_the_budget_holds_verification_and_the_gain_is_remeasured(start_yaml, tm
     assert tuning.gain.pair_gains == list(gain.pairs) and tuning.gain.median_gain == pytest.approx(gain.median)
     assert "interleaved start/winner pairs" in loaded.card.notes and "contributes" in loaded.card.notes
     assert all(a.knob for a in tuning.ablations)
+    # the card's run names the winning recipe beside it, by a path relative to the output (a repository's root)
+    command = loaded.card.run.split()
+    assert command[:2] == ["openrecipes", "train"] and not command[2].startswith("/")
+    from openrecipes.config.recipe import load_recipe
+
+    assert load_recipe(out / command[2]).layout == result.candidates[winner.record["key"]].recipe.layout
 
 
 class NoisyRunner(SyntheticRunner):

@@ -41,6 +41,7 @@ class NewCardOptions:
     overwrite: bool = False
     notes: tuple[str, ...] = ()  # written first in the card's notes (e.g. by openrecipes tune)
     tuning: dict[str, Any] | None = None  # the card's tuning block (openrecipes tune)
+    run_command: str | None = None  # the card's run: (default: the run's own command from run.json)
 
 
 class _CardDumper(yaml.SafeDumper):
@@ -392,7 +393,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                                     reference_text),
         "env": {},
         "patches": [],
-        "run": str(run.require("command", run_origin)),
+        "run": options.run_command or str(run.require("command", run_origin)),
         "notes": notes_text,
         "recipe": dump_recipe(recipe),
         "curves": {"candidate": curve_points(candidate_curve, run_dir, measured.gpus),

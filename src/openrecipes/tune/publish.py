@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openrecipes.cards.validate import RECIPE_SUFFIXES
 from openrecipes.config.recipe import dump_recipe
 from openrecipes.tune.predict import gpu_memory_gb, safe_name
 from openrecipes.tune.remeasure import Ablations, Gain
@@ -73,12 +74,20 @@ def _why(start: dict[str, Any], winner: dict[str, Any]) -> str:
     return text
 
 
+def _shown(path: Path) -> str:
+    """A path as a card may print it: relative to the working directory where it lies under it, else its name."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
 def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict],
               gain: Gain | None = None, ablations: Ablations | None = None) -> list[str]:
     start = next(r for r in result.records if r["key"] == "start")
     start_tps, tuned_tps = start["measured"]["tokens_per_s_per_gpu"], winner["measured"]["tokens_per_s_per_gpu"]
     failures = [r for r in result.records if r["status"] == "failed"]
-    notes = [f"openrecipes tune: starting point {result.start_path} measured {start_tps:,.1f} tokens/s/GPU; tuned to "
+    notes = [f"openrecipes tune: starting point {_shown(result.start_path)} measured {start_tps:,.1f} tokens/s/GPU; tuned to "
              f"{tuned_tps:,.1f} ({tuned_tps / start_tps - 1:+.1%}); {len(result.records)} trials in "
              f"{result.trial_s / 60:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
              "any trial)."]
@@ -123,13 +132,19 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
                       "fields differ from it\n" + dump_recipe(tuned))
     notes = notes_for(result, record, status, failed, gain, ablations)
     gpu_dir = "cpu" if result.target.is_cpu else result.target.gpu_type.lower()
-    card = out / "recipes" / safe_name(result.start.model) / gpu_dir / f"{name}.yaml"
+    catalog = Path("recipes") / safe_name(result.start.model) / gpu_dir
+    card = out / catalog / f"{name}.yaml"
+    # the winning recipe beside its card (a recipe, not a card: cards.validate skips RECIPE_SUFFIXES), so the card's
+    # run works from a repository holding OUT/recipes: its data is the start's section (the build or the rows)
+    runnable = catalog / f"{name}{RECIPE_SUFFIXES[0]}"
+    atomic_write_text(out / runnable, dump_recipe(tuned))
+    run_command = f"openrecipes train {runnable.as_posix()} --nproc {result.target.count}"
     component_tests = (winner.optimizer_report,) if winner and winner.optimizer_report else ()
     card, problems = new_card(NewCardOptions(
         run_dir=out / record["run_dir"], reference=out / start["run_dir"], out=card, author=result.options.author,
         window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
         status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
-        tuning=_tuning_block(result, record["key"], gain, ablations)))
+        tuning=_tuning_block(result, record["key"], gain, ablations), run_command=run_command))
     errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
     if errors:
         raise ValueError(f"{card}: the card does not validate: {errors[0]}")

@@ -27,6 +27,7 @@ from typing import Any
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, write_pruned
+from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
 from openrecipes.tune.progress import Progress
@@ -43,33 +44,6 @@ TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
 # (measured: about 20 s on two CPU cores; about 220 s within the one-H200 tuner call of 2026-12-02, BENCHMARKS.md)
 VERIFY_FIXED_S = {"cpu": 30.0, "gpu": 240.0}
 CARD_S = 15.0  # the card and the site, what is left after the remeasurement
-
-
-@dataclass(kw_only=True)
-class TuneOptions:
-    start: Path
-    out: Path
-    gpus: str = "auto"
-    trials: int = 12
-    minutes: float = 30.0
-    trial_steps: int = 20
-    window: tuple[int, int] | None = None  # default: trial_window(trial_steps)
-    nproc: int | None = None
-    trial_timeout_s: float = 900.0
-    tries: tuple[str, ...] = ()  # "KEY=VALUE KEY=VALUE": candidates measured right after the start
-    author: str = "openrecipes tune"
-    remeasure: int = 2  # interleaved (start, winner) pairs measured again before publishing (tune/remeasure.py)
-
-    def measurement_window(self) -> tuple[int, int]:
-        return self.window or trial_window(self.trial_steps)
-
-
-def trial_window(steps: int) -> tuple[int, int]:
-    """The measurement window of a trial of ``steps`` steps: steps 5 to the last (the cards' 5-19 of 20), starting
-    earlier for short trials so at least half of the steps are measured."""
-    if steps < 3:
-        raise ValueError(f"--trial-steps: at least 3 steps are needed (a warm-up step and a window), got {steps}")
-    return min(5, steps // 2), steps - 1
 
 
 @dataclass(kw_only=True)
@@ -101,6 +75,8 @@ class Search:
         if self.nproc != self.target.count:
             raise ValueError(f"--nproc {self.nproc}: this runner starts all {self.target.count} processes of a "
                              "trial on one machine; several nodes need the Slurm runner (docs/tune.md)")
+        if options.remeasure < 0:
+            raise ValueError(f"--remeasure: 0 or more (start, winner) pairs, got {options.remeasure}")
         if options.trials < 1:
             raise ValueError(f"--trials: at least 1 (the starting point), got {options.trials}")
         self.window = options.measurement_window()

@@ -154,6 +154,8 @@ def test_the_budget_holds_verification_and_the_gain_is_remeasured(start_yaml, tm
     assert tuning.gain.pair_gains == list(gain.pairs) and tuning.gain.median_gain == pytest.approx(gain.median)
     assert "interleaved start/winner pairs" in loaded.card.notes and "contributes" in loaded.card.notes
     assert all(a.knob for a in tuning.ablations)
+    # each trial's cost beyond its steps: the runner's fixed 10 s before step 0
+    assert all(t.overhead_s == pytest.approx(10.0, abs=1e-3) for t in tuning.trials if t.failure is None)
     # the card's run names the winning recipe beside it, by a path relative to the output (a repository's root)
     command = loaded.card.run.split()
     assert command[:2] == ["openrecipes", "train"] and not command[2].startswith("/")

@@ -260,6 +260,9 @@ class TuningTrial(_Strict):
         default=None, description="the planner's prediction when the trial was chosen (refitted on earlier trials)")
     measured_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)] | None = None
     failure: TrialFailure | None = Field(default=None, description="why the trial has no measurement")
+    wall_s: Annotated[float, Field(ge=0)] | None = Field(default=None, description="the trial's wall time")
+    overhead_s: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="its wall time beyond its measured steps (build, host buffers, compile, exit)")
 
     @model_validator(mode="after")
     def _measured_or_failed(self) -> "TuningTrial":

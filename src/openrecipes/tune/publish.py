@@ -50,6 +50,8 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
             or prediction.get("tokens_per_s_per_gpu"),
             "measured_tokens_per_s_per_gpu": measured.get("tokens_per_s_per_gpu"),
             "failure": (record.get("failure") or {}).get("class"),
+            "wall_s": record.get("wall_s"),
+            "overhead_s": record.get("overhead_s"),
         })
     start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
     tuned = next(r for r in result.records if r["key"] == winner_key)["measured"]["tokens_per_s_per_gpu"]

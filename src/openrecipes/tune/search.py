@@ -291,6 +291,9 @@ class Search:
             "status": "ok" if outcome.ok else "failed",
             "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},
             "measured": outcome.measured, "wall_s": round(outcome.wall_s, 3),
+            # the trial's cost beyond its steps: what cheaper trials would cut
+            "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - self.options.trial_steps
+                                                                * outcome.measured["step_time_mean_s"]), 3),
             "run_dir": str(run.run_dir.relative_to(self.out)),
             "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }

@@ -14,6 +14,7 @@ from typing import Literal
 from openrecipes.cards import reference
 from openrecipes.cards.schema import RecipeCard
 from openrecipes.config.layout import layout_problems
+from openrecipes.measure.metrics import mfu
 
 Loc = tuple[str | int, ...]
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -110,7 +111,7 @@ def _check_mfu(card: RecipeCard) -> list[Finding]:
     res = card.result
     peak = _peak(card)
     if peak is not None:
-        implied = 6 * res.active_params.count * res.tokens_per_s_per_gpu / peak
+        implied = mfu(res.active_params.count, res.tokens_per_s_per_gpu, peak)
         if implied > 1:  # faster than the GPU's peak: the throughput (or N, or the GPU) is wrong
             return [Finding(loc=("result", "tokens_per_s_per_gpu"), message=(
                 f"{res.tokens_per_s_per_gpu} tokens/s/GPU implies an MFU of {implied:.1%} (6 x N "
@@ -120,7 +121,7 @@ def _check_mfu(card: RecipeCard) -> list[Finding]:
     if peak is None:
         return [Finding(loc=("result", "mfu"), severity="note", message=(
             f"no peak FLOP/s known for GPU {card.gpu.type!r}; MFU not checked"))]
-    computed = 6 * res.active_params.count * res.tokens_per_s_per_gpu / peak
+    computed = mfu(res.active_params.count, res.tokens_per_s_per_gpu, peak)
     # within the written rounding, but never looser than 1% of the value
     tolerance = min(half_unit(res.mfu), 0.01 * computed) + 1e-12
     if abs(computed - res.mfu) > tolerance:

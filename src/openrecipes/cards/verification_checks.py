@@ -11,6 +11,7 @@ from __future__ import annotations
 from openrecipes.cards import reference
 from openrecipes.cards.checks import HEX40, Finding, Loc, half_unit
 from openrecipes.cards.verification import TRAINING_WORKFLOWS, Item, VerificationCard
+from openrecipes.measure.metrics import mfu
 
 TIMING_WINDOW_STEPS = 10  # metrics are averaged over the last 10 steps of the run
 
@@ -93,7 +94,7 @@ def _check_throughput(item: Item, mloc: Loc) -> list[Finding]:
                 f"{item.hardware.count} GPUs = {computed:.3f}")))
     tflops = met.model_tflops_per_gpu
     if tflops is not None and tps is not None and met.active_params is not None:
-        dense = 6 * met.active_params * tps / 1e12
+        dense = mfu(met.active_params, tps, 1e12)  # against 1 TFLOP/s: the dense part in TFLOP/s
         # model FLOPs are 6·N per token plus attention, so never fewer than the dense part
         if tflops + half_unit(tflops) < dense * (1 - half_unit(tps) / tps):
             out.append(Finding(loc=(*mloc, "model_tflops_per_gpu"), message=(

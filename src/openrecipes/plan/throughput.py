@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.measure.metrics import mfu as model_flops_utilisation
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, recomputed_share, stage_params
 from openrecipes.plan.shape import ModelShape
@@ -135,7 +136,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     tokens = m * layout.dp * layout.cp * T
     world = layout.world_size
     tps = tokens / step / world
-    mfu = 6 * shape.active_params * tps / peak
+    mfu = model_flops_utilisation(shape.active_params, tps, peak)
     parts_s = {k: v for k, v in parts.items()}
     parts_s.update(pipeline=pipeline, dp_sync=sync, optimizer=opt)
     return Throughput(step_time_s=step, tokens_per_s_per_gpu=tps, mfu=mfu, bubble_fraction=bubble,

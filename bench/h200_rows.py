@@ -22,12 +22,12 @@ def words(rng: random.Random, count: int) -> list[str]:
     return [''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(2, 9))) for _ in range(count)]
 
 
-def main(out: Path) -> None:
+def main(out: Path, documents: int = 250) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     vocabulary = words(rng, 5000)
-    with open(out / "docs.jsonl", "w") as f:  # as speed_d: 250 documents of 300-2,500 words
-        for _ in range(250):
+    with open(out / "docs.jsonl", "w") as f:  # as speed_d: 250 documents of 300-2,500 words (more: the same first 250)
+        for _ in range(documents):
             f.write(json.dumps({'text': ' '.join(rng.choice(vocabulary) for _ in range(rng.randint(300, 2500)))}) + '\n')
     rng = random.Random(1)
     with open(out / "long_conversations.jsonl", "w") as f:
@@ -39,4 +39,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *(int(a) for a in sys.argv[2:3]))

@@ -18,8 +18,7 @@ measured one (GPUs), the planner's error being mostly a fixed amount (the measur
 blocks fuse the loss and hold less than eager ones: a compiled candidate's offset is the eager one less
 ``compiled_saving_bytes`` per logits element, a prior from the measured grid that the refit replaces once both kinds
 were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to need
-as much memory or more is refused
-("above a measured out-of-memory").
+as much memory or more is refused ("above a measured out-of-memory").
 """
 
 from __future__ import annotations
@@ -42,11 +41,11 @@ from openrecipes.plan.shape import ModelShape, model_shape
 CPU = "cpu"
 # measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
 # recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
-COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170, "H100": 0.202 / 0.170}
+COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170}
 # bytes per logits element (last-stage tokens x vocabulary) that compiled blocks hold less than eager ones at the
 # peak: the 18-layer grid on one H200 (BENCHMARKS.md) measured eager runs 7.8 GiB above the planner and compiled ones
 # 1.8 GiB below it, 9.6 GiB apart at 8,192 x 151,936 logits
-COMPILED_SAVING_BYTES_PRIOR = {"H200": 8.3, "H100": 8.3}
+COMPILED_SAVING_BYTES_PRIOR = {"H200": 8.3}
 # the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
 MEMORY_MARGIN = 0.05
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
@@ -131,7 +130,7 @@ class Calibration:
     compiled_saving_bytes: float = 0.0  # per logits element, what compiled blocks hold less than eager ones
     fitted_on: int = 0
     compile_speedup: float = 1.0  # eager step time / compiled step time
-    out_of_memory_gib: float | None = None  # the smallest planner peak (before scaling) of a trial that ran out
+    out_of_memory_gib: float | None = None  # the smallest planner peak (uncorrected) of a trial that ran out
 
     def eager_step_time_s(self, p: Prediction) -> float:
         return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
@@ -157,7 +156,7 @@ class Calibration:
 
     def misfit_reason(self, p: Prediction) -> str:
         if self.above_out_of_memory(p):
-            return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB before scaling, a trial "
+            return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB uncorrected, a trial "
                     f"predicted {self.out_of_memory_gib:.1f} GiB ran out")
         return f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB"
 

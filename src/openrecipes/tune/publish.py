@@ -58,9 +58,7 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
     block = {"start_tokens_per_s_per_gpu": start, "tuned_tokens_per_s_per_gpu": tuned,
              "minutes": round(result.trial_s / 60, 3), "pruned": result.pruned, "trials": trials}
     if gain is not None and gain.pairs:
-        block["gain"] = {"start_tokens_per_s_per_gpu": list(gain.start), "winner_tokens_per_s_per_gpu":
-                         list(gain.winner), "pair_gains": list(gain.pairs), "median_gain": gain.median,
-                         "start_spread": gain.start_noise}
+        block["gain"] = gain.card_block()
     if ablations is not None:
         block["ablations"] = [{"knob": a.knob, "measured_tokens_per_s_per_gpu": a.measured_tokens_per_s_per_gpu,
                                "contribution": a.contribution, "note": a.note} for a in ablations.found]

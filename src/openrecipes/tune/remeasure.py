@@ -53,11 +53,10 @@ class Gain:
         return (f"{self.median:+.1%} (median of {len(self.pairs)} interleaved start/winner pairs, from {low:+.1%} "
                 f"to {high:+.1%}; the start's own spread {self.start_noise:.1%})")
 
-    def to_dict(self) -> dict[str, Any]:
+    def card_block(self) -> dict[str, Any]:
+        """The card's ``tuning.gain`` (cards.schema.TuningGain)."""
         return {"start_tokens_per_s_per_gpu": list(self.start), "winner_tokens_per_s_per_gpu": list(self.winner),
-                "pair_gains": list(self.pairs), "median_gain": self.median if self.pairs else None,
-                "start_spread": self.start_noise if self.start else None, "faster": self.faster,
-                "failure": self.failure}
+                "pair_gains": list(self.pairs), "median_gain": self.median, "start_spread": self.start_noise}
 
 
 def _tps(record: dict[str, Any]) -> float | None:

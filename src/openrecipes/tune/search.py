@@ -41,7 +41,8 @@ from openrecipes.verify.rules import compare_recipes
 ROWS_DIR = "rows"
 TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
 # verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
-# (measured: about 20 s on two CPU cores; about 220 s within the one-H200 tuner call of 2026-12-02, BENCHMARKS.md)
+# (the component test took 11.6 s on two CPU cores; on one H200 verification took about 220 s, inferred from the
+# timeline of the tuner call of 2026-12-02, BENCHMARKS.md)
 VERIFY_FIXED_S = {"cpu": 30.0, "gpu": 240.0}
 CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 
@@ -147,16 +148,11 @@ class Search:
         except ValueError as error:
             self._prune(candidate.settings, candidate, f"refused by the planner: {error}")
             return None
-        if not self.calibration.fits(prediction):
-            self._prune(candidate.settings, candidate, self.calibration.misfit_reason(prediction), prediction)
-            return None
-        failed = self._failed_like(candidate)
-        if failed:
-            self._prune(candidate.settings, candidate, failed, prediction)
-            return None
-        return Ranked(candidate=candidate, prediction=prediction)
+        ranked = Ranked(candidate=candidate, prediction=prediction)
+        return ranked if self._still_fits(ranked) else None
 
     def _still_fits(self, ranked: Ranked) -> bool:
+        """Whether the candidate fits under the latest refit and fails no way a measured trial did (else pruned)."""
         candidate, prediction = ranked.candidate, ranked.prediction
         reason = (self.calibration.misfit_reason(prediction) if not self.calibration.fits(prediction)
                   else self._failed_like(candidate))
@@ -179,12 +175,8 @@ class Search:
     def _fits(self, settings: Settings) -> bool | None:
         """Whether the memory model says ``settings`` fit with MEMORY_MARGIN free (None: refused)."""
         candidate = self.candidate_or_none(settings)
-        if candidate is None or self.planner.refusal(candidate.recipe):
-            return None
-        try:
-            return self.calibration.fits(self.planner.predict(candidate.recipe), margin=MEMORY_MARGIN)
-        except ValueError:
-            return None
+        prediction = None if candidate is None else self._prediction_or_none(candidate)
+        return None if prediction is None else self.calibration.fits(prediction, margin=MEMORY_MARGIN)
 
     def _solved(self, settings: list[Settings]) -> list[Settings]:
         """The offload fraction and the recomputed layers solved for every distinct setting of the other knobs."""
@@ -367,13 +359,8 @@ class Search:
 
     def prediction_if_fits(self, candidate: Candidate) -> Prediction | None:
         """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
-        if self.planner.refusal(candidate.recipe):
-            return None
-        try:
-            prediction = self.planner.predict(candidate.recipe)
-        except ValueError:
-            return None
-        return prediction if self.calibration.fits(prediction) else None
+        prediction = self._prediction_or_none(candidate)
+        return prediction if prediction is not None and self.calibration.fits(prediction) else None
 
     def _best(self) -> tuple[Candidate, float] | None:
         ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records

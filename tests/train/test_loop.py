@@ -29,6 +29,18 @@ def test_metrics_and_run_files(make_recipe):
     assert (run_dir / "recipe.yaml").is_file() and latest_checkpoint(run_dir).name == "step-000005"
 
 
+def test_startup_phases_are_recorded(make_recipe):
+    from openrecipes.config.rundir import read_startup
+
+    run_dir = train(make_recipe(steps=2), command="test")
+    phases = read_startup(run_dir)
+    # every phase before the first step ended, in order, each a non-negative number of seconds
+    assert [p for p in phases if p != "launch"] == ["setup", "build", "optimizer", "first_step"]
+    assert all(v >= 0 for v in phases.values())
+    (run_dir / "startup.json").write_text('{"phases_s": [1]}')
+    assert read_startup(run_dir) is None
+
+
 def test_loss_is_the_per_token_loss_of_the_global_batch(make_recipe):
     recipe = make_recipe(steps=1, optimizer__lr=1e-9, optimizer__min_lr=0.0)  # min_lr may not exceed lr
     run_dir = train(recipe, command="test")

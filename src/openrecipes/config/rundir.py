@@ -25,6 +25,7 @@ PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.p
 LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
 RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the step it took effect and the changes
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
+STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
 
 
 def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
@@ -176,3 +177,16 @@ def stage_peaks(record: StepRecord, path: str | os.PathLike) -> list[float] | No
         raise ValueError(f"{path}:{record.line}: step {record.step}: field '{PEAK_MEMORY_PER_STAGE}' must be a "
                          f"non-empty list of non-negative numbers, got {value!r}")
     return [float(v) for v in value]
+
+
+def read_startup(run_dir: str | os.PathLike) -> dict[str, float] | None:
+    """The start-up phases of a run's ``startup.json`` (seconds each, train/startup.py), or None when it has none
+    (a run killed before its first step) or it is not such a record."""
+    try:
+        phases = read_json(Path(run_dir) / STARTUP_FILE).get("phases_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(phases, dict):
+        return None
+    return {str(k): float(v) for k, v in phases.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}

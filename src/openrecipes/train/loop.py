@@ -87,7 +87,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     from openrecipes.config.layout import rows_per_microbatch as layout_rows_per_microbatch, validate_layout
 
     from openrecipes.parallel.mesh import build_parallel_state, init_distributed
+    from openrecipes.train.startup import StartupClock
 
+    clock = StartupClock()
     rank, world, default_device = init_distributed(recipe.distributed_timeout_minutes)
     device = device or default_device
     run_dir = Path(recipe.run_dir)
@@ -126,8 +128,10 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         if warning:
             print(warning, file=sys.stderr, flush=True)
 
+    clock.mark("setup")
     engine.check_weights_fit(recipe, config, device, parallel)
     model, grads = engine.build_model(recipe, device, parallel)
+    clock.mark("build")
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer
     # a frozen base (lora) has no gradients and gets no optimizer state
@@ -137,6 +141,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         else recipe.optimizer_master(),
         moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap,
         offload_update=recipe.offload.update))
+    clock.mark("optimizer")
 
     pipeline = None
     if parallel.pp_size > 1:
@@ -193,8 +198,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
             heartbeat.step_done(step)
-            if build_peak is not None and step == start:
-                record["build_peak_memory_gib"] = build_peak
+            if step == start:
+                clock.mark("first_step")  # the pipeline, a resumed checkpoint and the first step (compilation)
+                if rank == 0:
+                    clock.write(run_dir)
+                if build_peak is not None:
+                    record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
                 gc.collect(1)
             finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])

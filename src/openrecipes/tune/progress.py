@@ -84,6 +84,8 @@ class Progress:
         how = "reused from trials.jsonl" if reused else f"{record.get('wall_s', 0):.0f} s"
         if not reused and record.get("overhead_s") is not None:
             how += f", {record['overhead_s']:.0f} s of it outside the steps"
+            if record.get("startup_s"):
+                how += " (" + ", ".join(f"{phase} {s:.0f} s" for phase, s in record["startup_s"].items()) + ")"
         self._write(f"[tune] trial {record['index'] + 1}: {result} [{how}] | {self._best_text()} | "
                     f"{self._left_text()}", line=True)
 

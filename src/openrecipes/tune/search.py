@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
-from openrecipes.config.rundir import rows_directory
+from openrecipes.config.rundir import read_startup, rows_directory
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, write_pruned
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
@@ -286,6 +286,7 @@ class Search:
             # the trial's cost beyond its steps: what cheaper trials would cut
             "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - self.options.trial_steps
                                                                 * outcome.measured["step_time_mean_s"]), 3),
+            "startup_s": read_startup(run.run_dir),  # where the overhead goes (train/startup.py)
             "run_dir": str(run.run_dir.relative_to(self.out)),
             "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from openrecipes.data.manifest import MANIFEST_FILE, ROWS_FILE, read_manifest
+from openrecipes.data.manifest import MANIFEST_FILE, ROWS_FILE, check_parquet_sha256, read_manifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +50,8 @@ class RowsDataset:
 
 
 def load_rows(path: str | Path) -> RowsDataset:
-    """Read a build output directory (or a rows.parquet file) and check its shape."""
+    """Read a build output directory (or a rows.parquet file) and check its shape. A directory with a manifest has
+    its parquet file checked against the manifest's ``parquet_sha256`` first, so changed rows never train."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -60,6 +61,7 @@ def load_rows(path: str | Path) -> RowsDataset:
         if (path / MANIFEST_FILE).is_file():
             manifest = read_manifest(path)
             expected_T = int(manifest["row_tokens"])
+            check_parquet_sha256(path / ROWS_FILE, manifest, path / MANIFEST_FILE)
         path = path / ROWS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")

@@ -122,8 +122,6 @@ def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tok
                   check_parquet: bool = False) -> dict[str, Any]:
     """The manifest of a built rows directory: the only reader of it. ``require`` names keys that must be present;
     ``check_parquet`` also checks that the parquet file is the one the manifest describes (its sha256)."""
-    from openrecipes.utils import sha256_file
-
     path = Path(directory) / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (not a built rows directory)")
@@ -137,7 +135,22 @@ def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tok
         if manifest.get(key) is None:
             raise ValueError(f"{path}: missing field '{key}'")
     if check_parquet:
-        parquet = Path(directory) / manifest.get("parquet_file", ROWS_FILE)
-        if not parquet.is_file() or sha256_file(parquet) != manifest.get("parquet_sha256"):
-            raise ValueError(f"{path}: parquet_sha256 does not match {parquet}; the rows changed after the build")
+        check_parquet_sha256(Path(directory) / manifest.get("parquet_file", ROWS_FILE), manifest, path)
     return manifest
+
+
+def check_parquet_sha256(parquet: Path, manifest: dict[str, Any], manifest_path: Path) -> str:
+    """Refuse ``parquet`` unless its sha256 is the manifest's ``parquet_sha256`` (one line naming the file and both
+    hashes); return the hash. The file is read once, in chunks, so memory stays flat however big the rows are."""
+    from openrecipes.utils import sha256_file
+
+    expected = manifest.get("parquet_sha256")
+    if not isinstance(expected, str):
+        raise ValueError(f"{manifest_path}: missing field 'parquet_sha256' (the rows cannot be checked)")
+    if not parquet.is_file():
+        raise FileNotFoundError(f"{parquet} not found (listed in {manifest_path})")
+    actual = sha256_file(parquet, chunk_bytes=1 << 24)
+    if actual != expected:
+        raise ValueError(f"{parquet}: sha256 {actual} is not the parquet_sha256 {expected} of {manifest_path}; "
+                         "the rows changed after the build (build them again)")
+    return actual

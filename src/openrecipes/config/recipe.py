@@ -26,6 +26,8 @@ ChatInputShape = Literal["openai", "sharegpt"]
 ChatRole = Literal["system", "user", "assistant", "tool"]
 SpecialTokensInText = Literal["text", "refuse"]
 TooLong = Literal["skip", "truncate"]  # what a conversation over max_conversation_tokens gets
+# the loss-mask formats (sft): data/templates.py's LOSS_MASKS defines one for each of these names
+LossMaskName = Literal["qwen3", "qwen3_miles", "muse_spark"]
 
 
 class DataBuild(BaseModel):
@@ -37,7 +39,7 @@ class DataBuild(BaseModel):
     format: Literal["sft", "pretrain"] = "sft"
     input: str = "bundled"          # "bundled": the conversations (sft) or documents (pretrain) that ship with openrecipes
     tokenizer: str = "bundled"
-    loss_mask: Literal["qwen3", "qwen3_miles", "muse_spark"] = "qwen3"  # sft only
+    loss_mask: LossMaskName = "qwen3"  # sft only
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42

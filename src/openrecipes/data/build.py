@@ -31,7 +31,8 @@ from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, enc
 from openrecipes.data.sources import InvalidConversation, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
                                      encoded_piece, is_long, long_pieces)
-from openrecipes.data.templates import ChatRenderer, builtin_template_note, get_loss_mask, load_template_text
+from openrecipes.data.templates import (LOSS_MASKS, ChatRenderer, builtin_template_note, get_loss_mask,
+                                        load_template_text)
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, sha256_file
 
@@ -49,7 +50,7 @@ class BuildConfig:
     row_tokens: int
     out: Path
     format: str = "sft"  # "sft": conversations with a loss mask; "pretrain": text or token documents (pretrain.py)
-    loss_mask: str | None = None  # sft: the loss-mask format (qwen3, muse_spark)
+    loss_mask: str | None = None  # sft: the loss-mask format (a name of templates.LOSS_MASKS)
     rows: int | None = None
     seed: int = 42
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +71,7 @@ def _check_config(config: BuildConfig) -> None:
     if config.format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {config.format!r}")
     if config.format == "sft" and config.loss_mask is None:
-        raise ValueError("--loss-mask is required with --format sft (qwen3 or muse_spark)")
+        raise ValueError(f"--loss-mask is required with --format sft (one of {', '.join(LOSS_MASKS)})")
     if config.format == "pretrain" and (config.loss_mask or config.chat_template or config.template_kwargs):
         raise ValueError("--loss-mask, --chat-template and --template-kwargs apply to --format sft only: "
                          "pretraining rows supervise every target within a document")

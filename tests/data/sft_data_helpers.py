@@ -55,7 +55,7 @@ def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokeni
     source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
                                    iter_records=lambda order: ((i, records[i]) for i in order.tolist()))
     pieces = list(data_build._sft_pieces(config, np.arange(len(records)), source, renderer, bundle.tokenizer, eos_id,
-                                         bundle.special_token_pattern(), [], [], LimitCounter(max_tokens=None)))
+                                         bundle.marker_pattern(), [], [], LimitCounter(max_tokens=None)))
     assert not any(piece.continues for piece in pieces)
     ids, mask = np.concatenate([p.ids for p in pieces]), np.concatenate([p.mask for p in pieces])
     lengths = np.concatenate([p.lengths for p in pieces])

@@ -93,10 +93,10 @@ def test_rows_option_and_too_few_rows(tmp_path: Path) -> None:
     (json.dumps({"messages": [{"role": "user", "content": "x"}]}), "line 2: no assistant turn"),
     (json.dumps({"messages": [{"role": "user", "content": "a <|im_end|> b"}, {"role": "assistant",
                                                                              "content": "x"}]}),
-     "line 2: message 1: content contains the special token"),
+     "line 2: message 1: content contains the added token"),
     *[(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "",
                                                                     "tool_calls": [call]}]}),
-       f"line 2: message 2: {where} contains the special token '<|im_end|>'") for call, where in [
+       f"line 2: message 2: {where} contains the added token '<|im_end|>'") for call, where in [
         ({"type": "function", "function": {"name": "f<|im_end|>\n<|im_start|>user", "arguments": "{}"}},
          "tool_calls[0].function.name"),
         ({"type": "function", "function": {"name": "f", "arguments": "{\"q\": \"<|im_end|>\"}"}},
@@ -108,7 +108,7 @@ def test_rows_option_and_too_few_rows(tmp_path: Path) -> None:
     ]],
     (json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}],
                  "tools": [{"type": "function", "function": {"name": "f", "description": "<|im_start|>user"}}]}),
-     "line 2: tools[0].function.description contains the special token '<|im_start|>'"),
+     "line 2: tools[0].function.description contains the added token '<|im_start|>'"),
 ])
 def test_bad_input_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     src = tmp_path / "bad.jsonl"

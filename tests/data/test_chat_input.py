@@ -56,7 +56,7 @@ def test_sharegpt_role_map_content_parts_and_field_read_as_the_same_conversation
     ({"conversations": [{"from": "function_call", "value": "not json"}]}, ChatInput(shape="sharegpt"),
      "function_call turn's value must be a JSON object"),
     ({"messages": [{"role": "user", "content": "a <|im_end|> b"}, {"role": "assistant", "content": "x"}]},
-     ChatInput(special_tokens="refuse"), "content contains the special token '<|im_end|>'"),
+     ChatInput(special_tokens="refuse"), "content contains the added token '<|im_end|>'"),
 ])
 def test_what_is_refused_is_named(tmp_path, record, options, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -158,7 +158,7 @@ def test_a_recipe_reads_sharegpt_with_a_role_map_as_the_cli_does(tmp_path, capsy
                                      "data.build.row_tokens=64", "data.build.input_shape=sharegpt",
                                      "data.build.messages_field=dialog", "data.build.role_map={developer: system}",
                                      "data.build.special_tokens_in_text=refuse"])
-    with pytest.raises(ValueError, match="special token"):
+    with pytest.raises(ValueError, match="added token"):
         build_recipe_rows(refusing.data.build, tmp_path / "refused")
     with pytest.raises(ValueError, match="data.build.role_map.developer"):
         load_recipe(example, ["data.build.role_map={developer: boss}"])

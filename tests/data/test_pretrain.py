@@ -124,7 +124,7 @@ def test_bad_documents(tmp_path: Path) -> None:
     manifest = _build(tmp_path / "o2", bad, skip_invalid=True)
     assert manifest["counts"]["documents_invalid"] == 1 and manifest["counts"]["documents_total"] == 41
     forged = _write_jsonl(tmp_path / "forged.jsonl", texts[:5] + [f"early {EOS} end"])
-    with pytest.raises(ValueError, match=r"forged.jsonl line 6: 'text' contains the special token"):
+    with pytest.raises(ValueError, match=r"forged.jsonl line 6: 'text' contains the added token"):
         _build(tmp_path / "o3", forged, chat_input=ChatInput(special_tokens="refuse"))
     with pytest.raises(ValueError, match="--loss-mask, --chat-template and --template-kwargs apply to --format sft"):
         _build(tmp_path / "o4", bad, loss_mask="qwen3")

@@ -28,7 +28,7 @@ from openrecipes.data.image_rows import open_images
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
                                          has_marker_characters, shield)
-from openrecipes.data.sources import InvalidConversation, normalize, open_source
+from openrecipes.data.sources import InvalidConversation, find_token, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
                                      encoded_piece, is_long, long_pieces)
 from openrecipes.data.templates import (LOSS_MASKS, ChatRenderer, builtin_template_note, get_loss_mask,
@@ -149,7 +149,7 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
 
     Ordinary conversations are encoded in batches (``chunk_conversations`` of them or ``BATCH_CHARS`` characters),
     each whole, so its ids are the tokenizer's own for the text; one longer than a window goes alone, window by
-    window. A conversation whose own strings hold special tokens (kept as text, ``chat_input.special_tokens``) is
+    window. A conversation whose own strings hold added tokens (kept as text, ``chat_input.special_tokens``) is
     encoded alone, whole, and so is one with images (``images``: image_rows.ImageRows)."""
     options = config.chat_input
     texts: list[str] = []
@@ -205,12 +205,12 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
 
 def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, forbidden: Any, options: ChatInput,
             where: str) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
-    """Rendered text, supervised spans, and where the conversation's own special tokens stand (text, not turn
-    markers: they are kept out of the template's sight while it renders)."""
-    if forbidden is None or options.special_tokens != "text" or not forbidden.search(json.dumps([messages, tools], ensure_ascii=False)):
+    """Rendered text, supervised spans, and where the conversation's own added tokens stand (text, not turn,
+    reasoning or tool markers: they are kept out of the template's sight while it renders)."""
+    if forbidden is None or options.special_tokens != "text" or find_token([messages, tools], "", forbidden) is None:
         return (*renderer.supervised_spans(messages, tools), [])
     if has_marker_characters([messages, tools]):
-        raise InvalidConversation(f"{where}: holds the noncharacters U+FDD0/U+FDD1, which mark special tokens "
+        raise InvalidConversation(f"{where}: holds the noncharacters U+FDD0/U+FDD1, which mark added tokens "
                                   "while rendering", "marker characters")
     found: list[str] = []
     messages, tools = shield(messages, forbidden, found), shield(tools, forbidden, found)
@@ -238,7 +238,7 @@ def build(config: BuildConfig) -> dict[str, Any]:
     check_output_dir(config.out, **_output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     images = open_images(config, bundle, renderer.loss_mask)
-    forbidden = bundle.special_token_pattern()
+    forbidden = bundle.marker_pattern()
     source, scan_iter = open_source(config.input, column=config.chat_input.column)
     reasons: dict[str, Any] = {}
     invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid, config.chat_input, reasons)

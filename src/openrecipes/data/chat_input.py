@@ -9,9 +9,12 @@
   ``images`` an image part (``{"type": "image", "image": "local/path.png"}``) becomes a numbered marker in that string
   and its path goes to the message's ``images`` list (data/image_rows.py expands the marker into the chat format's
   image tokens); any other part (audio, a file, an image without ``images``) is refused by its type.
-* ``special_tokens``: a special token (``<|im_end|>``...) inside the conversation's own strings is tokenized as
-  text, as a template tokenizer with ``split_special_tokens`` does (``text``, the default), or the conversation is
-  refused (``refuse``). Either way it can never close a turn: only the template's own markers are special.
+* ``special_tokens``: an added token of the tokenizer, special or not (``<|im_end|>``, and Qwen3's ``<think>``,
+  ``<tool_call>``, ``<tool_response>``, which it does not mark special), inside the conversation's own strings is
+  tokenized as text, as a template tokenizer with ``split_special_tokens`` does (``text``, the default), or the
+  conversation is refused (``refuse``). Either way it can never close a turn nor forge reasoning, a tool call or a
+  tool's result: only the template's own markers are tokens. Reasoning written inline in an assistant's content as
+  ``<think>…</think>`` is text too: the reasoning belongs in ``reasoning_content``.
 
 Every option is written into the manifest (``chat_input``), so a build says how it read its conversations.
 """
@@ -34,7 +37,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 # content parts whose text is kept; any other type is refused by name
 TEXT_PART = "text"
 IMAGES_KEY = "images"  # a shaped message's image paths, in the order of its markers
-# A special token found in a conversation's strings is swapped for this marker while the template renders (so it
+# An added token found in a conversation's strings is swapped for this marker while the template renders (so it
 # cannot open or close a turn there) and put back before tokenizing: two noncharacters around the token's number.
 _OPEN, _CLOSE = "\ufdd0", "\ufdd1"
 _MARKER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
@@ -175,7 +178,7 @@ class Shielded:
     def restore(self, text: str, spans: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]],
                                                                         list[tuple[int, int]]]:
         """The rendered ``text`` with its tokens back, its supervised ``spans`` moved to match, and where each token
-        now stands (character spans that are text, not special tokens)."""
+        now stands (character spans that are text, not added tokens)."""
         pieces: list[str] = []
         moved: list[tuple[int, int]] = []  # (old position, shift from there on)
         forged: list[tuple[int, int]] = []
@@ -198,7 +201,7 @@ class Shielded:
 
 
 def shield(value: Any, pattern: re.Pattern[str], found: list[str]) -> Any:
-    """``value`` with every special token in its strings (keys included) replaced by a numbered marker; the tokens
+    """``value`` with every added token in its strings (keys included) replaced by a numbered marker; the tokens
     are appended to ``found`` (recursive: the JSON reader has already bounded the nesting)."""
     if isinstance(value, str):
         def swap(match: re.Match[str]) -> str:
@@ -220,10 +223,10 @@ def has_marker_characters(value: Any) -> bool:
 
 def encode_with_text_tokens(tokenizer: Any, text: str, forged: list[tuple[int, int]],
                             pattern: re.Pattern[str]) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids and character offsets of ``text``: the template's special tokens as themselves, the text between
+    """Token ids and character offsets of ``text``: the template's added tokens as themselves, the text between
     them (the ``forged`` tokens in it included) tokenized as text, as ``split_special_tokens`` does.
 
-    The tokenizer itself cuts its input at special tokens and encodes the pieces between apart; this cuts at the
+    The tokenizer itself cuts its input at added tokens and encodes the pieces between apart; this cuts at the
     template's tokens only, so a conversation without ``forged`` tokens gets exactly the ids of one encode."""
     inside = {start for start, _ in forged}
     cuts = [m for m in pattern.finditer(text) if m.start() not in inside]

@@ -68,8 +68,10 @@ def register(subparsers: Any) -> None:
                        help="rename roles before the check, e.g. developer=system,function=tool,ipython=tool "
                             "(default: none)")
     build.add_argument("--special-tokens-in-text", choices=SPECIAL_TOKEN_POLICIES, default="text",
-                       help="a special token inside a conversation's or document's own text: tokenized as text, "
-                            "never a turn marker or a document's end (text), or that input is refused (refuse)")
+                       help="an added token of the tokenizer (special or not: <|im_end|>, <think>, "
+                            "<tool_response>...) inside a conversation's or document's own text: tokenized as text, "
+                            "never a turn, reasoning or tool marker nor a document's end (text), or that input is "
+                            "refused (refuse)")
     build.add_argument("--image-processor", default=None, metavar="FILE|DIR|bundled",
                        help="sft: read image parts ({\"type\": \"image\", \"image\": \"local/path.png\"}), sized as "
                             "this preprocessor_config.json (or a directory holding one) says; bundled: the bundled "

@@ -36,20 +36,20 @@ class InvalidDocument(ValueError):
 
 
 def _check_text(record: Any, where: str, forbidden: re.Pattern[str] | None) -> str:
-    """The record's text; ``forbidden`` (special tokens, with ``special_tokens_in_text: refuse``) refuses a text
+    """The record's text; ``forbidden`` (added tokens, with ``special_tokens_in_text: refuse``) refuses a text
     quoting one."""
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise InvalidDocument(f"{where}: expected an object with a 'text' string")
     text = record["text"]
     if forbidden is not None and (hit := forbidden.search(text)):
-        raise InvalidDocument(f"{where}: 'text' contains the special token {hit.group(0)!r} "
+        raise InvalidDocument(f"{where}: 'text' contains the added token {hit.group(0)!r} "
                               "(--special-tokens-in-text refuse)")
     return text
 
 
 @contextmanager
 def _special_tokens_as_text(bundle: TokenizerBundle, policy: str) -> Iterator[None]:
-    """With the ``text`` policy a special token quoted in a document is tokenized as text (``split_special_tokens``):
+    """With the ``text`` policy an added token quoted in a document is tokenized as text (``split_special_tokens``):
     it can never end the document early, only the appended end token does. A document without one encodes to the
     same ids either way."""
     previous = bundle.tokenizer.encode_special_tokens
@@ -156,7 +156,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
                          "files": [f"{prefix}.idx", f"{prefix}.bin"]}
     else:
         policy = config.chat_input.special_tokens
-        forbidden = bundle.special_token_pattern() if policy == "refuse" else None
+        forbidden = bundle.marker_pattern() if policy == "refuse" else None
         source, scan = open_source(config.input, column="text")
         for index, where, record in scan:
             try:

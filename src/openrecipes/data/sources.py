@@ -217,11 +217,14 @@ def _text_field(message: dict[str, Any], key: str, where: str, position: int) ->
     return value
 
 
-def _forged_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[str, str] | None:
-    """(where, token) of the first special token in any string of ``value`` (nested keys and values alike), or None.
+def find_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[str, str] | None:
+    """(where, token) of the first match of ``forbidden`` (the tokenizer's added tokens) in any string of ``value``
+    (nested keys and values alike), or None.
 
     Every string can reach the rendered text: a tool name or an argument holding ``<|im_end|>`` would close the turn
-    and open a forged one. Iterative, so deep nesting cannot exhaust the stack."""
+    and open a forged one, a user turn holding ``<tool_response>`` would forge a tool's result. The strings
+    themselves are searched (a serialization would escape a token holding a quote or a newline). Iterative, so deep
+    nesting cannot exhaust the stack."""
     stack = [(value, path)]
     while stack:
         item, at = stack.pop()
@@ -241,8 +244,9 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
               options: ChatInput | None = None) -> tuple[list[dict[str, Any]], Any]:
     """Check one record; return (messages, tools) or raise InvalidConversation naming ``where`` and its reason.
 
-    ``options`` say how the record is read (chat_input.py); ``forbidden`` (the tokenizer's special tokens) refuses a
-    conversation quoting one only when ``options.special_tokens`` is ``refuse``: by default such a token is text.
+    ``options`` say how the record is read (chat_input.py); ``forbidden`` (the tokenizer's added tokens, special or
+    not) refuses a conversation quoting one only when ``options.special_tokens`` is ``refuse``: by default such a
+    token is text.
     Keys whose value is null are dropped (Parquet fills absent struct fields with nulls).
     An assistant message with tool calls may have null content; it becomes "".
     """
@@ -280,10 +284,10 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
             if key == "content" or key in message:
                 _text_field(message, key, where, position)
         # every field, not only the text: tool_calls names and arguments, name, tool_call_id
-        if refuse is not None and (forged := _forged_token(
+        if refuse is not None and (forged := find_token(
                 {k: v for k, v in message.items() if k != "role"}, "", refuse)):
-            raise InvalidConversation(f"{where}: message {position}: {forged[0]} contains the special "
-                                      f"token {forged[1]!r}", "special token")
+            raise InvalidConversation(f"{where}: message {position}: {forged[0]} contains the added token "
+                                      f"{forged[1]!r} (--special-tokens-in-text refuse)", "special token")
         if role == "system" and position != 1:
             raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first",
                                       "system not first")
@@ -291,15 +295,16 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise InvalidConversation(f"{where}: 'tools' must be a list of objects, got {type(tools).__name__}",
                                   "bad field")
-    if refuse is not None and tools is not None and (forged := _forged_token(tools, "tools", refuse)):
-        raise InvalidConversation(f"{where}: {forged[0]} contains the special token {forged[1]!r}", "special token")
+    if refuse is not None and tools is not None and (forged := find_token(tools, "tools", refuse)):
+        raise InvalidConversation(f"{where}: {forged[0]} contains the added token {forged[1]!r} "
+                                  "(--special-tokens-in-text refuse)", "special token")
     if not messages:
         raise InvalidConversation(f"{where}: empty conversation (no messages)", "empty conversation")
     if not any(m["role"] == "assistant" for m in messages):
         raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise", "no assistant turn")
     # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it. Searched for in place:
     # encoding a 50 MB conversation to find one would copy it twice
-    if bad := _forged_token([messages, tools], "", _SURROGATE):
+    if bad := find_token([messages, tools], "", _SURROGATE):
         raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)",
                                   "invalid unicode")
     return messages, tools

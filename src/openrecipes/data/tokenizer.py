@@ -30,12 +30,15 @@ class TokenizerBundle:
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
-    def special_token_strings(self) -> list[str]:
-        """Added tokens marked special; a conversation quoting one could forge turn markers."""
-        return sorted(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special)
+    def marker_token_strings(self) -> list[str]:
+        """Every added token, special or not: text quoting one would otherwise become that token's id, and a chat
+        format gives structure to added tokens that are not marked special (Qwen3's ``<think>``, ``<tool_call>``,
+        ``<tool_response>``), so a conversation quoting one could forge reasoning, a call or a tool's result."""
+        return sorted(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.content)
 
-    def special_token_pattern(self) -> re.Pattern[str] | None:
-        tokens = self.special_token_strings()
+    def marker_pattern(self) -> re.Pattern[str] | None:
+        """The added tokens as one pattern, longest first (so a token is never cut short by a shorter one)."""
+        tokens = self.marker_token_strings()
         if not tokens:
             return None
         return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
@@ -60,6 +63,21 @@ def _template_from_config(config: dict[str, Any], path: Path) -> str | None:
                 return str(entry.get("template"))
         raise ValueError(f"{path}: chat_template is a list without a 'default' entry")
     raise ValueError(f"{path}: chat_template must be a string or a list of named templates")
+
+
+def _added_tokens_as_special(tokenizer: Any) -> None:
+    """Mark every added token special in the loaded tokenizer (the file is left as it is).
+
+    ``encode_special_tokens`` (split_special_tokens) reads as text only the added tokens marked special; the builds
+    turn it on to keep a quoted marker text, so every added token must be among them. Encoding with it off is
+    unchanged: an added token is matched in the input whether it is special or not."""
+    from tokenizers import AddedToken
+
+    plain = [t for t in tokenizer.get_added_tokens_decoder().values() if not t.special]
+    if plain:  # re-adding an existing token by its content updates it in place; its id stays
+        tokenizer.add_special_tokens([AddedToken(t.content, single_word=t.single_word, lstrip=t.lstrip,
+                                                 rstrip=t.rstrip, normalized=t.normalized, special=True)
+                                      for t in plain])
 
 
 def load_tokenizer(directory: str | Path) -> TokenizerBundle:
@@ -94,5 +112,6 @@ def load_tokenizer(directory: str | Path) -> TokenizerBundle:
     elif config:
         template = _template_from_config(config, config_path)
         source = f"{config_path} (chat_template)" if template is not None else None
+    _added_tokens_as_special(tokenizer)
     return TokenizerBundle(directory=directory, tokenizer=tokenizer, chat_template=template,
                            chat_template_source=source, config=config, file_sha256=hashes)

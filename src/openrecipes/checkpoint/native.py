@@ -48,6 +48,9 @@ def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = Fal
     layouts: set[str] = set()
     skipped: list[str] = []
     state = dict(iter_native_tensors(checkpoint, family, config, skipped, promoted=promoted, expert_layouts=layouts))
+    for name, tensor in state.items():  # a NaN imported would be trained from and exported as if it were a weight
+        if not _all_finite(tensor):
+            raise ValueError(f"{hf_dir}: tensor {name!r} holds NaN or inf values; only finite weights are imported")
     manifest = {
         "format": "openrecipes-native-v1", "writer": f"openrecipes {__version__}", "source": str(hf_dir),
         "tensors": {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype),
@@ -64,10 +67,20 @@ def import_hf(hf_dir: str | Path, ckpt_dir: str | Path, *, overwrite: bool = Fal
             warnings.simplefilter("ignore", UserWarning)
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging)), no_dist=True)
         atomic_write_text(staging / "config.json", json.dumps(checkpoint.config, indent=2) + "\n")
-        write_checksums(staging, no_dist=True)
-        # Written last: its presence marks the directory complete.
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        # after every other file, the manifest included: what it claims (dtypes, shapes) is checked like the weights
+        write_checksums(staging, no_dist=True)
     return manifest
+
+
+_FINITE_CHECK_ELEMENTS = 1 << 24  # checked at a time, so the isfinite mask stays small beside a large expert tensor
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    if tensor.dim() == 0 or tensor.numel() == 0:
+        return bool(torch.isfinite(tensor).all())
+    rows = max(1, _FINITE_CHECK_ELEMENTS // max(1, tensor[0].numel()))
+    return all(bool(torch.isfinite(part).all()) for part in tensor.split(rows))
 
 
 def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -77,6 +90,7 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint "
                                 "(`convert import` output) nor a training save (RUN_DIR/checkpoints/step-NNNNNN)")
+    # empty tensors only (nothing is read into them before load_dcp has checked every file, this manifest included)
     state = _empty_state(read_json(manifest_path), manifest_path)
     load_dcp(state, ckpt_dir, no_dist=True)  # checksums checked; restricted: a checkpoint's pickles cannot run code
     config = read_json(ckpt_dir / "config.json")
@@ -93,6 +107,8 @@ def _empty_state(manifest: Any, source: Path) -> dict[str, torch.Tensor]:
             dtype = getattr(torch, info["dtype"], None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"tensor {name!r}: unknown dtype {info['dtype']!r}")
+            if not dtype.is_floating_point:  # every native tensor is a weight: an int or bool one is no import's
+                raise ValueError(f"tensor {name!r}: dtype {info['dtype']!r} is not a floating-point weight dtype")
             shape = [int(n) for n in info["shape"]]
             if any(n < 0 for n in shape):
                 raise ValueError(f"tensor {name!r}: negative size in shape {shape}")

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from openrecipes.checkpoint.adapter_checksums import (forget_adapter_checksums, verify_adapter_checksums,
+                                                     write_adapter_checksums)
 from openrecipes.models.common.lora import EXPERTS, LINEAR_TARGETS, LoraSpec
 
 CONFIG_FILE = "adapter_config.json"
@@ -82,7 +84,8 @@ def _gather_stages(tensors: dict[str, torch.Tensor], stage_group) -> dict[str, t
 
 def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base_model: str | None = None,
                       write: bool = True, stage_group=None) -> Path:
-    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically). Under a parallel layout
+    """Write ``out``/adapter_config.json and adapter_model.safetensors (each atomically), then the checksum file
+    (``adapter_checksums``) that merge-lora checks them against. Under a parallel layout
     every rank calls it (sharded adapters are gathered, and with ``stage_group`` every pipeline stage's layers) and
     only the one with ``write`` writes."""
     from safetensors.torch import save_file
@@ -98,9 +101,11 @@ def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base
     if not write:
         return out
     out.mkdir(parents=True, exist_ok=True)
+    forget_adapter_checksums(out)
     with atomic_write_path(out / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     atomic_write_text(out / CONFIG_FILE, json.dumps(peft_config(spec, base_model), indent=2) + "\n")
+    write_adapter_checksums(out)  # beside PEFT's files, which stay as PEFT reads them; merge-lora checks it
     return out
 
 
@@ -155,6 +160,7 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
     from openrecipes.checkpoint.hf import from_hf
 
     adapter = Path(adapter)
+    verify_adapter_checksums(adapter)  # a changed byte is named before any is read (an adapter from elsewhere: none)
     config, tensors = _read_adapter(adapter)
     deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
     _, model_config = read_config(HFCheckpoint(base))

@@ -41,6 +41,16 @@ _STEP_DIR = re.compile(r"step-\d{6,}")          # what save_checkpoint names a c
 _STAGING_DIR = re.compile(r"\.step-\d{6,}\.partial")  # and its staging directory
 
 
+def checkpoint_name(step: int) -> str:
+    """The directory name of the save of ``step`` (0-based) inside checkpoints/."""
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a save directory (named by ``checkpoint_name``) holds."""
+    return int(Path(path).name.removeprefix("step-"))
+
+
 def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -89,16 +99,16 @@ def check_finite(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) 
         if flag.item() == 0.0 and bad is None:
             bad = "a parameter held by another rank"
     if bad:
-        raise ValueError(f"step {step}: {bad} holds non-finite values; checkpoint step-{step:06d} was not written "
-                         "(the last good checkpoint is kept)")
+        raise ValueError(f"step {step}: {bad} holds non-finite values; checkpoint {checkpoint_name(step)} was not "
+                         "written (the last good checkpoint is kept)")
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *,
                     keep: int) -> Path:
     check_finite(model, optimizer, step)
     root = Path(run_dir) / CHECKPOINTS_DIR
-    final = root / f"step-{step:06d}"
-    staging = root / f".step-{step:06d}.partial"
+    final = root / checkpoint_name(step)
+    staging = root / f".{final.name}.partial"
     if _is_main():
         remove_stale_staging(run_dir)
         staging.mkdir(parents=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import platform
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -21,7 +22,8 @@ from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scal
 from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
-from openrecipes.train.checkpointing import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
+from openrecipes.train.checkpointing import (checkpoint_step, latest_checkpoint, load_checkpoint, remove_stale_staging,
+                                             save_checkpoint)
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
 from openrecipes.train.resume import record_resume, resumed_changes
@@ -164,6 +166,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             start = load_checkpoint(checkpoint, model, optimizer) + 1
+            if rank == 0:
+                print(f"openrecipes train: resuming from {checkpoint.name}", file=sys.stderr, flush=True)
         elif rank == 0:  # killed before (or during) its first save: the run starts again from the seed
             print(f"openrecipes train: {run_dir} has no complete checkpoint; resuming from step 0",
                   file=sys.stderr, flush=True)
@@ -221,7 +225,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
                 with heartbeat.paused():  # its barriers wait for the other ranks
-                    save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+                    saved = save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+                if at_end:
+                    metrics.note(_saved_message(saved, run_dir, finished=step == recipe.steps - 1))
             if recipe.lora is not None and step == recipe.steps - 1:
                 from openrecipes.checkpoint.lora import save_peft_adapter
 
@@ -250,6 +256,14 @@ def _export_hf(run_dir: Path) -> None:
     print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
 
 
+def _saved_message(saved: Path, run_dir: Path, *, finished: bool) -> str:
+    """What the last save of this invocation is, and (steps left) how to go on from it."""
+    if finished:
+        return f"openrecipes train: saved {saved.name}"
+    resume = f"openrecipes train --resume {shlex.quote(str(run_dir))}"
+    return f"openrecipes train: saved {saved.name} (resume with: {resume})"
+
+
 def _stall(rank: int, step: int) -> None:
     """debug.stall_at: hang in Python between steps, as a stuck rank would (the heartbeat ends the job)."""
     print(f"openrecipes train: rank {rank} stalls after step {step} (debug.stall_at)", file=sys.stderr, flush=True)
@@ -267,7 +281,7 @@ def _never_saved(run_dir: Path) -> bool:
 def _finished(run_dir: Path, steps: int) -> bool:
     """Whether the newest save of ``run_dir`` is of its last step (a resume would train nothing)."""
     saved = latest_checkpoint(run_dir)
-    return saved is not None and int(saved.name.removeprefix("step-")) >= steps - 1
+    return saved is not None and checkpoint_step(saved) >= steps - 1
 
 
 def _sequence_slices(parallel) -> tuple:

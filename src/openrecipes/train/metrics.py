@@ -31,6 +31,7 @@ class MetricsStream:
         self.interactive = sys.stderr.isatty()
         self.started = time.perf_counter()
         self._file = None
+        self._line_open = False  # an interactive progress line ended by '\r', not yet by '\n'
         self._tensorboard = self._wandb = None
         if enabled and tensorboard:
             try:
@@ -66,13 +67,22 @@ class MetricsStream:
         done = record["step"] + 1
         elapsed = time.perf_counter() - self.started
         memory = record.get("peak_memory_gib")
-        line = (f"step {record['step']:>5}/{self.total_steps}  loss {record['loss']:.4f}  "
+        # counted from 1 (the last line reads steps/steps); metrics.jsonl keeps the 0-based step numbers
+        line = (f"step {done:>5}/{self.total_steps}  loss {record['loss']:.4f}  "
                 f"grad {record['grad_norm']:.3f}  lr {record['lr']:.2e}  {record['step_time_s']:.2f} s/step  "
                 f"{record['tokens'] / record['step_time_s']:,.0f} tok/s"
                 + (f"  mem {memory:.1f} GiB" if memory is not None else "")
                 + f"  [{elapsed:.0f} s]")
         end = "\r" if self.interactive and done < self.total_steps else "\n"
         print(line, end=end, file=sys.stderr, flush=True)
+        self._line_open = end == "\r"
+
+    def note(self, message: str) -> None:
+        """``message`` on a line of its own on stderr (after an open progress line, which it would overwrite)."""
+        if not self.enabled:
+            return
+        print(("\n" if self._line_open else "") + message, file=sys.stderr, flush=True)
+        self._line_open = False
 
     def close(self) -> None:
         if self._file is not None:

@@ -44,6 +44,46 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             yield line_no, data
 
 
+def path_inside(folder: str | os.PathLike, name: Any, *, source: str | os.PathLike, key: str,
+                plain_name: bool = False, links_may_leave: bool = False) -> Path:
+    """``folder / name`` for a ``name`` read from the file ``source`` (under ``key``), refused unless it stays inside
+    ``folder``.
+
+    A name read from a file that someone else may have written could otherwise reach any file of the person running
+    the tool: ``..`` parts, an absolute path, an empty name, a backslash or a NUL, or a symbolic link (of the name
+    or of a folder on its way) that resolves outside ``folder`` are a ValueError naming the file, the key and the
+    name. ``plain_name``: a file name only, no sub-folders. ``links_may_leave``: only for folders whose files are
+    links by design (a Hugging Face cache snapshot links each file to a blob beside the snapshot)."""
+    problem = _outside_reason(name, plain_name)
+    path = Path(folder) / name if problem is None else None
+    if path is not None and not links_may_leave:
+        resolved = path.resolve()
+        if Path(folder).resolve() not in resolved.parents:
+            problem = f"through a symbolic link it resolves to {resolved}"
+    if problem is not None:
+        raise ValueError(f"{source}: {key}: {name!r} is not a {'file name' if plain_name else 'path'} inside "
+                         f"{folder} ({problem})")
+    return path
+
+
+def _outside_reason(name: Any, plain_name: bool) -> str | None:
+    """Why ``name``, as written, may leave its folder (None when it cannot)."""
+    if not isinstance(name, str):
+        return f"not a string but {type(name).__name__}"
+    if not name or "\0" in name or "\\" in name:
+        return "empty, or holds a NUL or a backslash"
+    pure = Path(name)
+    if pure.is_absolute():
+        return "an absolute path"
+    if ".." in pure.parts:
+        return "it climbs out with '..'"
+    if not pure.parts:
+        return "it names the folder itself"
+    if plain_name and pure.name != name:
+        return "it names a sub-folder"
+    return None
+
+
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

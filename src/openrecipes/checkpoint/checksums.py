@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from openrecipes.utils import atomic_write_text, sha256_file
+from openrecipes.utils import atomic_write_text, path_inside, sha256_file
 
 CHECKSUMS_FILE = "checksums.json"
 FORMAT = "openrecipes-checksums-v1"
@@ -71,9 +71,8 @@ def _read_manifest(path: Path) -> dict[str, dict]:
             raise ValueError("unexpected content")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: damaged checksum file ({error})") from None
-    for name in files:
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise ValueError(f"{path}: file name {name!r} is not a plain name inside the checkpoint")
+    for name in files:  # a listed name is opened and hashed: it must not lead out of the checkpoint
+        path_inside(path.parent, name, source=path, key="files", plain_name=True)
     return files
 
 

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from openrecipes.checkpoint.checksums import verify_checksums
+from openrecipes.utils import path_inside
 
 METADATA_FILE = ".metadata"
 
@@ -76,7 +77,30 @@ def read_dcp_metadata(path: Path) -> Metadata:
         raise ValueError(f"{path}: not readable checkpoint metadata ({type(error).__name__}: {error})") from None
     if not isinstance(metadata, Metadata):
         raise ValueError(f"{path}: not checkpoint metadata (holds a {type(metadata).__name__})")
+    _check_storage_paths(metadata, path)
     return metadata
+
+
+def _check_storage_paths(metadata: Metadata, path: Path) -> None:
+    """Every tensor's storage file is a plain file name inside the checkpoint: DCP opens ``relative_path`` as it
+    stands, so ``../../elsewhere.bin`` would load another file's values under a model tensor's name."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    storage = metadata.storage_data
+    if storage is None:
+        return
+    if not isinstance(storage, dict):
+        raise ValueError(f"{path}: storage_data is a {type(storage).__name__}, not a mapping of items to files")
+    checked: set[str] = set()  # each file once: a save has few files and many items in each
+    for index, info in storage.items():
+        fqn = getattr(index, "fqn", index)
+        if not isinstance(info, _StorageInfo):
+            raise ValueError(f"{path}: storage_data[{fqn!r}] is a {type(info).__name__}, not a storage entry")
+        name = getattr(info, "relative_path", None)
+        if isinstance(name, str) and name in checked:
+            continue
+        path_inside(path.parent, name, source=path, key=f"storage_data[{fqn!r}].relative_path", plain_name=True)
+        checked.add(name)
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, path_inside
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -46,7 +46,11 @@ class HFCheckpoint:
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"{index_path}: weight_map is not a mapping of tensor names to file names")
             for file_name in sorted(set(weight_map.values())):
-                self._check_inside(file_name, index_path)
+                # a shard is a plain file name in this directory (``../x.safetensors`` or ``/etc/x`` would read, and
+                # an export then copy, a file from elsewhere); links may leave it: the Hugging Face cache links
+                # each snapshot's files to blobs outside the snapshot
+                path_inside(self.path, file_name, source=index_path, key="weight_map", plain_name=True,
+                            links_may_leave=True)
                 if not (self.path / file_name).is_file():
                     first = next(k for k, v in weight_map.items() if v == file_name)
                     raise FileNotFoundError(f"{self.path / file_name}: shard listed in {INDEX_NAME} is missing "
@@ -62,13 +66,6 @@ class HFCheckpoint:
                     raise ValueError(f"tensor {key!r} appears in both {file_of[key]} and {file_name}")
                 file_of[key] = file_name
         return file_of
-
-    def _check_inside(self, file_name: str, index_path: Path) -> None:
-        """A shard is a plain file name in this directory: ``../outside/x.safetensors`` or ``/etc/x`` would read
-        (and an export would then copy) a file from elsewhere. Checked on the name, not the resolved path: the
-        Hugging Face cache links each snapshot's files to blobs outside it."""
-        if Path(file_name).name != file_name or file_name in (".", "..") or "\\" in file_name:
-            raise ValueError(f"{index_path}: shard {file_name!r} is not a file name inside {self.path}")
 
     def _open(self, file_name: str):
         if file_name not in self._handles:

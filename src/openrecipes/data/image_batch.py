@@ -67,12 +67,14 @@ def _preprocessed(path: Path, processor: ImageProcessorConfig) -> tuple[Any, Any
 def load_row_images(directory: Path, manifest: dict[str, Any], input_ids: np.ndarray) -> RowImages | None:
     """The images of a rows directory whose manifest has an ``images`` section (else None), checked: the sidecar's
     sha256, each image file's sha256 (its name), and that each placement covers image tokens of its row."""
-    from openrecipes.utils import sha256_file
+    from openrecipes.data.manifest import MANIFEST_FILE
+    from openrecipes.utils import path_inside, sha256_file
 
     section = manifest.get("images")
     if not section:
         return None
-    sidecar = directory / section.get("sidecar", SIDECAR_FILE)
+    sidecar = path_inside(directory, section.get("sidecar", SIDECAR_FILE), source=directory / MANIFEST_FILE,
+                          key="images.sidecar", plain_name=True)
     if not sidecar.is_file() or sha256_file(sidecar) != section.get("sidecar_sha256"):
         raise ValueError(f"{sidecar}: missing or not the sidecar the manifest describes (sidecar_sha256)")
     import pyarrow.parquet as pq
@@ -96,7 +98,7 @@ def load_row_images(directory: Path, manifest: dict[str, Any], input_ids: np.nda
     if np.any((input_ids == token_id).sum(axis=1) != held):
         raise ValueError(f"{sidecar}: a row holds image tokens the sidecar does not place")
     for digest in sorted(set(sha)):
-        path = directory / IMAGES_DIR / digest
+        path = path_inside(directory / IMAGES_DIR, digest, source=sidecar, key="sha256", plain_name=True)
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
             raise ValueError(f"{path}: missing or its bytes do not match its sha256 name")
     processor = ImageProcessorConfig.from_manifest(section["processor"])

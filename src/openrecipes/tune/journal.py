@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from openrecipes.utils import atomic_write_text, iter_json_lines, read_json
+from openrecipes.utils import atomic_write_text, iter_json_lines, path_inside, read_json
 
 TRIALS_FILE = "trials.jsonl"
 PRUNED_FILE = "pruned.jsonl"
@@ -33,6 +33,8 @@ class Journal:
             for line, record in iter_json_lines(self.path):
                 if not isinstance(record.get("key"), str) or record.get("status") not in ("ok", "failed"):
                     raise ValueError(f"{self.path}:{line}: not a trial record of openrecipes tune")
+                # joined to ``out`` wherever the trial's run is read (measure, verify, the card): it must stay there
+                path_inside(out, record.get("run_dir"), source=f"{self.path}:{line}", key="run_dir")
                 self.records.append(record)
 
     def find(self, key: str) -> dict[str, Any] | None:

@@ -1,0 +1,251 @@
+"""A path read from a file (a DCP ``.metadata`` storage entry, ``checksums.json``, a rows manifest, an image sidecar,
+the tuner's trial records) stays inside its own folder: ``..``, an absolute name or a link leading out is refused
+with one line naming the file and the key, before anything outside is opened."""
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from openrecipes.utils import path_inside
+
+_OPENED: list[str] | None = None  # paths opened while a test records them (see `opened`)
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED.append(os.path.abspath(os.fsdecode(args[0])))
+
+
+sys.addaudithook(_record_opens)  # audit hooks cannot be removed; this one does nothing unless a test records
+
+
+@pytest.fixture()
+def opened():
+    """Every path the process opens during the test (Python's ``open`` audit event)."""
+    global _OPENED
+    _OPENED = []
+    try:
+        yield _OPENED
+    finally:
+        _OPENED = None
+
+
+# ---- the helper itself
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("../secret", "'..'"), ("a/../../secret", "'..'"), ("/etc/passwd", "absolute"), ("", "empty"),
+    ("a\\..\\b", "backslash"), ("a\0b", "NUL"), (".", "the folder itself"), (None, "not a string"),
+    (["a"], "not a string"),
+])
+def test_names_that_leave_their_folder_are_refused_naming_file_and_key(tmp_path, name, reason):
+    with pytest.raises(ValueError, match=rf"^m\.json: files: .* is not a path inside {tmp_path} \(.*{reason}"):
+        path_inside(tmp_path, name, source="m.json", key="files")
+
+
+def test_a_plain_name_has_no_sub_folder(tmp_path):
+    assert path_inside(tmp_path, "sub/x", source="m.json", key="k") == tmp_path / "sub" / "x"
+    with pytest.raises(ValueError, match="'sub/x' is not a file name inside .* sub-folder"):
+        path_inside(tmp_path, "sub/x", source="m.json", key="k", plain_name=True)
+
+
+def test_links_are_followed_and_must_stay_inside(tmp_path):
+    folder, outside = tmp_path / "folder", tmp_path / "outside"
+    (folder / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (folder / "inner").symlink_to(folder / "sub")
+    (folder / "leaves").symlink_to(outside / "x")
+    (folder / "door").symlink_to(outside)
+    assert path_inside(folder, "inner/x", source="m", key="k") == folder / "inner" / "x"
+    for name in ("leaves", "door/x"):  # the name itself, or a folder on its way
+        with pytest.raises(ValueError, match=rf"m: k: '{name}' .* resolves to {outside}"):
+            path_inside(folder, name, source="m", key="k")
+    # a Hugging Face snapshot's links to its blobs: allowed where asked for, the name rules still hold
+    assert path_inside(folder, "leaves", source="m", key="k", links_may_leave=True) == folder / "leaves"
+    with pytest.raises(ValueError, match="'..'"):
+        path_inside(folder, "../outside/x", source="m", key="k", links_may_leave=True)
+
+
+def test_a_link_to_the_folder_seen_through_another_link_is_inside(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    assert path_inside(tmp_path / "alias", "x", source="m", key="k") == tmp_path / "alias" / "x"
+
+
+# ---- DCP storage entries (.metadata relative_path)
+
+
+def _save(directory: Path, value: float) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"w": torch.full((4,), value)}, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+
+
+def _point_storage_at(ckpt: Path, relative_path: str) -> None:
+    """Rewrite the checkpoint's .metadata so every item is read from ``relative_path``, with DCP's own classes only
+    (what the restricted unpickler allows)."""
+    with open(ckpt / ".metadata", "rb") as handle:
+        metadata = pickle.load(handle)
+    metadata.storage_data = {index: dataclasses.replace(info, relative_path=relative_path)
+                             for index, info in metadata.storage_data.items()}
+    with open(ckpt / ".metadata", "wb") as handle:
+        pickle.dump(metadata, handle)
+
+
+@pytest.fixture()
+def planted(tmp_path):
+    """A checkpoint of zeros and, outside it, secret.bin: the shard of a save of 7s (a torch.save file)."""
+    ckpt, other = tmp_path / "ckpt", tmp_path / "other"
+    _save(ckpt, 0.0)
+    _save(other, 7.0)
+    secret = tmp_path / "secret.bin"
+    next(other.glob("*.distcp")).rename(secret)
+    return ckpt, secret
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_storage_path_leaving_the_checkpoint_is_refused(planted, how, opened):
+    from openrecipes.checkpoint.safe_load import load_dcp
+
+    ckpt, secret = planted
+    if how == "link":
+        (ckpt / "shard.distcp").symlink_to(secret)
+    name = {"climbs": "../secret.bin", "absolute": str(secret), "link": "shard.distcp"}[how]
+    _point_storage_at(ckpt, name)
+    state = {"w": torch.zeros(4)}
+    with pytest.raises(ValueError, match=rf"{ckpt}/\.metadata: storage_data\['w'\]\.relative_path: "
+                                         rf"'{name}' is not a file name inside"):
+        load_dcp(state, ckpt, no_dist=True)
+    assert torch.equal(state["w"], torch.zeros(4))
+    assert str(secret) not in opened
+
+
+def test_forged_checksums_do_not_let_a_storage_path_out(planted, opened):
+    """checksums.json written to match the planted .metadata: the storage path is refused all the same."""
+    from openrecipes.checkpoint.checksums import write_checksums
+    from openrecipes.checkpoint.safe_load import load_dcp, read_dcp_metadata
+
+    ckpt, secret = planted
+    _point_storage_at(ckpt, "../secret.bin")
+    write_checksums(ckpt, no_dist=True)
+    with pytest.raises(ValueError, match=r"relative_path: '\.\./secret\.bin' .* '\.\.'"):
+        read_dcp_metadata(ckpt / ".metadata")
+    with pytest.raises(ValueError, match="relative_path"):
+        load_dcp({"w": torch.zeros(4)}, ckpt, no_dist=True)
+    assert str(secret) not in opened
+
+
+def test_the_storage_paths_dcp_writes_are_accepted(planted):
+    from openrecipes.checkpoint.safe_load import load_dcp
+
+    ckpt, _ = planted
+    _save(ckpt.parent / "fresh", 3.0)
+    state = {"w": torch.zeros(4)}
+    load_dcp(state, ckpt.parent / "fresh", no_dist=True)
+    assert torch.equal(state["w"], torch.full((4,), 3.0))
+
+
+# ---- checksums.json file names
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_checksum_entry_leaving_the_checkpoint_is_refused(planted, how, opened):
+    from openrecipes.checkpoint.checksums import CHECKSUMS_FILE, write_checksums, verify_checksums
+
+    ckpt, secret = planted
+    if how == "link":
+        (ckpt / "extra.distcp").symlink_to(secret)
+    write_checksums(ckpt, no_dist=True)  # hashes the link's target too: the list is forged to match
+    document = json.loads((ckpt / CHECKSUMS_FILE).read_text())
+    entry = {"bytes": secret.stat().st_size, "sha256": hashlib.sha256(secret.read_bytes()).hexdigest()}
+    name = {"climbs": "../secret.bin", "absolute": str(secret), "link": "extra.distcp"}[how]
+    document["files"][name] = entry
+    (ckpt / CHECKSUMS_FILE).write_text(json.dumps(document))
+    opened.clear()
+    with pytest.raises(ValueError, match=rf"{ckpt}/checksums\.json: files: '{name}' is not a file name inside"):
+        verify_checksums(ckpt, no_dist=True)
+    assert str(secret) not in opened
+
+
+# ---- image rows: the manifest's sidecar and the sidecar's image names
+
+
+def _image_rows(directory: Path, sidecar_name: str, digest: str) -> tuple[dict, np.ndarray]:
+    """A rows directory's manifest (images section) and rows for one image of 4 tokens named ``digest``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from openrecipes.data.image_rows import SIDECAR_COLUMNS, SIDECAR_FILE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    columns = {name: pa.array([value], type=pa.int32()) for name, value in zip(SIDECAR_COLUMNS, (0, 0, 4, 0, 4, 4))}
+    columns["sha256"] = pa.array([digest], type=pa.string())
+    pq.write_table(pa.table(columns), str(directory / SIDECAR_FILE))
+    sidecar_sha = hashlib.sha256((directory / SIDECAR_FILE).read_bytes()).hexdigest()
+    images = {"sidecar": sidecar_name, "sidecar_sha256": sidecar_sha, "image_token_id": 9,
+              "processor": {"merge_size": 2}}
+    return {"images": images}, np.full((1, 4), 9, dtype=np.int64)
+
+
+def test_an_image_name_leaving_the_images_folder_is_refused(tmp_path, opened):
+    from openrecipes.data.image_batch import load_row_images
+
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"not yours")
+    rows = tmp_path / "a" / "rows"
+    manifest, ids = _image_rows(rows, "images.parquet", "../../../secret.png")
+    opened.clear()
+    with pytest.raises(ValueError, match=rf"{rows}/images\.parquet: sha256: '\.\./\.\./\.\./secret\.png' is not a "
+                                         "file name inside"):
+        load_row_images(rows, manifest, ids)
+    assert str(secret) not in opened
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_sidecar_outside_the_rows_is_refused(tmp_path, how, opened):
+    from openrecipes.data.image_batch import load_row_images
+
+    rows = tmp_path / "rows"
+    manifest, ids = _image_rows(tmp_path / "elsewhere", "images.parquet", "0" * 64)
+    rows.mkdir()
+    if how == "link":
+        (rows / "linked.parquet").symlink_to(tmp_path / "elsewhere" / "images.parquet")
+    name = {"climbs": "../elsewhere/images.parquet", "absolute": str(tmp_path / "elsewhere" / "images.parquet"),
+            "link": "linked.parquet"}[how]
+    manifest["images"]["sidecar"] = name
+    opened.clear()
+    with pytest.raises(ValueError, match=rf"{rows}/manifest\.json: images\.sidecar: '{name}' is not a file name"):
+        load_row_images(rows, manifest, ids)
+    assert str(tmp_path / "elsewhere" / "images.parquet") not in opened
+
+
+# ---- the tuner's trial records
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link", "missing"])
+def test_a_trial_record_whose_run_leaves_the_output_is_refused(tmp_path, how):
+    from openrecipes.tune.journal import TRIALS_FILE, Journal
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (out / "trials").mkdir(parents=True)
+    elsewhere.mkdir()
+    (out / "trials" / "000-start").symlink_to(elsewhere, target_is_directory=True)
+    good = {"key": "a", "status": "ok", "run_dir": "trials/001-a/run"}
+    run_dir = {"climbs": "../elsewhere/run", "absolute": str(elsewhere / "run"), "link": "trials/000-start/run",
+               "missing": None}[how]
+    bad = {"key": "start", "status": "ok", **({"run_dir": run_dir} if run_dir else {})}
+    (out / TRIALS_FILE).write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=rf"{out}/trials\.jsonl:2: run_dir: .* is not a path inside {out}"):
+        Journal(out)
+    (out / TRIALS_FILE).write_text(json.dumps(good) + "\n")
+    assert Journal(out).find("a")["run_dir"] == "trials/001-a/run"

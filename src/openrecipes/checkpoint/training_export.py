@@ -23,7 +23,7 @@ from openrecipes.checkpoint.hf import hf_tensors_from_native, recipe_model_confi
 from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
 from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER, write_hf_dir
 from openrecipes.config.rundir import CHECKPOINTS_DIR, RECIPE_FILE, RUN_FILE, read_run_info, rows_directory
-from openrecipes.utils import check_output_dir, sha256_file
+from openrecipes.utils import check_output_dir, path_inside, sha256_file
 
 MODEL_PREFIX = "model."  # the model's part of a training save (its other parts: optimizer., trainer.)
 EXPORT_DTYPES = ("source", "native")
@@ -142,10 +142,16 @@ def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:
     manifest = read_manifest(rows, require=("tokenizer",))
     source = rows / "manifest.json"
     tokenizer = manifest["tokenizer"]
+    hashes = tokenizer.get("files_sha256", {}) if isinstance(tokenizer, dict) else None
+    if not isinstance(hashes, dict):
+        raise ValueError(f"{source}: tokenizer.files_sha256 is not a mapping of file names to sha256")
     directory = Path(tokenizer.get("directory", ""))
     files: dict[str, str] = {}
-    for name, digest in sorted(tokenizer.get("files_sha256", {}).items()):
-        path = directory / name
+    for name, digest in sorted(hashes.items()):
+        # each name is also where the file goes in the export: a plain name, or it would write outside HF_DIR;
+        # the tokenizer directory may be a Hugging Face cache snapshot, whose files link to blobs beside it
+        path = path_inside(directory, name, source=source, key="tokenizer.files_sha256", plain_name=True,
+                           links_may_leave=True)
         if not path.is_file():
             raise FileNotFoundError(f"{source}: tokenizer file {path} is missing (the rows were built with it)")
         if sha256_file(path) != digest:

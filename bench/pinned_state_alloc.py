@@ -1,10 +1,11 @@
 """Time allocating an offloaded optimizer's pinned host state, three ways, for a recipe's parameter shapes.
 
-  python bench/pinned_state_alloc.py RECIPE.yaml {per_tensor,arena,register} [LAYERS]
+  python bench/pinned_state_alloc.py RECIPE.yaml {per_tensor,arena,register,openrecipes} [LAYERS]
 
 per_tensor: what MixedPrecisionAdam did (zeros with pin_memory per parameter: bf16 moments and an int16 remainder);
 arena: one pinned buffer per dtype, zeroed once, cut into the parameters' views; register: pageable zeros, then
-cudaHostRegister of each buffer. Prints one JSON line: seconds, GiB asked, and the host allocator's reserved GiB.
+cudaHostRegister of each buffer; openrecipes: optim/pinned.py's pinned_zeros per parameter, as the optimizer now
+allocates it. Prints one JSON line: seconds, GiB asked, and the host allocator's reserved GiB.
 """
 
 import json
@@ -46,6 +47,11 @@ elif how == "register":
         code = cudart.cudaHostRegister(arena.data_ptr(), arena.numel() * arena.element_size(), 0)
         assert int(code) == 0, code
         held.append(arena)
+elif how == "openrecipes":
+    from openrecipes.optim.pinned import pinned_zeros
+
+    for shape in shapes:
+        held += [pinned_zeros(shape, d) for d in dtypes]
 else:
     raise SystemExit(f"unknown way {how!r}")
 seconds = time.perf_counter() - started

@@ -28,6 +28,7 @@ from openrecipes.parallel.dtensor import is_sharded, shard_like
 from openrecipes.parallel.dtensor import local_tensor as _local
 from openrecipes.optim import fused_cuda
 from openrecipes.optim.offload_stream import StreamedStateUpdate
+from openrecipes.optim.pinned import pinned_empty, pinned_zeros
 from openrecipes.optim.remainders import join_master, split_master
 
 MASTER_MODES = ("param", "fp32", "remainder")
@@ -110,13 +111,13 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         moment = _DTYPES[self.config.moment_dtype]
         state = self.state[p]
         state["step"] = torch.zeros((), dtype=torch.int64)
-        state["exp_avg"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
-        state["exp_avg_sq"] = torch.zeros(local.shape, dtype=moment, device=device, pin_memory=pin)
+        state["exp_avg"] = _zeros(local, moment, device, pin)
+        state["exp_avg_sq"] = _zeros(local, moment, device, pin)
         master_mode = "param" if local.dtype == torch.float32 else self.config.master
         if master_mode == "fp32":
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
         elif master_mode == "remainder":
-            state["remainder"] = torch.zeros(local.shape, dtype=torch.int16, device=device, pin_memory=pin)
+            state["remainder"] = _zeros(local, torch.int16, device, pin)
         if p in self._offloaded and master_mode == "param":
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
 
@@ -316,7 +317,11 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor | None:
 
 
 def _empty_like(t: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=dtype, device=device, pin_memory=pin)
+    return pinned_empty(t.shape, dtype) if pin else torch.empty(t.shape, dtype=dtype, device=device)
+
+
+def _zeros(t: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+    return pinned_zeros(t.shape, dtype) if pin else torch.zeros(t.shape, dtype=dtype, device=device)
 
 
 class _nullcontext:

@@ -41,12 +41,19 @@ def optimizer_placement_changed(changes: dict[str, Any]) -> bool:
     return any(path.startswith("offload.") for path in changes)
 
 
+# The component test inside a tuning budget: on a GPU the layer of verify/optimizer.py's CUDA shape with 8 of its 64
+# experts (2 per token), the same widths and every arm; the full shape took 210 s on one H200, most of it moving
+# fp64 copies of 805 M expert weights (BENCHMARKS.md), which is the budget of several trials.
+TUNER_COMPONENT_TEST = {"cpu": [], "cuda": ["--experts", "8", "--top-k", "2"]}
+
+
 def run_optimizer_test(out: Path, device: str) -> tuple[bool, Path]:
     """``openrecipes verify optimizer --json`` once per tuning output; its JSON feeds the card."""
     path = out / VERIFY_DIR / OPTIMIZER_FILE
     if not path.is_file():
         result = subprocess.run([sys.executable, "-m", "openrecipes", "verify", "optimizer", "--json",
-                                 "--device", device], capture_output=True, text=True, env=dict(os.environ))
+                                 "--device", device, *TUNER_COMPONENT_TEST[device]],
+                                capture_output=True, text=True, env=dict(os.environ))
         if result.returncode not in (0, 1) or not result.stdout.strip():
             raise ValueError(f"verify optimizer did not run (exit status {result.returncode}): "
                              f"{result.stderr.strip()[-500:]}")

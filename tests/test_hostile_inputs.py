@@ -119,3 +119,29 @@ def test_an_invalid_date_names_its_card_and_line_and_the_others_are_still_checke
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert code != 0 and "card0.yaml:" in text and "2026-02-31" in text and "2 card(s) checked" in text
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1.0e+400"])
+def test_a_nonfinite_model_override_is_refused_by_key(tmp_path, value):
+    from openrecipes.config.recipe import load_recipe
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model: qwen3-moe-tiny\ndata: {rows: /nowhere}\nlayout: {max_tokens_per_gpu: 128}\n"
+                    f"steps: 3\nglobal_batch: 4\nmodel_overrides: {{rope_theta: {value}}}\n")
+    with pytest.raises(ValueError, match=r"model_overrides: .*rope_theta: not a finite number"):
+        load_recipe(path)
+    path.write_text(path.read_text().replace(f"model_overrides: {{rope_theta: {value}}}\n", ""))
+    with pytest.raises(ValueError, match=r"model_overrides: .*rope_theta: not a finite number"):
+        load_recipe(path, [f"model_overrides.rope_theta={value}"])
+    with pytest.raises(ValueError, match=r"model_overrides: .*rope_scaling\.factor: not a finite number"):
+        load_recipe(path, [f"model_overrides.rope_scaling={{factor: {value}}}"])
+
+
+def test_a_finite_model_override_is_kept_as_written():
+    import yaml
+
+    from openrecipes.config.recipe import dump_recipe, recipe_from_dict
+
+    tree = {"model": "qwen3-moe-tiny", "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 64},
+            "steps": 1, "global_batch": 1, "model_overrides": {"rope_theta": 20000.0}}
+    assert yaml.safe_load(dump_recipe(recipe_from_dict(tree)))["model_overrides"] == {"rope_theta": 20000.0}

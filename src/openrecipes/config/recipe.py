@@ -7,6 +7,7 @@ to the run directory as ``recipe.yaml`` and embedded in the recipe card.
 from __future__ import annotations
 
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,7 +15,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from openrecipes.config.hf_names import hf_name_hint
 from openrecipes.config.layout import LayoutConfig
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -250,6 +250,16 @@ class Recipe(BaseModel):
     kernels: Kernels = Field(default_factory=Kernels)
     debug: Debug = Field(default_factory=Debug)
 
+    @field_validator("model_overrides")
+    @classmethod
+    def _overrides_are_finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Any escapes allow_inf_nan: `rope_theta: .inf` would train, be written to recipe.yaml as null and leave a
+        # run that can neither resume nor export
+        key = _nonfinite_key(value)
+        if key is not None:
+            raise ValueError(f"{key}: not a finite number (inf and nan are never a setting)")
+        return value
+
     @field_validator("run_dir")
     @classmethod
     def _run_dir_names_a_directory(cls, value: str) -> str:
@@ -280,6 +290,18 @@ class Recipe(BaseModel):
         return "remainder" if self.optimizer.precision_aware and self.optimizer.param_remainders else "fp32"
 
 
+def _nonfinite_key(value: Any, path: str = "") -> str | None:
+    """The dotted key of the first inf or nan inside ``value`` (mappings and lists searched), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _nonfinite_key(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def _section_keys(loc: tuple) -> list[str]:
     """The keys the recipe section at ``loc`` (a path of field names) accepts; [] when it is not a section."""
     model: Any = Recipe
@@ -299,10 +321,9 @@ def _format_error(error: ValidationError, source: str) -> str:
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         hint = ""
-        if item["type"] == "extra_forbidden":  # another tool's name for a setting, or a misspelt key
-            hf_hint = hf_name_hint(str(item["loc"][-1]))
+        if item["type"] == "extra_forbidden":  # a misspelt key: name the closest one the section has
             close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
-            hint = f" ({hf_hint})" if hf_hint else f" (did you mean '{close[0]}'?)" if close else ""
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
         lines.append(f"{source}: {where}: {item['msg']}{hint}")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from openrecipes.config.hf_names import hf_name_hint
 from openrecipes.config.layout import LayoutConfig
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -321,9 +322,10 @@ def _format_error(error: ValidationError, source: str) -> str:
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         hint = ""
-        if item["type"] == "extra_forbidden":  # a misspelt key: name the closest one the section has
+        if item["type"] == "extra_forbidden":  # another tool's name for a setting, or a misspelt key
+            hf_hint = hf_name_hint(str(item["loc"][-1]))
             close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint = f" ({hf_hint})" if hf_hint else f" (did you mean '{close[0]}'?)" if close else ""
         lines.append(f"{source}: {where}: {item['msg']}{hint}")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 from .site_fixtures import REPO, catalog_of_workflows, catalog_with_variant
 
-from openrecipes.cards.verification_load import load_verification_card
+from openrecipes.cards.verification_load import load_verification_card, load_verification_dir
 from openrecipes.site.build import build_site
 from openrecipes.site.serve import make_server
 
@@ -161,6 +161,24 @@ def _shown(page) -> dict[str, str]:
     return {"choice": choice, **{key: section.get_attribute(f"data-{key}") for key in SELECTOR_KEYS},
             "id": section.get_attribute("id"), "command": section.locator(".command, .command-none").inner_text(),
             "result": section.locator(".result").inner_text()}
+
+
+def test_index_reads_as_text(served_site, browser):
+    """What a reader sees on the index: each model with its count of recorded combinations, and no Python repr."""
+    from .test_site_text import REPR
+
+    page = browser.new_page()
+    try:
+        page.goto(served_site + "index.html")
+        assert not REPR.search(page.locator("body").inner_text())
+        shown = page.locator("#models li").all_inner_texts()
+        cards = sorted((loaded.card for loaded in load_verification_dir(VERIFICATION)), key=lambda card: card.model)
+        assert len(shown) == len(cards)
+        for text, card in zip(shown, cards):
+            count = len(card.items)
+            assert text.startswith(f"{card.model} ({count} recorded combination{'s' if count != 1 else ''}"), text
+    finally:
+        page.close()
 
 
 SELECTOR_KEYS = ("workflow", "hardware", "precision", "combination")

@@ -37,8 +37,18 @@ class BuiltSite:
     model_pages: list[Path] = ()  # relative to out, one per verification card
 
 
+class _PageEnvironment(jinja2.Environment):
+    """``{{ view.items }}`` on a dict reads its key ``items`` when it has one, never the dict's method of that name
+    (Jinja tries the attribute first, and a page would show ``<built-in method items of dict object at 0x...>``)."""
+
+    def getattr(self, obj: object, attribute: str) -> object:
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    return _PageEnvironment(
         loader=jinja2.PackageLoader("openrecipes.site", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
@@ -193,7 +203,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
         links = [("../" + row["href"], f"{row['name']}: {row['gpus']}, {row['label']}") for row in rows
                  if row["model"].lower() == loaded.card.model.lower()]
         pages[relative] = render_model_page(env, loaded, css=css, js=_asset("selector.js"), recipe_links=links)
-        models.append({"model": loaded.card.model, "href": _href(relative), "items": len(loaded.card.items),
+        models.append({"model": loaded.card.model, "href": _href(relative), "combinations": len(loaded.card.items),
                        "engine": loaded.card.engine})
     pages[Path("index.html")] = env.get_template("index.html.jinja").render(
         rows=rows, filters=filter_options(ordered), filter_labels=FILTER_LABELS,

@@ -249,3 +249,42 @@ def test_a_trial_record_whose_run_leaves_the_output_is_refused(tmp_path, how):
         Journal(out)
     (out / TRIALS_FILE).write_text(json.dumps(good) + "\n")
     assert Journal(out).find("a")["run_dir"] == "trials/001-a/run"
+
+
+# ---- a rows manifest's parquet_file, a Hugging Face dataset's state.json
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_parquet_file_outside_the_rows_is_refused(tmp_path, how, opened):
+    from openrecipes.data.manifest import read_manifest
+
+    rows, secret = tmp_path / "rows", tmp_path / "secret.parquet"
+    rows.mkdir()
+    secret.write_bytes(b"PAR1 not yours")
+    if how == "link":
+        (rows / "rows.parquet").symlink_to(secret)
+    name = {"climbs": "../secret.parquet", "absolute": str(secret), "link": "rows.parquet"}[how]
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    manifest = {"row_tokens": 64, "parquet_file": name, "parquet_sha256": digest}
+    (rows / "manifest.json").write_text(json.dumps(manifest))
+    opened.clear()
+    with pytest.raises(ValueError, match=rf"{rows}/manifest\.json: parquet_file: '{name}' is not a file name inside"):
+        read_manifest(rows, check_parquet=True)
+    assert str(secret) not in opened
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
+def test_a_dataset_file_outside_the_dataset_is_refused(tmp_path, how, opened):
+    from openrecipes.data.sources import open_source
+
+    dataset, secret = tmp_path / "dataset", tmp_path / "secret.jsonl"
+    dataset.mkdir()
+    secret.write_text(json.dumps({"messages": [{"role": "user", "content": "not yours"}]}) + "\n")
+    if how == "link":
+        (dataset / "data.jsonl").symlink_to(secret)
+    name = {"climbs": "../secret.jsonl", "absolute": str(secret), "link": "data.jsonl"}[how]
+    (dataset / "state.json").write_text(json.dumps({"_data_files": [{"filename": name}]}))
+    opened.clear()
+    with pytest.raises(ValueError, match=rf"{dataset}/state\.json: _data_files\[\]\.filename: '{name}' is not a path"):
+        open_source(dataset)
+    assert str(secret) not in opened

@@ -135,7 +135,11 @@ def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tok
         if manifest.get(key) is None:
             raise ValueError(f"{path}: missing field '{key}'")
     if check_parquet:
-        check_parquet_sha256(Path(directory) / manifest.get("parquet_file", ROWS_FILE), manifest, path)
+        from openrecipes.utils import path_inside
+
+        parquet = path_inside(directory, manifest.get("parquet_file", ROWS_FILE), source=path, key="parquet_file",
+                              plain_name=True)
+        check_parquet_sha256(parquet, manifest, path)
     return manifest
 
 

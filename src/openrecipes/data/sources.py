@@ -126,8 +126,10 @@ def _dataset_files(directory: Path) -> list[Path]:
         directory = directory / "train"
     state = directory / "state.json"
     if state.is_file():
+        from openrecipes.utils import path_inside
+
         names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
-        return [directory / name for name in names]
+        return [path_inside(directory, name, source=state, key="_data_files[].filename") for name in names]
     files = sorted(p for p in directory.rglob("*") if p.suffix in (".jsonl", ".parquet", ".arrow")
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:

@@ -4,6 +4,7 @@ recorded in the run directory."""
 import json
 
 import pytest
+import yaml
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.train.loop import train
@@ -36,3 +37,11 @@ def test_performance_changes_and_more_steps_are_recorded(make_recipe, tmp_path):
     recorded = load_recipe(run_dir / "recipe.yaml")
     assert recorded.steps == 8 and recorded.layout.max_tokens_per_gpu == 64
     assert [json.loads(line)["step"] for line in _metrics(run_dir).splitlines()] == list(range(8))
+    # RUN_DIR/recipe.yaml edited by hand (lr x10) is held to what the run started with (inputs.json), as --set is
+    path = run_dir / "recipe.yaml"
+    tree = yaml.safe_load(path.read_text())
+    tree["optimizer"]["lr"] *= 10
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(ValueError, match=r"optimizer\.lr: 0\.003 -> 0\.03"):
+        train(load_recipe(path), command="t", resume=True)
+    assert len((run_dir / "resumes.jsonl").read_text().splitlines()) == 1

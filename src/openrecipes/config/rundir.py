@@ -24,6 +24,7 @@ ROWS_DIR = "rows"                 # rows built at the start of the run (data.bui
 PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
 LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
 RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the step it took effect and the changes
+INPUTS_FILE = "inputs.json"       # what a fresh start read: sha256 of rows, base config.json, resolved recipe
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
 

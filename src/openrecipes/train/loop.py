@@ -26,7 +26,7 @@ from openrecipes.train.checkpointing import (checkpoint_step, latest_checkpoint,
                                              save_checkpoint)
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
-from openrecipes.train.resume import record_resume, resumed_changes
+from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
 from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE, RECIPE_FILE,
                                        RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
@@ -179,6 +179,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         truncate_after(run_dir, -1)
         (run_dir / RESUMES_FILE).unlink(missing_ok=True)
         atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
+        record_inputs(run_dir, recipe)  # what a resume is compared against (train/resume.py)
         write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
 
     metrics = MetricsStream(run_dir, total_steps=recipe.steps, progress=recipe.logging.progress,

@@ -4,33 +4,41 @@ import pytest
 import torch
 
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
-from openrecipes.optim.pinned import REGISTER_MIN_BYTES, pinned_empty, pinned_zeros
+from openrecipes.optim.pinned import REGISTER_MIN_BYTES, pinned_zeros
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("shape,dtype", [((3, 1 << 19), torch.bfloat16), ((1 << 20,), torch.int16),
-                                         ((5, 7), torch.float32)])
-def test_pinned_tensors_are_page_locked_zeros(shape, dtype):
-    before = torch.cuda.host_memory_stats().get("reserved_bytes.current", 0)
+def _reserved() -> int:
+    return torch.cuda.host_memory_stats().get("reserved_bytes.current", 0)
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 1 << 19), torch.bfloat16), ((1 << 20,), torch.int16)])
+def test_large_state_is_registered_in_place(shape, dtype):
+    before = _reserved()
     tensor = pinned_zeros(shape, dtype)
-    assert tensor.shape == shape and tensor.dtype == dtype and tensor.is_pinned()
-    assert torch.count_nonzero(tensor) == 0
-    large = tensor.numel() * tensor.element_size() >= REGISTER_MIN_BYTES
-    grown = torch.cuda.host_memory_stats().get("reserved_bytes.current", 0) - before
-    assert (grown == 0) if large else (grown > 0)  # large ones bypass the rounding caching allocator
+    assert tuple(tensor.shape) == shape and tensor.dtype == dtype and torch.count_nonzero(tensor) == 0
+    assert _reserved() == before  # not from torch's rounding caching allocator
     device = torch.arange(tensor.numel(), device="cuda").to(dtype).view(shape)
-    tensor.copy_(device, non_blocking=True)
+    tensor.copy_(device, non_blocking=True)  # an asynchronous copy into it lands whole
     torch.cuda.synchronize()
     assert torch.equal(tensor.cuda(), device)
 
 
-def test_two_neighbours_register_without_clashing():
-    tensors = [pinned_empty((REGISTER_MIN_BYTES + 3,), torch.uint8) for _ in range(8)]
-    assert all(t.is_pinned() for t in tensors)
-    del tensors  # each unregisters as it goes
-    again = pinned_zeros((REGISTER_MIN_BYTES,), torch.uint8)
-    assert again.is_pinned()
+def test_small_state_comes_from_torchs_pinned_allocator():
+    tensor = pinned_zeros((5, 7), torch.float32)
+    assert tensor.is_pinned() and torch.count_nonzero(tensor) == 0
+
+
+def test_neighbours_register_without_sharing_a_page():
+    # registering a page twice fails (RuntimeError here): each tensor has pages of its own
+    tensors = [pinned_zeros((REGISTER_MIN_BYTES + 3,), torch.uint8) for _ in range(8)]
+    for value, tensor in enumerate(tensors):
+        tensor.copy_(torch.full(tensor.shape, value, dtype=torch.uint8, device="cuda"), non_blocking=True)
+    torch.cuda.synchronize()
+    assert [int(t[0]) for t in tensors] == list(range(8)) and [int(t[-1]) for t in tensors] == list(range(8))
+    del tensors  # each unregisters as it goes, so the same memory can be registered again
+    assert int(pinned_zeros((REGISTER_MIN_BYTES,), torch.uint8).sum()) == 0
 
 
 def test_offloaded_updates_equal_on_device_updates():

@@ -28,7 +28,7 @@ from openrecipes.parallel.dtensor import is_sharded, shard_like
 from openrecipes.parallel.dtensor import local_tensor as _local
 from openrecipes.optim import fused_cuda
 from openrecipes.optim.offload_stream import StreamedStateUpdate
-from openrecipes.optim.pinned import pinned_empty, pinned_zeros
+from openrecipes.optim.pinned import pinned_zeros
 from openrecipes.optim.remainders import join_master, split_master
 
 MASTER_MODES = ("param", "fp32", "remainder")
@@ -317,7 +317,7 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor | None:
 
 
 def _empty_like(t: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
-    return pinned_empty(t.shape, dtype) if pin else torch.empty(t.shape, dtype=dtype, device=device)
+    return pinned_zeros(t.shape, dtype) if pin else torch.empty(t.shape, dtype=dtype, device=device)
 
 
 def _zeros(t: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:

@@ -65,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
                      "trying the next fastest")
     gain = ablations = None
     if winner is not None:
+        pairs = search.remeasure_pairs(winner.record)
+        held = "" if pairs == options.remeasure else f" of the {options.remeasure} asked: the budget holds {pairs}"
         progress.say(f"measuring the start and trial {winner.record['index']} again, interleaved "
-                     f"({options.remeasure} pairs)")
-        gain = remeasure(search, winner.record, options.remeasure)
+                     f"({pairs} pairs{held})")
+        gain = remeasure(search, winner.record, pairs)
         if gain.faster:
             ablations = ablate(search, result.candidates[winner.record["key"]], statistics.median(gain.winner))
     if winner is None or not gain.faster:

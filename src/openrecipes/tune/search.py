@@ -331,8 +331,18 @@ class Search:
         winner_wall = max(best_wall, next_wall_s)
         if not winner_wall:
             return CARD_S  # nothing but the start was measured: nothing to remeasure
-        fixed = VERIFY_FIXED_S["cpu" if self.target.is_cpu else "gpu"]
-        return self.options.remeasure * (start["wall_s"] + winner_wall) + fixed
+        # one remeasured pair is the least an honest gain needs; more are taken after the search as time allows
+        return min(1, self.options.remeasure) * (start["wall_s"] + winner_wall) + self._verify_fixed_s()
+
+    def _verify_fixed_s(self) -> float:
+        return VERIFY_FIXED_S["cpu" if self.target.is_cpu else "gpu"]
+
+    def remeasure_pairs(self, winner: dict[str, Any]) -> int:
+        """How many (start, winner) pairs to measure again: as many as ``--remeasure`` asks that the time left
+        holds after the rest of verification, and at least one."""
+        pair = self._measured("start")["wall_s"] + winner["wall_s"]
+        fits = int((self.progress.left_s() - self._verify_fixed_s()) // max(pair, 1e-9))
+        return max(min(1, self.options.remeasure), min(self.options.remeasure, fits))
 
     def estimated_wall_s(self, prediction: Prediction | None) -> float:
         """A trial's expected wall time: the start's cost before and around its steps plus the predicted steps."""

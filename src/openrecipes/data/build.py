@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, ROWS_FILE, ROWS_SHA256_DEFINITION,
+from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, MAX_TOKEN_ID, ROWS_FILE, ROWS_SHA256_DEFINITION,
                                        RowsWriter)
 from openrecipes.data.image_rows import open_images
 from openrecipes.data.packing import RowPacker
@@ -406,6 +406,7 @@ def rows_fields(config: BuildConfig, writer: RowsWriter) -> dict[str, Any]:
         "padding_tokens": 0,
         "supervised_tokens": writer.supervised,
         "supervised_token_ratio": round(writer.supervised / tokens, 6),
+        MAX_TOKEN_ID: writer.max_token_id,
         "seed": config.seed,
     }
 

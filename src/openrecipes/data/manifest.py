@@ -17,6 +17,7 @@ import numpy as np
 
 ROWS_FILE = "rows.parquet"
 MANIFEST_FILE = "manifest.json"
+MAX_TOKEN_ID = "max_token_id"  # the manifest's key for the largest token id in the rows
 FORMAT = "openrecipes.sft-rows.v1"
 ROWS_SHA256_DEFINITION = (
     "SHA-256 over the rows in file order; for each row, its row_tokens input_ids as little-endian int32 "
@@ -54,6 +55,7 @@ class RowsWriter:
         self.digest = hashlib.sha256()
         self.rows = 0
         self.supervised = 0
+        self.max_token_id = -1  # the largest input id written: the model's vocabulary must hold it (MAX_TOKEN_ID)
         self._pending: list[tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = []
         self._pending_rows = 0
         self._writer = pq.ParquetWriter(str(path), _schema(), compression="zstd", use_dictionary=False,
@@ -63,6 +65,7 @@ class RowsWriter:
         if input_ids.shape[0] == 0:
             return
         update_rows_hash(self.digest, input_ids, loss_mask)
+        self.max_token_id = max(self.max_token_id, int(input_ids.max()))
         self.rows += input_ids.shape[0]
         self.supervised += int(loss_mask.sum(dtype=np.int64))
         self._pending.append((input_ids, loss_mask, doc_lens))
@@ -116,6 +119,30 @@ def rows_sha256_of(path: str | Path) -> str:
         mask = table.column("loss_mask").combine_chunks().flatten().to_numpy()
         update_rows_hash(digest, ids.reshape(n, -1), mask.reshape(n, -1))
     return digest.hexdigest()
+
+
+def rows_max_token_id(directory: str | Path) -> int:
+    """The largest token id in a built rows directory: its manifest's MAX_TOKEN_ID, or for rows built before builds
+    recorded it, the largest id of the parquet file's input_ids (read one row group at a time)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(directory)
+    recorded = manifest.get(MAX_TOKEN_ID)
+    if recorded is not None:
+        if not isinstance(recorded, int) or isinstance(recorded, bool):
+            raise ValueError(f"{Path(directory) / MANIFEST_FILE}: {MAX_TOKEN_ID} must be an integer, got {recorded!r}")
+        return recorded
+    path = Path(directory) / ROWS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    parquet = pq.ParquetFile(str(path))
+    largest = -1
+    for group in range(parquet.num_row_groups):
+        ids = parquet.read_row_group(group, columns=["input_ids"]).column("input_ids").combine_chunks().flatten()
+        group_max = pc.max(ids).as_py()
+        largest = largest if group_max is None else max(largest, group_max)
+    return largest
 
 
 def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tokens",),

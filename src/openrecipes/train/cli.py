@@ -124,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
 
             build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
         from openrecipes.config.rundir import rows_directory
+        from openrecipes.train.engine import model_config
         from openrecipes.train.images import check_rows_directory
+        from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 
-        check_rows_directory(recipe, rows_directory(recipe.data.rows, recipe.run_dir))  # image rows the run can take
+        rows = rows_directory(recipe.data.rows, recipe.run_dir)
+        check_rows_directory(recipe, rows)  # image rows the run can take
+        check_rows_vocabulary(recipe, model_config(recipe), rows)  # and ids the model has
         return _launch_or_train(args, recipe)
 
 

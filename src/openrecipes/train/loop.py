@@ -22,6 +22,7 @@ from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scal
 from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
+from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 from openrecipes.train.checkpointing import (checkpoint_step, latest_checkpoint, load_checkpoint, remove_stale_staging,
                                              save_checkpoint)
 from openrecipes.train.metrics import MetricsStream, truncate_after
@@ -116,6 +117,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))
     row_tokens = dataset.row_tokens
     check_rows_directory(recipe, _rows_to_train_on(recipe, run_dir))
+    check_rows_vocabulary(recipe, config, _rows_to_train_on(recipe, run_dir), int(dataset.input_ids.max()))
     rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
     loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,

@@ -10,7 +10,7 @@ from openrecipes.checkpoint.hf import save_hf
 from openrecipes.cli import main
 from openrecipes.models.qwen3_moe import build_qwen3_moe
 from openrecipes.models.registry import get_config
-from openrecipes.utils import check_output_dir, guarded_output_dir
+from openrecipes.utils import check_output_dir, check_output_file, guarded_output_dir
 from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, BUNDLED_TOKENIZER
 
 
@@ -128,3 +128,95 @@ def test_guarded_output_leaves_the_marker(tmp_path):
     with guarded_output_dir(tmp_path / "out", marker=".m", writer="w", overwrite=True) as staging:
         (staging / "y").write_text("2")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".m", "y"]
+
+
+def test_an_output_inside_an_input_is_refused_and_paths_are_compared_resolved(tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    with pytest.raises(ValueError, match="sits inside the input"):
+        check_output_dir(source / "out", marker=".m", writer="w", overwrite=False, inputs=[source])
+    os.symlink(tmp_path, tmp_path / "up")  # the same directory reached through a link
+    with pytest.raises(ValueError, match="is or holds the input"):
+        check_output_dir(tmp_path / "up" / "in", marker=".m", writer="w", overwrite=True, inputs=[source])
+    with pytest.raises(ValueError, match="sits inside the input"):
+        check_output_file(source / "job.sbatch", [source])
+    check_output_dir(tmp_path / "beside", marker=".m", writer="w", overwrite=False, inputs=[source, None])
+
+
+def test_convert_import_refuses_a_directory_inside_its_source(hf_dir, capsys):
+    before = snapshot(hf_dir)
+    assert main(["convert", "import", str(hf_dir), str(hf_dir / "native")]) == 2
+    assert "sits inside the input" in capsys.readouterr().err and snapshot(hf_dir) == before
+
+
+@pytest.fixture()
+def adapter(hf_dir, tmp_path):
+    import torch
+
+    from openrecipes.checkpoint.hf import from_hf
+    from openrecipes.checkpoint.lora import save_peft_adapter
+    from openrecipes.models.common.lora import LoraSpec, apply_lora
+
+    spec = LoraSpec(rank=2, alpha=4.0, targets=("q_proj",))
+    model = from_hf(hf_dir, dtype=torch.float32)
+    apply_lora(model, spec)
+    save_peft_adapter(model, spec, tmp_path / "adapter", base_model=str(hf_dir))
+    return tmp_path / "adapter"
+
+
+def merge_lora(base, adapter, out, *extra):
+    return main(["convert", "merge-lora", str(base), str(adapter), "--out", str(out), *extra])
+
+
+def test_merge_lora_never_replaces_or_writes_into_its_base(hf_dir, adapter, capsys):
+    before = snapshot(hf_dir)  # save_hf marked it: an --overwrite on it once replaced the base model
+    assert merge_lora(hf_dir, adapter, hf_dir, "--overwrite") == 2
+    assert "is or holds the input" in capsys.readouterr().err
+    assert merge_lora(hf_dir, adapter, hf_dir / "merged") == 2
+    assert "sits inside the input" in capsys.readouterr().err
+    assert snapshot(hf_dir) == before
+
+
+def test_merge_lora_never_replaces_a_directory_holding_its_adapter(hf_dir, adapter, tmp_path, capsys):
+    out = tmp_path / "merged"
+    assert merge_lora(hf_dir, adapter, out) == 0
+    shutil.move(adapter, out / "adapter")  # the user keeps the adapter beside its merge
+    kept = snapshot(out / "adapter")
+    assert merge_lora(hf_dir, out / "adapter", out, "--overwrite") == 2
+    assert "is or holds the input" in capsys.readouterr().err and snapshot(out / "adapter") == kept
+
+
+def test_data_build_never_replaces_the_image_processor_it_reads(tmp_path, capsys):
+    from openrecipes.data import bundled
+    from openrecipes.data.build import DATA_MARKER
+
+    rows = tmp_path / "rows"  # an earlier build's output (its marker), where the user keeps the processor
+    rows.mkdir()
+    (rows / DATA_MARKER).write_text("")
+    processor = rows / "preprocessor_config.json"
+    shutil.copy(bundled.IMAGE_PROCESSOR, processor)
+    code = main(["data", "build", str(BUNDLED_CONVERSATIONS), "--tokenizer", str(bundled.VL_TOKENIZER),
+                 "--loss-mask", "qwen3", "--row-tokens", "64", "--rows", "2", "--no-progress",
+                 "--image-processor", str(processor), "--out", str(rows), "--overwrite"])
+    assert code == 2 and "is or holds the input" in capsys.readouterr().err
+    assert processor.read_bytes() == bundled.IMAGE_PROCESSOR.read_bytes()
+
+
+def launch_slurm(recipe, out):
+    return main(["launch", "slurm", str(recipe), "--nodes", "1", "--gpus-per-node", "1", "--out", str(out)])
+
+
+def test_launch_slurm_never_replaces_its_recipe_or_a_file_it_did_not_write(tmp_path, capsys):
+    recipe = tmp_path / "tiny.yaml"
+    shutil.copy("examples/tiny-qwen3-sft.yaml", recipe)
+    before = recipe.read_bytes()
+    assert launch_slurm(recipe, recipe) == 2
+    assert "is or holds the input" in capsys.readouterr().err and recipe.read_bytes() == before
+    notes = tmp_path / "notes.sbatch"
+    notes.write_text("#!/bin/bash\necho mine\n")
+    assert launch_slurm(recipe, notes) == 2
+    assert "was not written by openrecipes launch slurm" in capsys.readouterr().err
+    assert notes.read_text() == "#!/bin/bash\necho mine\n"
+    script = tmp_path / "job.sbatch"
+    assert launch_slurm(recipe, script) == 0 and launch_slurm(recipe, script) == 0  # its own script: replaced
+    assert "#SBATCH --nodes=1" in script.read_text()

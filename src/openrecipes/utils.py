@@ -147,13 +147,41 @@ def register_modules(subparsers: Any, modules: Iterable[str]) -> None:
         importlib.import_module(module_name).register(subparsers)
 
 
+def check_apart_from_inputs(output: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], *,
+                            option: str = "--out") -> None:
+    """The rule every verb that writes keeps: its output is never one of its inputs, never holds one and never sits
+    inside one, compared as real paths (links and ``..`` resolved), so writing it can neither replace nor alter
+    what the command reads. ``None`` among ``inputs`` (an input not given) is skipped."""
+    resolved = Path(output).resolve()
+    for source in inputs:
+        if source is None:
+            continue
+        source_path = Path(source).resolve()
+        if source_path == resolved or resolved in source_path.parents:
+            raise ValueError(f"{option}: {output} is or holds the input {source}; writing there would replace it")
+        if source_path in resolved.parents:
+            raise ValueError(f"{option}: {output} sits inside the input {source}; write it elsewhere")
+
+
+def check_output_file(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], *,
+                      option: str = "--out") -> None:
+    """Refuse an output file that is a directory or a symbolic link, or that breaks ``check_apart_from_inputs``."""
+    target = Path(path)
+    if target.is_symlink():
+        raise ValueError(f"{option}: {target} is a symbolic link; give the file itself")
+    if target.is_dir():
+        raise ValueError(f"{option}: {target} is a directory; give a file name")
+    check_apart_from_inputs(target, inputs, option=option)
+
+
 def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool,
-                     inputs: Iterable[str | os.PathLike] = (), option: str = "--out") -> None:
+                     inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out") -> None:
     """Refuse an output directory whose replacement could delete something this tool did not write.
 
     Allowed: a missing or empty directory, or, with ``overwrite``, one holding ``marker`` (the file an earlier
-    ``writer`` left there). Always refused: the current directory or one that contains it, a directory holding (or
-    equal to) one of ``inputs``, a symbolic link, a file, and a non-empty directory without the marker.
+    ``writer`` left there). Always refused: the current directory or one that contains it, a directory that is,
+    holds or sits inside one of ``inputs`` (``check_apart_from_inputs``), a symbolic link, a file, and a non-empty
+    directory without the marker.
     """
     target = Path(path)
     if target.is_symlink():
@@ -162,10 +190,7 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise ValueError(f"{option}: {target} is the current directory or contains it; give a new directory")
-    for source in inputs:
-        source_path = Path(source).resolve()
-        if source_path == resolved or resolved in source_path.parents:
-            raise ValueError(f"{option}: {target} holds the input {source}; writing there would replace it")
+    check_apart_from_inputs(target, inputs, option=option)
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{option}: {target} exists and is not a directory")
     if not target.exists() or not any(target.iterdir()):
@@ -180,7 +205,7 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
 
 @contextlib.contextmanager
 def guarded_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool = False,
-                       inputs: Iterable[str | os.PathLike] = (), option: str = "--out") -> Iterator[Path]:
+                       inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out") -> Iterator[Path]:
     """``atomic_output_dir`` behind ``check_output_dir``: the finished directory carries ``marker``, so a later
     ``--overwrite`` may replace it and nothing else."""
     check_output_dir(path, marker=marker, writer=writer, overwrite=overwrite, inputs=inputs, option=option)

@@ -243,7 +243,7 @@ def test_an_invalid_card_is_written_and_exits_1(runs, tmp_path, capsys):
     ("exists", "--overwrite"),
     ("missing-run", "not found"),
     ("bad-component", "field 'passed'"),
-    ("inside-run", "is inside or equal to the input"),
+    ("inside-run", "sits inside the input"),
 ])
 def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
     out = tmp_path / "card.yaml"

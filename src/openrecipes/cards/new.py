@@ -416,16 +416,11 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
     from openrecipes.cards.paths import is_catalog_path, relative_to
     from openrecipes.cards.schema import RecipeCard
     from openrecipes.cards.validate import format_loc, path_findings, validate_file
-    from openrecipes.utils import atomic_write_text
+    from openrecipes.utils import atomic_write_text, check_output_file
 
     out = Path(options.out)
-    if out.is_dir():
-        raise ValueError(f"--out {out} is a directory; give the card's file name")
     # the card never replaces what it is made from (a run's metrics, a component-test file)
-    for source in (options.run_dir, options.reference, *options.component_tests):
-        source = Path(source).resolve()
-        if out.resolve() == source or source in out.resolve().parents:
-            raise ValueError(f"--out {out} is inside or equal to the input {source}; write the card elsewhere")
+    check_output_file(out, (options.run_dir, options.reference, *options.component_tests), option="--out")
     if out.exists() and not options.overwrite:
         raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
     # paths under the working directory as a clone of it names them; others stay absolute (card validate flags them)

@@ -6,7 +6,7 @@ import dataclasses
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -209,11 +209,12 @@ def hf_tensors_from_native(state: dict[str, torch.Tensor], family: ModelFamily, 
 
 
 def save_hf(model: nn.Module, path: str | Path, *, max_shard_bytes: int = 5 * 2**30, overwrite: bool = False,
-            expert_layout: str | None = None) -> None:
+            expert_layout: str | None = None, inputs: Iterable[str | Path] = ()) -> None:
     """Write a native model as an HF checkpoint directory (HF config.json; experts in ``expert_layout``, by default
-    the family's: fused for Muse Spark, one tensor per expert for Qwen3-MoE)."""
+    the family's: fused for Muse Spark, one tensor per expert for Qwen3-MoE); ``path`` keeps apart from ``inputs``
+    (what the model was made from)."""
     config = model.config
     family = family_for_config(config)
     state = {name: param for name, param in model.named_parameters()}
     write_hf_dir(path, hf_tensors_from_native(state, family, config, expert_layout), family.config_to_hf(config),
-                 max_shard_bytes=max_shard_bytes, overwrite=overwrite)
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, inputs=inputs)

@@ -158,8 +158,12 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
     """Write base + s·BA as a Hugging Face checkpoint directory ``out``; return a summary."""
     from openrecipes.checkpoint.hf import HFCheckpoint, read_config, save_hf
     from openrecipes.checkpoint.hf import from_hf
+    from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER
+    from openrecipes.utils import check_output_dir
 
     adapter = Path(adapter)
+    inputs = (base, adapter)
+    check_output_dir(out, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs)  # before reading
     verify_adapter_checksums(adapter)  # a changed byte is named before any is read (an adapter from elsewhere: none)
     config, tensors = _read_adapter(adapter)
     deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
@@ -180,6 +184,6 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
                                      f"{tuple(value.shape)}, which {base} does not have in that shape")
                 param = native[target]
                 param.copy_((param.double() + value.double()).to(param.dtype))
-    save_hf(model, out, overwrite=overwrite)
+    save_hf(model, out, overwrite=overwrite, inputs=inputs)
     return {"base": str(base), "adapter": str(adapter), "out": str(out), "merged_tensors": len(deltas),
             "r": config["r"], "lora_alpha": config["lora_alpha"]}

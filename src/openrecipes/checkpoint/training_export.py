@@ -60,9 +60,10 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
     if run_dir is None:
         raise FileNotFoundError(f"{ckpt_dir} is not a training save (expected RUN_DIR/{CHECKPOINTS_DIR}/step-NNNNNN "
                                 f"holding {METADATA_FILE}, with RUN_DIR/{RECIPE_FILE})")
-    check_output_dir(hf_dir, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=[ckpt_dir],
-                     option="HF_DIR")  # before any tensor is read: a refusal costs nothing
     recipe = load_recipe(run_dir / RECIPE_FILE)
+    inputs = _export_inputs(recipe, run_dir, ckpt_dir)
+    check_output_dir(hf_dir, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs,
+                     option="HF_DIR")  # before any tensor is read: a refusal costs nothing
     config = recipe_model_config(recipe)
     _check_run_model(run_dir, config)
     family = family_for_config(config)
@@ -82,8 +83,24 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
         state = {name: tensor.to(expected[name].dtype) for name, tensor in state.items()}
     extra = {**_tokenizer_files(recipe, run_dir), **_generation_config(recipe.model)}
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, expert_layout), family.config_to_hf(config),
-                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, extra_files=extra, inputs=[ckpt_dir])
+                 max_shard_bytes=max_shard_bytes, overwrite=overwrite, extra_files=extra, inputs=inputs)
     return Path(hf_dir)
+
+
+def _export_inputs(recipe: Any, run_dir: Path, ckpt_dir: Path) -> list[Path]:
+    """What an export reads, which its HF_DIR keeps apart from: the save, the run's recipe, its rows and their
+    tokenizer directory, and the model directory the run started from (a registry name reads no file)."""
+    from openrecipes.data.manifest import read_manifest
+    from openrecipes.models.registry import names
+
+    rows = rows_directory(recipe.data.rows, run_dir)
+    inputs = [ckpt_dir, run_dir / RECIPE_FILE, rows]
+    tokenizer = read_manifest(rows, require=("tokenizer",))["tokenizer"]
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("directory"), str) and tokenizer["directory"]:
+        inputs.append(Path(tokenizer["directory"]))
+    if recipe.model not in names():
+        inputs.append(Path(recipe.model))
+    return inputs
 
 
 def _merged_lora_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

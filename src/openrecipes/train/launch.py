@@ -14,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from openrecipes.utils import atomic_write_text
+from openrecipes.utils import atomic_write_text, check_output_file
 
 
 def torchrun_command(train_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int = 0,
@@ -120,7 +120,10 @@ def _quiet_agent():
         logger.setLevel(level)
 
 
+# the script's second line: a file without it is not replaced (it is not a script this verb wrote)
+SBATCH_MARK = "# written by openrecipes launch slurm; rerunning it may replace this file"
 SBATCH_TEMPLATE = """#!/bin/bash
+{mark}
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
@@ -147,15 +150,28 @@ def write_sbatch(recipe: str, out: Path, *, nodes: int, gpus_per_node: int, over
         raise ValueError(f"--nodes and --gpus-per-node must be >= 1, got {nodes} and {gpus_per_node}")
     if not Path(recipe).is_file():
         raise FileNotFoundError(f"recipe {recipe} does not exist")
+    _check_script_out(Path(out), recipe)
     extra = "\n".join(f"#SBATCH --{key}={value}" for key, value in (("partition", partition), ("account", account))
                       if value)
     text = SBATCH_TEMPLATE.format(
         job_name=Path(recipe).stem, nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
         time=time, log_dir=out.parent.resolve(), extra=extra, port=port, recipe=shlex.quote(str(Path(recipe).resolve())),
-        overrides="".join(f" \\\n  --set {shlex.quote(o)}" for o in overrides))
+        overrides="".join(f" \\\n  --set {shlex.quote(o)}" for o in overrides), mark=SBATCH_MARK)
     atomic_write_text(out, text)
     out.chmod(0o755)
     return out
+
+
+def _check_script_out(out: Path, recipe: str) -> None:
+    """The script never replaces the recipe (or sits inside it), nor a file that an earlier run of this verb did
+    not write."""
+    check_output_file(out, [recipe], option="--out")
+    if out.exists():
+        with open(out, "rb") as handle:
+            head = handle.read(4096).decode("utf-8", errors="replace").splitlines()[:2]
+        if head[1:] != [SBATCH_MARK]:
+            raise ValueError(f"--out: {out} exists and was not written by openrecipes launch slurm; choose another "
+                             "--out or remove it yourself")
 
 
 def register(subparsers) -> None:

@@ -218,7 +218,8 @@ def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, forbidden: 
 
 
 def _output_guard(config: BuildConfig) -> dict[str, Any]:
-    inputs = [config.input, config.tokenizer]
+    """``--out`` keeps apart from every file the build reads (utils.check_apart_from_inputs)."""
+    inputs = [config.input, config.tokenizer, config.image_processor]
     if config.chat_template and Path(config.chat_template).exists():
         inputs.append(Path(config.chat_template))
     return dict(marker=DATA_MARKER, writer=WRITER, overwrite=config.overwrite, inputs=inputs)

@@ -288,3 +288,20 @@ def test_a_dataset_file_outside_the_dataset_is_refused(tmp_path, how, opened):
     with pytest.raises(ValueError, match=rf"{dataset}/state\.json: _data_files\[\]\.filename: '{name}' is not a path"):
         open_source(dataset)
     assert str(secret) not in opened
+
+
+# ---- checkpoints/latest
+
+
+def test_latest_naming_a_save_linked_from_elsewhere_is_refused(tmp_path):
+    from openrecipes.train.checkpointing import latest_checkpoint
+
+    outside = tmp_path / "outside" / "step-000001"
+    outside.mkdir(parents=True)
+    (outside / ".metadata").write_bytes(b"")
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True)
+    (root / "step-000001").symlink_to(outside, target_is_directory=True)
+    (root / "latest").write_text("step-000001\n")
+    with pytest.raises(ValueError, match=rf"{root}/latest names step-000001, which is not a complete checkpoint"):
+        latest_checkpoint(tmp_path / "run")

@@ -5,9 +5,10 @@ A PEFT adapter directory holds ``adapter_config.json`` and ``adapter_model.safet
 linear adapter's key is its native name with that prefix. Expert adapters use PEFT's ``target_parameters`` form on the
 HF fused parameters ``mlp.experts.gate_up_proj`` (E, 2F, D) and ``mlp.experts.down_proj`` (E, D, F): for a parameter of
 E experts, ``lora_A.weight`` is (E·r, in) (expert e's A in rows e·r ... e·r + r - 1) and ``lora_B.weight`` is
-(out, r·E) with column k·E + e holding column k of expert e's B. PEFT wraps the parameters of one module in the order of
-``target_parameters``, the first innermost, so with both targeted the gate_up adapter's keys read
-``...mlp.experts.base_layer.lora_A.weight`` and the down adapter's ``...mlp.experts.lora_A.weight``.
+(out, r·E) with column k·E + e holding column k of expert e's B. PEFT wraps the targeted parameters of one module in
+the order the module registers them (gate_up_proj innermost), whatever order ``target_parameters`` lists them in, so
+with both targeted the gate_up adapter's keys read ``...mlp.experts.base_layer.lora_A.weight`` and the down adapter's
+``...mlp.experts.lora_A.weight``. Reading an adapter (what is merged, what is refused) is ``lora_reader``'s.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from torch import nn
 
 from openrecipes.checkpoint.adapter_checksums import (forget_adapter_checksums, verify_adapter_checksums,
                                                      write_adapter_checksums)
+from openrecipes.checkpoint.lora_reader import (EXPERT_PARAMETER_NAMES, PREFIX, AdapterConfig, adapter_factors,
+                                               read_adapter_config, read_adapter_tensors)
 from openrecipes.models.common.lora import EXPERTS, LINEAR_TARGETS, LoraSpec
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-PREFIX = "base_model.model."
-EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # target_parameters, innermost first
+EXPERT_PARAMETERS = tuple(f"mlp.experts.{name}" for name in EXPERT_PARAMETER_NAMES)  # target_parameters
 _NATIVE_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.lora_(gate_up|down)\.lora_([AB])$")
 
 
 def _peft_expert_key(module: str, which: str, factor: str) -> str:
-    # gate_up is the first of EXPERT_PARAMETERS, so the inner wrapper: one base_layer hop below the outer (down)
+    # the experts register gate_up_proj first, so it is the inner wrapper: one base_layer hop below the outer (down)
     hop = ".base_layer" if which == "gate_up" else ""
     return f"{PREFIX}{module}{hop}.lora_{factor}.weight"
 
@@ -109,48 +111,26 @@ def save_peft_adapter(model: nn.Module, spec: LoraSpec, out: str | Path, *, base
     return out
 
 
-def _read_adapter(adapter: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
+def _read_adapter(adapter: Path) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
     config_path, weights_path = adapter / CONFIG_FILE, adapter / WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found (a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE})")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if config.get("peft_type") != "LORA":
-        raise ValueError(f"{config_path}: peft_type {config.get('peft_type')!r}; only LORA adapters merge")
-    for key in ("use_dora", "fan_in_fan_out"):
-        if config.get(key):
-            raise ValueError(f"{config_path}: {key} is set; merge-lora handles plain LoRA only")
-    if config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise ValueError(f"{config_path}: rank_pattern/alpha_pattern are not supported by merge-lora")
-    return config, load_file(str(weights_path))
+    return read_adapter_config(config_path), read_adapter_tensors(weights_path)
 
 
-def _deltas(config: dict[str, Any], tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
-    """HF parameter name -> s · B A (fp32), from PEFT tensors."""
-    r, alpha = int(config["r"]), float(config["lora_alpha"])
-    scaling = alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
-    params = list(config.get("target_parameters") or [])
+def _deltas(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """HF parameter name -> s · B A (fp32), from PEFT tensors; an expert parameter's delta is (E, out, in)."""
     deltas: dict[str, torch.Tensor] = {}
-    for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
-        b_key = key.replace(".lora_A.weight", ".lora_B.weight")
-        if b_key not in tensors or not key.startswith(PREFIX):
-            raise ValueError(f"{source}: {key} has no matching {b_key}")
-        A, B = tensors[key].double(), tensors[b_key].double()
-        module = key[len(PREFIX):-len(".lora_A.weight")]
-        hops = 0
-        while module.endswith(".base_layer"):
-            module, hops = module[:-len(".base_layer")], hops + 1
-        mine = [p.rsplit(".", 1)[-1] for p in params if module.endswith(p.rsplit(".", 1)[0])]
-        if not mine:
-            deltas[f"{module}.weight"] = (B @ A * scaling).float()
-            continue
-        param = mine[len(mine) - 1 - hops]  # the outermost wrapper is the last target parameter
-        E = A.shape[0] // r
-        A_E = A.reshape(E, r, A.shape[1])
-        B_E = B.reshape(B.shape[0], r, E).permute(2, 0, 1)
-        deltas[f"{module}.{param}"] = (torch.bmm(B_E, A_E) * scaling).float()
+    for factors in adapter_factors(config, tensors, source):
+        A, B = factors.A.double(), factors.B.double()
+        if factors.experts:
+            E = A.shape[0] // factors.rank
+            A_E = A.reshape(E, factors.rank, A.shape[1])
+            B_E = B.reshape(B.shape[0], factors.rank, E).permute(2, 0, 1)
+            deltas[factors.target] = (torch.bmm(B_E, A_E) * factors.scaling).float()
+        else:
+            deltas[factors.target] = (B @ A * factors.scaling).float()
     return deltas
 
 
@@ -162,9 +142,9 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
     from openrecipes.utils import check_output_dir
 
     adapter = Path(adapter)
+    verify_adapter_checksums(adapter)  # a changed byte is named before any is read (an adapter from elsewhere: none)
     inputs = (base, adapter)
     check_output_dir(out, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs)  # before reading
-    verify_adapter_checksums(adapter)  # a changed byte is named before any is read (an adapter from elsewhere: none)
     config, tensors = _read_adapter(adapter)
     deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
     _, model_config = read_config(HFCheckpoint(base))
@@ -186,4 +166,4 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
                 param.copy_((param.double() + value.double()).to(param.dtype))
     save_hf(model, out, overwrite=overwrite, inputs=inputs)
     return {"base": str(base), "adapter": str(adapter), "out": str(out), "merged_tensors": len(deltas),
-            "r": config["r"], "lora_alpha": config["lora_alpha"]}
+            "r": config.r, "lora_alpha": config.alpha}

@@ -273,6 +273,20 @@ def test_a_parquet_file_outside_the_rows_is_refused(tmp_path, how, opened):
     assert str(secret) not in opened
 
 
+
+def test_a_resume_does_not_hash_a_parquet_file_outside_the_rows(tmp_path, opened):
+    """Rows whose manifest has no parquet_sha256: a resume hashes the file parquet_file names, inside the rows only."""
+    from openrecipes.train.resume import rows_sha256
+
+    rows, secret = tmp_path / "rows", tmp_path / "secret.parquet"
+    rows.mkdir()
+    secret.write_bytes(b"not yours")
+    (rows / "manifest.json").write_text(json.dumps({"row_tokens": 64, "parquet_file": "../secret.parquet"}))
+    opened.clear()
+    with pytest.raises(ValueError, match=r"manifest\.json: parquet_file: '\.\./secret\.parquet' is not a file name"):
+        rows_sha256(rows)
+    assert str(secret) not in opened
+
 @pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
 def test_a_dataset_file_outside_the_dataset_is_refused(tmp_path, how, opened):
     from openrecipes.data.sources import open_source

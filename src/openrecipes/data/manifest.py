@@ -162,12 +162,16 @@ def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tok
         if manifest.get(key) is None:
             raise ValueError(f"{path}: missing field '{key}'")
     if check_parquet:
-        from openrecipes.utils import path_inside
-
-        parquet = path_inside(directory, manifest.get("parquet_file", ROWS_FILE), source=path, key="parquet_file",
-                              plain_name=True)
-        check_parquet_sha256(parquet, manifest, path)
+        check_parquet_sha256(parquet_path(directory, manifest), manifest, path)
     return manifest
+
+
+def parquet_path(directory: str | Path, manifest: dict[str, Any]) -> Path:
+    """The rows' parquet file the manifest of ``directory`` names (``parquet_file``): a file name inside it."""
+    from openrecipes.utils import path_inside
+
+    return path_inside(directory, manifest.get("parquet_file", ROWS_FILE), source=Path(directory) / MANIFEST_FILE,
+                       key="parquet_file", plain_name=True)
 
 
 def check_parquet_sha256(parquet: Path, manifest: dict[str, Any], manifest_path: Path) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from openrecipes.config.numerics import compare_recipes
 from openrecipes.config.recipe import Recipe, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import INPUTS_FILE, RECIPE_FILE, RESUMES_FILE, rows_directory
-from openrecipes.data.manifest import ROWS_FILE, read_manifest
+from openrecipes.data.manifest import parquet_path, read_manifest
 from openrecipes.utils import atomic_write_text, read_json, sha256_file
 
 # more steps train further: the schedule's length changes from the resumed step on, and the run directory says so
@@ -30,7 +30,7 @@ def rows_sha256(rows: Path) -> str:
     the file), or the file hashed when the manifest has none."""
     manifest = read_manifest(rows)
     recorded = manifest.get("parquet_sha256")
-    return recorded if isinstance(recorded, str) else sha256_file(rows / manifest.get("parquet_file", ROWS_FILE))
+    return recorded if isinstance(recorded, str) else sha256_file(parquet_path(rows, manifest))
 
 
 def base_config_file(recipe: Recipe) -> Path | None:

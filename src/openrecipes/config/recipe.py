@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -264,9 +265,12 @@ class Recipe(BaseModel):
     @field_validator("run_dir")
     @classmethod
     def _run_dir_names_a_directory(cls, value: str) -> str:
-        # '' and '.' would write rows, checkpoints and metrics straight into the working directory
-        if not value.strip() or Path(value) == Path("."):
-            raise ValueError("must name a directory for the run (it is created), not '' or the working directory")
+        # '' and '.' would write rows, checkpoints and metrics straight into the working directory, and '..', '../..'
+        # or '/' into one that holds it (train also refuses such a directory named another way: rundir.claim_run_dir)
+        parts = Path(os.path.normpath(value)).parts if value.strip() else ()
+        if not parts or parts == (".",) or all(part == ".." for part in parts) or parts == (Path(value).anchor,):
+            raise ValueError("must name a directory for the run (it is created), not '', the working directory or "
+                             "one above it ('..', '/')")
         if len(value) > 4000 or any(len(part.encode()) > 255 for part in Path(value).parts):
             raise ValueError("too long for a path (at most 255 bytes a name, 4,000 characters in all)")
         return value

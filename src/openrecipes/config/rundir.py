@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openrecipes.utils import atomic_write_text, iter_json_lines, read_json
+from openrecipes.utils import atomic_write_text, check_apart_from_inputs, iter_json_lines, read_json
 
 RECIPE_FILE = "recipe.yaml"       # the resolved recipe the run trains
 RUN_FILE = "run.json"             # RunInfo: what ran, where, with which versions
@@ -27,11 +27,42 @@ RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the ste
 INPUTS_FILE = "inputs.json"       # what a fresh start read: sha256 of rows, base config.json, resolved recipe
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
+RUN_MARKER = ".openrecipes-run"   # written when train takes a directory: a populated one without it is not trained into
 
 
 def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
     """The rows a run trains on: the recipe's ``data.rows``, or those built into the run directory."""
     return Path(data_rows) if data_rows is not None else Path(run_dir) / ROWS_DIR
+
+
+def is_run_directory(path: str | os.PathLike) -> bool:
+    """Whether ``train`` made ``path``: it holds RUN_MARKER or, for a run from before the marker, run.json beside
+    recipe.yaml (a recipe.yaml alone may be the user's own)."""
+    path = Path(path)
+    return (path / RUN_MARKER).is_file() or ((path / RUN_FILE).is_file() and (path / RECIPE_FILE).is_file())
+
+
+def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | None]) -> Path:
+    """Create (or take again) the run directory and mark it, before anything is written into it; returns it.
+
+    A run needs an absent or empty directory, or one ``train`` made (``is_run_directory``). Refused, each in one line
+    naming ``run_dir``: a parent of the working directory (``..``, ``/``), a file, a populated directory that is no
+    run directory, and a directory that is, holds or sits inside one of the run's ``inputs`` (its recipe file, model,
+    rows and build inputs)."""
+    target = Path(run_dir)
+    if target.resolve() in Path.cwd().resolve().parents:
+        raise ValueError(f"run_dir: {run_dir} holds the working directory; name a directory for the run")
+    check_apart_from_inputs(target, inputs, option="run_dir")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"run_dir: {run_dir} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not is_run_directory(target):
+        raise ValueError(f"run_dir: {run_dir} is not empty and is not a run directory (it has no {RUN_MARKER}); "
+                         "choose a new or empty directory")
+    target.mkdir(parents=True, exist_ok=True)
+    if not (target / RUN_MARKER).is_file():
+        atomic_write_text(target / RUN_MARKER, "written by openrecipes train: a run directory, trained into again "
+                                               "only by train and train --resume\n")
+    return target
 
 
 # strict JSON has no NaN or infinity: metrics.jsonl writes them as these strings, and readers take them back as floats

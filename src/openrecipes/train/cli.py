@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         return _launch_or_train(args, recipe)
     _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written
     _check_host_memory(recipe, args.nproc)      # and so is a run this host's memory cannot hold
+    from openrecipes.train.run_inputs import claim_recipe_run_dir
+
+    claim_recipe_run_dir(recipe, None if args.resume else args.recipe)  # a directory the run may write, marked
     with run_dir_lock(recipe.run_dir, _typed_command(args)):
         if recipe.data.build is not None:  # once, before any training process starts
             from openrecipes.config.rundir import rows_directory

@@ -110,8 +110,10 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                   f"{recipe.steps} steps, so there is nothing to resume (--set steps=N trains further)",
                   file=sys.stderr)
         return run_dir
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # `openrecipes train` claimed it already; a direct call is held to the same rule
+        from openrecipes.train.run_inputs import claim_recipe_run_dir
+
+        claim_recipe_run_dir(recipe, None)
     torch.manual_seed(recipe.seed)
 
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))

@@ -1,0 +1,35 @@
+"""What a run reads, which its run directory must keep apart from (``config.rundir.claim_run_dir``): the recipe
+file, the model directory, the rows and what ``data.build`` builds them from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from openrecipes.config.rundir import claim_run_dir
+
+
+def run_inputs(recipe: Any, recipe_file: str | Path | None) -> list[Path | None]:
+    """The files and directories the run of ``recipe`` reads; ``recipe_file`` is None on a resume (the run's own
+    recipe.yaml is then one of its files, not an input)."""
+    from openrecipes.data import bundled
+    from openrecipes.models.registry import names
+
+    inputs: list[Path | None] = [None if recipe_file is None else Path(recipe_file)]
+    if recipe.model not in names():
+        inputs.append(Path(recipe.model))
+    if recipe.data.rows is not None:
+        inputs.append(Path(recipe.data.rows))
+    spec = recipe.data.build
+    if spec is not None:
+        inputs += [bundled.resolve_input(spec.input, spec.format), bundled.resolve_tokenizer(spec.tokenizer)]
+        if spec.image_processor is not None:
+            inputs.append(bundled.resolve(spec.image_processor, bundled.IMAGE_PROCESSOR))
+        if spec.chat_template and Path(spec.chat_template).is_file():  # else a built-in template's name
+            inputs.append(Path(spec.chat_template))
+    return inputs
+
+
+def claim_recipe_run_dir(recipe: Any, recipe_file: str | Path | None) -> Path:
+    """``claim_run_dir`` for the recipe's run directory, kept apart from everything the run reads."""
+    return claim_run_dir(recipe.run_dir, run_inputs(recipe, recipe_file))

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from openrecipes.config.layout import (LayoutConfig, enumerate_layouts, expert_data_parallel_size, rank_layers,
+from openrecipes.config.layout import (LayoutConfig, LayoutModel, enumerate_layouts, expert_data_parallel_size, rank_layers,
                                          stage_layer_counts, validate_layout, virtual_stage_layers)
 
 MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_layers=3, pp_last_stage_layers=3,
@@ -9,13 +9,14 @@ MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_laye
 
 
 def test_seed_layouts_validate_with_their_stage_counts():
-    counts = validate_layout(LayoutConfig(**MUSE), world_size=128, num_layers=62, num_experts=256)
+    counts = validate_layout(LayoutConfig(**MUSE), world_size=128, model=LayoutModel(num_layers=62, num_experts=256))
     assert counts == [3] + [4] * 14 + [3]
     qwen = LayoutConfig(ep=8, dp=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
-    assert validate_layout(qwen, world_size=8, num_layers=48, num_experts=128) == [48]
+    assert validate_layout(qwen, world_size=8, model=LayoutModel(num_layers=48, num_experts=128)) == [48]
     gb200 = LayoutConfig(tp=4, pp=6, ep=32, dp=8, sequence_parallel=True, pp_first_stage_layers=9,
                          pp_last_stage_layers=9, max_tokens_per_gpu=4096)
-    assert validate_layout(gb200, world_size=192, num_layers=62, num_experts=256) == [9, 11, 11, 11, 11, 9]
+    muse = LayoutModel(num_layers=62, num_experts=256)
+    assert validate_layout(gb200, world_size=192, model=muse) == [9, 11, 11, 11, 11, 9]
     assert expert_data_parallel_size(gb200) == 1
     assert expert_data_parallel_size(LayoutConfig(**MUSE)) == 1
     assert expert_data_parallel_size(LayoutConfig(tp=2, ep=2, dp=4, max_tokens_per_gpu=1)) == 4
@@ -31,12 +32,13 @@ def test_seed_layouts_validate_with_their_stage_counts():
 ])
 def test_validation_errors_name_the_field(change, field):
     with pytest.raises(ValueError) as info:
-        validate_layout(LayoutConfig(**{**MUSE, **change}), world_size=128, num_layers=62, num_experts=256)
-    assert str(info.value).startswith(field)
+        validate_layout(LayoutConfig(**{**MUSE, **change}), world_size=128,
+                        model=LayoutModel(num_layers=62, num_experts=256))
+    assert str(info.value).startswith(f"layout.{field}: ")
 
 
 def test_even_split_required_without_first_last():
-    with pytest.raises(ValueError, match="^pp"):
+    with pytest.raises(ValueError, match="^layout.pp: "):
         stage_layer_counts(LayoutConfig(pp=4, max_tokens_per_gpu=1), 62)
     assert stage_layer_counts(LayoutConfig(pp=2, max_tokens_per_gpu=1), 62) == [31, 31]
     assert stage_layer_counts(LayoutConfig(pp=3, pp_last_stage_layers=2, max_tokens_per_gpu=1), 62) == [30, 30, 2]
@@ -54,7 +56,7 @@ def test_interleaved_chunks_take_turns_over_the_ranks():
     plain = LayoutConfig(pp=3, pp_last_stage_layers=2, max_tokens_per_gpu=1)
     assert [layers for _, layers in (rank_layers(plain, 62, r)[0] for r in range(3))] == [
         range(0, 30), range(30, 60), range(60, 62)]
-    with pytest.raises(ValueError, match="^vpp"):
+    with pytest.raises(ValueError, match="^layout.vpp: "):
         virtual_stage_layers(LayoutConfig(pp=2, vpp=3, max_tokens_per_gpu=1), 16)
 
 
@@ -66,11 +68,12 @@ def test_model_forbids_unknown_keys_and_bad_sizes():
 
 
 def test_enumeration_returns_only_valid_layouts():
-    layouts = enumerate_layouts(16, num_layers=12, num_experts=8, max_tokens_per_gpu=4096, num_query_groups=4)
+    model = LayoutModel(num_layers=12, num_experts=8, kv_heads=4)
+    layouts = enumerate_layouts(16, model=model, max_tokens_per_gpu=4096)
     assert len(layouts) > 10
     assert len({l.model_dump_json() for l in layouts}) == len(layouts)
     for layout in layouts:
-        validate_layout(layout, world_size=16, num_layers=12, num_experts=8)
+        validate_layout(layout, world_size=16, model=model)
         assert 4 % layout.tp == 0 and layout.sequence_parallel == (layout.tp > 1)
     # uneven first/last splits are found, e.g. 12 layers on 4 stages as 3 + 3 + 3 + 3 and 2 + 4 + 4 + 2
     pp4 = {(l.pp_first_stage_layers, l.pp_last_stage_layers) for l in layouts if l.pp == 4}

@@ -106,7 +106,7 @@ def test_plans_say_whether_this_engine_runs_the_layout():
 
 
 def test_invalid_layout_and_gpu_strings():
-    with pytest.raises(ValueError, match="^tp"):
+    with pytest.raises(ValueError, match="^layout.tp: "):
         evaluate(MUSE, MUSE_LAYOUT.model_copy(update={"tp": 16, "dp": 1, "pp": 8, "ep": 16,
                                                       "pp_first_stage_layers": 6, "pp_last_stage_layers": 8}),
                  TrainingSetup(), H200)

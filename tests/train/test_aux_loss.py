@@ -1,7 +1,6 @@
 """The router load-balancing loss in training (moe.aux_loss_coef): off by default, transformers' loss when on."""
 
 import json
-import types
 
 import pytest
 import torch
@@ -75,29 +74,29 @@ def test_aux_loss_changes_the_updates(make_recipe, tmp_path):
     assert balanced[1]["loss"] != plain[1]["loss"]
 
 
-def _layout(**sizes):
-    return types.SimpleNamespace(**{"pp_size": 1, "tp_size": 1, "cp_size": 1, **sizes})
+@pytest.mark.parametrize("sizes, name", [({"pp": 2}, "layout.pp=2"), ({"tp": 2, "sequence_parallel": True},
+                                                                  "layout.tp=2"), ({"cp": 2}, "layout.cp=2")])
+def test_layouts_that_split_the_pooled_statistics_are_refused(make_recipe, rows_dir, sizes, name):
+    def problems(**overrides):
+        recipe = make_recipe(layout__dp=1, **{f"layout__{k}": v for k, v in sizes.items()}, **overrides)
+        return engine.layout_problems_for(recipe, engine.model_config(recipe), world_size=2, rows=rows_dir)
 
-
-@pytest.mark.parametrize("sizes, name", [({"pp_size": 2}, "layout.pp=2"), ({"tp_size": 2}, "layout.tp=2"),
-                                         ({"cp_size": 2}, "layout.cp=2")])
-def test_layouts_that_split_the_pooled_statistics_are_refused(make_recipe, sizes, name):
-    recipe = make_recipe(moe__aux_loss_coef=0.01)
-    with pytest.raises(ValueError, match=f"moe.aux_loss_coef=0.01 is not supported with {name}"):
-        engine.check_aux_loss(recipe, engine.model_config(recipe), _layout(**sizes))
-    engine.check_aux_loss(make_recipe(), engine.model_config(make_recipe()), _layout(**sizes))  # off: fine
+    refused = problems(moe__aux_loss_coef=0.01)
+    assert [p.path for p in refused] == ["moe.aux_loss_coef"]
+    assert refused[0].message.startswith(f"moe.aux_loss_coef=0.01 is not supported with {name}")
+    assert problems() == []  # off: fine
 
 
 def test_muse_spark_and_a_mismatched_checkpoint_config_are_refused(make_recipe):
     recipe = make_recipe(model="muse-spark-tiny", moe__aux_loss_coef=0.01)
     with pytest.raises(ValueError, match="moe.aux_loss_coef=0.01.*MuseSparkConfig"):
-        engine.check_aux_loss(recipe, engine.model_config(recipe), _layout())
+        engine.check_aux_loss(recipe, engine.model_config(recipe))
     asks = make_recipe(model_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.001})
     with pytest.raises(ValueError, match="output_router_logits=true, router_aux_loss_coef=0.001"):
-        engine.check_aux_loss(asks, engine.model_config(asks), _layout())
+        engine.check_aux_loss(asks, engine.model_config(asks))
     matched = make_recipe(moe__aux_loss_coef=0.001,
                           model_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.001})
-    engine.check_aux_loss(matched, engine.model_config(matched), _layout())
+    engine.check_aux_loss(matched, engine.model_config(matched))
 
 
 def test_support_is_what_the_family_declares(make_recipe, monkeypatch):
@@ -114,7 +113,7 @@ def test_support_is_what_the_family_declares(make_recipe, monkeypatch):
     monkeypatch.setattr(families, "_families", lambda: (undeclared,))
     assert hasattr(config, "router_aux_loss_coef")
     with pytest.raises(ValueError, match="moe.aux_loss_coef=0.01.*Qwen3MoeConfig"):
-        engine.check_aux_loss(recipe, config, _layout())
+        engine.check_aux_loss(recipe, config)
     monkeypatch.undo()
     declared = {family.name: family.aux_loss for family in registered()}
     assert declared["qwen3_vl_moe"] is declared["qwen3_moe"] is not None

@@ -17,7 +17,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "qwen3-30b-a3b-8xh20
 def test_seed_layout_recipe_is_valid_and_fits():
     recipe = load_recipe(RECIPE)
     config = get_config(recipe.model)
-    assert validate_layout(recipe.layout, world_size=8, num_layers=48, num_experts=128) == [48]
+    assert validate_layout(recipe.layout, world_size=8, model=model_shape(config).layout_model()) == [48]
     assert recipe.layout.ep == recipe.layout.dp == 8  # edp = 1: a layout the engine runs
     plan = evaluate(model_shape(config), recipe.layout,
                     TrainingSetup(recompute="full", optimizer="precision-aware", global_batch_tokens=128 * 8192,

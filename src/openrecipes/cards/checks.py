@@ -13,7 +13,7 @@ from typing import Literal
 
 from openrecipes.cards import reference
 from openrecipes.cards.schema import RecipeCard
-from openrecipes.config.layout import layout_problems
+from openrecipes.config.layout import LayoutWorkload, layout_problems
 from openrecipes.measure.metrics import mfu
 
 Loc = tuple[str | int, ...]
@@ -60,10 +60,11 @@ _CARD_LOC: dict[str, Loc] = {"dp": ("layout",), "pp_first_stage_layers": ("layou
 def _check_layout(card: RecipeCard) -> list[Finding]:
     lay, out = card.layout, []
     layers = reference.model_layers(card.model)
+    workload = LayoutWorkload(global_batch=card.workload.global_batch, row_tokens=card.workload.row_tokens)
     for problem in layout_problems(lay.layout_config(card.workload.row_tokens), world_size=card.gpu.count,
-                                   num_layers=layers, num_experts=reference.model_experts(card.model)):
+                                   model=reference.model_layout(card.model), workload=workload):
         message = problem.message
-        if problem.field == "dp":
+        if problem.field == "dp" and "world size" in message:
             message += f" (gpu.count is {card.gpu.count})"
         elif problem.field in ("pp", "pp_first_stage_layers", "pp_last_stage_layers"):
             message += f" for the {layers} layers of {card.model}" + ("; give layout.layer_split"
@@ -72,8 +73,8 @@ def _check_layout(card: RecipeCard) -> list[Finding]:
     if layers is None:
         out.append(Finding(loc=("layout", "layer_split"), severity="note", message=(
             f"layer count of model {card.model!r} unknown; layer split not checked")))
-    per_dp, rest = divmod(card.workload.global_batch, lay.dp)
-    if rest or per_dp % lay.rows_per_microbatch:
+    per_dp, rest = divmod(card.workload.global_batch, lay.dp)  # a rest: the layout rules name dp
+    if not rest and per_dp % lay.rows_per_microbatch:
         out.append(Finding(loc=("layout", "rows_per_microbatch"), message=(
             f"global_batch {card.workload.global_batch} is not a whole number of "
             f"{lay.rows_per_microbatch}-row microbatches on each of dp {lay.dp} ranks")))

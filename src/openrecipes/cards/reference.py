@@ -1,9 +1,12 @@
 """Reference data the card checks need, read from where the project keeps it: GPU peaks and instance prices
-from the measurement package's hardware table, layer counts from the model registry."""
+from the measurement package's hardware table, layer counts and the sizes the layout rules check from the model
+registry."""
 
 from __future__ import annotations
 
 from functools import lru_cache
+
+from openrecipes.config.layout import LayoutModel
 
 # USD per GPU-hour a card's implied price must fall in when its instance has no price in the hardware table
 PLAUSIBLE_PRICE_BAND: dict[str, tuple[float, float]] = {
@@ -47,6 +50,9 @@ def model_layers(model: str) -> int | None:
     return config.num_hidden_layers if config else None
 
 
-def model_experts(model: str) -> int | None:
+def model_layout(model: str) -> LayoutModel:
+    """The sizes the layout rules check of a registered model; none for a model the registry does not know."""
+    from openrecipes.models.families import family_for_config
+
     config = _registered_config(model)
-    return config.num_experts if config else None
+    return family_for_config(config).planner_shape(config, model).layout_model() if config else LayoutModel()

@@ -1,7 +1,8 @@
 """Parallel layouts: the sizes of each parallel dimension and the checks that make a layout runnable.
 
-The one home of the layout rules (world size, expert regrouping, stage splits, rows per microbatch); the
-recipe, the card, the planner and the loop all call these functions. Pure Python, no ``torch.distributed``: the engine builds its device meshes from a validated layout,
+The one home of the layout rules (world size, expert regrouping, heads and expert FFN split, stage splits, rows per
+microbatch, pipeline microbatches, and what compiled blocks, image rows and the router's aux loss run with):
+``layout_problems``, which train, the recipe, the card, the planner and the tuner all call. Pure Python, no ``torch.distributed``: the engine builds its device meshes from a validated layout,
 the planner enumerates and scores layouts before anything runs.
 
 Rank grouping follows Megatron-Core. Dense layers see ``world = tp * cp * dp * pp``. Expert layers
@@ -12,6 +13,8 @@ is sharded. Hence ``ep * etp`` must divide ``tp * cp * dp``.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
            "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
            "layout_problems", "enumerate_layouts", "divisors", "unsupported_reason", "with_world_size",
-           "virtual_stage_layers", "rank_layers"]
+           "virtual_stage_layers", "rank_layers", "LayoutModel", "LayoutWorkload", "compile_problem",
+           "pipeline_microbatch_problems"]
 
 
 class ParallelSizes(BaseModel):
@@ -85,19 +89,28 @@ def rows_per_microbatch(layout: LayoutConfig, row_tokens: int) -> int:
     token capacity holds (at least one). Raises ValueError naming the field when the explicit value does not fit."""
     if row_tokens < 1:
         raise ValueError(f"row_tokens must be positive, got {row_tokens}")
-    capacity = microbatch_token_capacity(layout)
-    rows = layout.rows_per_microbatch or max(1, capacity // row_tokens)
-    if layout.rows_per_microbatch is not None and rows * row_tokens > capacity:
-        raise ValueError(f"layout.rows_per_microbatch: {rows} rows of {row_tokens} tokens exceed "
-                         f"layout.max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp}")
-    return rows
+    problem = _rows_fit_problem(layout, row_tokens)
+    if problem:
+        raise LayoutError(problem)
+    return layout.rows_per_microbatch or max(1, microbatch_token_capacity(layout) // row_tokens)
+
+
+def _rows_fit_problem(layout: LayoutConfig, row_tokens: int | None) -> LayoutProblem | None:
+    """An explicit ``rows_per_microbatch`` whose rows (of ``row_tokens`` tokens; None: of one token at least) do not
+    fit the microbatch's tokens."""
+    rows, capacity = layout.rows_per_microbatch, microbatch_token_capacity(layout)
+    if rows is None or rows * (row_tokens or 1) <= capacity:
+        return None
+    what = f"{rows} rows of {row_tokens} tokens exceed" if row_tokens else f"{rows} rows cannot fit in"
+    return LayoutProblem("rows_per_microbatch", f"{what} max_tokens_per_gpu={layout.max_tokens_per_gpu} x "
+                                                f"cp={layout.cp} tokens")
 
 
 class LayoutError(ValueError):
-    """A layout that cannot run; the message starts with the offending field."""
+    """A layout that cannot run; the message starts with the offending recipe key (``layout.tp: ...``)."""
 
     def __init__(self, problem: LayoutProblem) -> None:
-        super().__init__(f"{problem.field}: {problem.message}")
+        super().__init__(f"{problem.path}: {problem.message}")
         self.problem = problem
 
 
@@ -162,32 +175,95 @@ def rank_layers(layout: LayoutConfig, num_layers: int, pp_rank: int) -> list[tup
 
 
 class LayoutProblem(NamedTuple):
-    """One reason a layout cannot run: the offending field and a message that names the numbers."""
+    """One reason a layout cannot run: the offending field and a message that names the numbers. ``field`` is a
+    layout key (``tp``) or, for a rule about another section, its dotted recipe key (``kernels.compile``)."""
 
     field: str
     message: str
 
+    @property
+    def path(self) -> str:
+        """The recipe key: ``layout.tp``, ``kernels.compile``."""
+        return self.field if "." in self.field else f"layout.{self.field}"
 
-def layout_problems(layout: LayoutConfig, *, world_size: int, num_layers: int | None = None,
-                    num_experts: int | None = None) -> list[LayoutProblem]:
-    """Every reason ``layout`` cannot run ``num_layers`` layers of ``num_experts`` experts on ``world_size`` GPUs.
 
-    The one layout check: the loop and the planner raise the first problem (``validate_layout``), a card lists them
-    all. A count left as None is not checked (a card of a model whose shape is unknown).
+@dataclass(frozen=True, kw_only=True)
+class LayoutModel:
+    """What the layout rules check of the model; a size left None is not checked (a card of an unknown model)."""
+
+    num_layers: int | None = None
+    num_experts: int | None = None
+    heads: int | None = None  # attention (query) heads, split over tp
+    kv_heads: int | None = None  # key/value heads, split over tp
+    expert_ffn: int | None = None  # one expert's FFN width, split over etp
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutWorkload:
+    """What the layout rules check of the run; None, False or 0 is not checked."""
+
+    global_batch: int | None = None  # rows per step
+    row_tokens: int | None = None  # tokens of one row
+    compile: bool = False  # kernels.compile
+    image_rows: bool = False  # the rows hold images
+    # with image rows: the decoder layers the first pipeline stage must hold (the towers run there and their
+    # features are added after each of them)
+    image_first_stage_layers: int = 0
+    aux_loss_coef: float = 0.0  # moe.aux_loss_coef
+
+
+def layout_problems(layout: LayoutConfig, *, world_size: int, model: LayoutModel | None = None,
+                    workload: LayoutWorkload | None = None) -> list[LayoutProblem]:
+    """Every reason ``layout`` cannot run ``model`` on ``world_size`` GPUs with ``workload``: the one layout check.
+
+    Train refuses the first problem (``validate_layout``), the planner and the tuner never rank such a layout, a card
+    lists them all. What ``model`` or ``workload`` leave unset is not checked.
     """
+    model, workload = model or LayoutModel(), workload or LayoutWorkload()
+    found = _size_problems(layout, world_size, model)
+    found += _stage_problems(layout, model.num_layers)
+    found += [p for p in (_rows_fit_problem(layout, workload.row_tokens),
+                          compile_problem(layout, workload.compile)) if p]
+    found += _image_problems(layout, model.num_layers, workload)
+    found += _aux_loss_problems(layout, workload.aux_loss_coef)
+    found += _batch_problems(layout, workload)
+    return found
+
+
+def _size_problems(layout: LayoutConfig, world_size: int, model: LayoutModel) -> list[LayoutProblem]:
+    """The sizes against the world, the experts, the heads and the FFN they split."""
     found: list[LayoutProblem] = []
     product = layout.world_size
     if product != world_size:
         found.append(LayoutProblem("dp", f"tp·pp·cp·dp = {layout.tp}·{layout.pp}·{layout.cp}·{layout.dp} = {product} "
                                          f"must equal the world size {world_size}"))
-    if num_experts is not None and num_experts % layout.ep:
-        found.append(LayoutProblem("ep", f"ep={layout.ep} must divide num_experts={num_experts}"))
+    if model.num_experts is not None and model.num_experts % layout.ep:
+        found.append(LayoutProblem("ep", f"ep={layout.ep} must divide num_experts={model.num_experts}"))
     dense_group = layout.tp * layout.cp * layout.dp
     if dense_group % (layout.ep * layout.etp):
         found.append(LayoutProblem("ep", f"ep·etp = {layout.ep}·{layout.etp} must divide tp·cp·dp = {dense_group} "
                                          "(expert layers regroup the GPUs of one pipeline stage as etp x ep x edp)"))
+    problem = _heads_problem(layout.tp, model)
+    if problem:
+        found.append(problem)
+    if model.expert_ffn is not None and model.expert_ffn % layout.etp:
+        found.append(LayoutProblem("etp", f"etp={layout.etp} must divide the expert FFN width {model.expert_ffn}"))
     if layout.sequence_parallel and layout.tp == 1:
         found.append(LayoutProblem("sequence_parallel", "needs tp > 1"))
+    return found
+
+
+def _heads_problem(tp: int, model: LayoutModel) -> LayoutProblem | None:
+    """tp splits the attention projections by head: it must divide the query and the key/value heads."""
+    heads = [n for n in (model.heads, model.kv_heads) if n is not None]
+    if not any(n % tp for n in heads):
+        return None
+    return LayoutProblem("tp", f"tp={tp} must divide the {model.heads} query and {model.kv_heads} key/value heads")
+
+
+def _stage_problems(layout: LayoutConfig, num_layers: int | None) -> list[LayoutProblem]:
+    """The virtual stages and the layers split over the pipeline stages."""
+    found: list[LayoutProblem] = []
     if layout.vpp > 1 and layout.pp == 1:
         found.append(LayoutProblem("vpp", f"vpp={layout.vpp} needs pp > 1"))
     if num_layers is not None:
@@ -199,10 +275,87 @@ def layout_problems(layout: LayoutConfig, *, world_size: int, num_layers: int | 
             if layout.vpp > 1 and any(c % layout.vpp for c in counts):
                 found.append(LayoutProblem("vpp", f"every stage's layer count {counts} must be a multiple of "
                                                   f"vpp={layout.vpp}"))
-    if layout.rows_per_microbatch is not None and layout.rows_per_microbatch > microbatch_token_capacity(layout):
-        found.append(LayoutProblem("rows_per_microbatch", f"{layout.rows_per_microbatch} rows cannot fit in "
-                                   f"max_tokens_per_gpu={layout.max_tokens_per_gpu} x cp={layout.cp} tokens"))
     return found
+
+
+def compile_problem(sizes: ParallelSizes, compile: bool) -> LayoutProblem | None:
+    """Compiled blocks (``kernels.compile``) run without tensor and context parallelism so far."""
+    if not compile or (sizes.tp == 1 and sizes.cp == 1):
+        return None
+    return LayoutProblem("kernels.compile", f"not supported with tensor or context parallelism yet (layout.tp="
+                                            f"{sizes.tp}, layout.cp={sizes.cp}: their hooks and collectives run inside "
+                                            "the attention block); set it to false")
+
+
+def _batch_problems(layout: LayoutConfig, workload: LayoutWorkload) -> list[LayoutProblem]:
+    """The global batch split over the data-parallel ranks, then into the microbatches a pipeline needs."""
+    if workload.global_batch is None:
+        return []
+    per_rank, rest = divmod(workload.global_batch, layout.dp)
+    if rest or not per_rank:
+        return [LayoutProblem("dp", f"dp={layout.dp} must divide global_batch={workload.global_batch} (each "
+                                    "data-parallel rank takes an equal share of the rows)")]
+    if layout.rows_per_microbatch is None and workload.row_tokens is None:
+        return []  # the rows per microbatch are unknown
+    rows = layout.rows_per_microbatch or max(1, microbatch_token_capacity(layout) // workload.row_tokens)
+    return pipeline_microbatch_problems(layout, -(-per_rank // rows))
+
+
+def pipeline_microbatch_problems(sizes: ParallelSizes, microbatches: int) -> list[LayoutProblem]:
+    """What 1F1B needs of the ``microbatches`` one data-parallel rank runs per step: at least pp of them, and with
+    interleaving (vpp > 1) whole rounds of about pp (torch's interleaved schedule)."""
+    if sizes.pp == 1:
+        return []
+    if microbatches < sizes.pp:
+        return [LayoutProblem("pp", f"pp={sizes.pp} needs at least {sizes.pp} microbatches per step on each "
+                                    f"data-parallel rank, got {microbatches} (raise global_batch or lower "
+                                    "layout.rows_per_microbatch or layout.max_tokens_per_gpu)")]
+    rounds = max(1, microbatches // sizes.pp)
+    if sizes.vpp > 1 and microbatches % rounds:
+        return [LayoutProblem("vpp", f"interleaved 1F1B over pp={sizes.pp} runs the {microbatches} microbatches per "
+                                     f"data-parallel rank in {rounds} equal rounds, which {microbatches} does not "
+                                     "divide (choose global_batch so the microbatches are a multiple of pp)")]
+    return []
+
+
+def _image_problems(layout: LayoutConfig, num_layers: int | None, workload: LayoutWorkload) -> list[LayoutProblem]:
+    """Image rows train with data, expert, context and pipeline parallelism, the towers on the first stage."""
+    if not workload.image_rows:
+        return []
+    if layout.tp > 1:
+        return [LayoutProblem("tp", f"image rows train with data, expert, context and pipeline parallelism only so "
+                                    f"far (tensor parallelism beside the towers is not built yet); tp={layout.tp}: "
+                                    "set layout.tp: 1")]
+    if layout.pp == 1:
+        return []
+    if layout.cp > 1 or layout.vpp > 1:
+        name = "cp" if layout.cp > 1 else "vpp"
+        return [LayoutProblem(name, f"image rows run pipeline parallelism without context parallelism or "
+                                    f"interleaving so far; {name}={getattr(layout, name)}: set it to 1")]
+    needed = workload.image_first_stage_layers
+    if num_layers is None or not needed:
+        return []
+    try:
+        first = stage_layer_counts(layout, num_layers)[0]
+    except LayoutError:
+        return []  # the split itself is the problem, named by _stage_problems
+    if first >= needed:
+        return []
+    return [LayoutProblem("pp_first_stage_layers", f"the first pipeline stage runs the vision towers and must hold the "
+                                                   f"first {needed} decoder layers (image features are added after "
+                                                   f"each); it holds {first}")]
+
+
+def _aux_loss_problems(layout: LayoutConfig, coef: float) -> list[LayoutProblem]:
+    """The router load-balancing loss pools every layer's routing over a microbatch's whole sequence before one
+    product: stages holding other layers, or ranks holding other parts of the sequence, would each compute a
+    different function."""
+    if not coef:
+        return []
+    return [LayoutProblem("moe.aux_loss_coef", f"moe.aux_loss_coef={coef} is not supported with layout.{name}="
+                                               f"{getattr(layout, name)}: the load-balancing loss is implemented for "
+                                               "data and expert parallelism only")
+            for name in ("pp", "tp", "cp") if getattr(layout, name) > 1][:1]
 
 
 def with_world_size(layout: LayoutConfig, world_size: int) -> LayoutConfig:
@@ -215,15 +368,18 @@ def with_world_size(layout: LayoutConfig, world_size: int) -> LayoutConfig:
     return layout.model_copy(update={"dp": world_size // rest})
 
 
-def validate_layout(layout: LayoutConfig, *, world_size: int, num_layers: int, num_experts: int) -> list[int]:
-    """Check that ``layout`` can run ``num_layers`` layers and ``num_experts`` experts on ``world_size`` GPUs.
+def validate_layout(layout: LayoutConfig, *, world_size: int, model: LayoutModel,
+                    workload: LayoutWorkload | None = None) -> list[int]:
+    """Check that ``layout`` can run ``model`` (its layer count given) on ``world_size`` GPUs with ``workload``.
 
-    Returns the per-stage layer counts. Raises ValueError whose message starts with the offending field.
+    Returns the per-stage layer counts. Raises LayoutError (a ValueError) naming the recipe key of the first problem.
     """
-    problems = layout_problems(layout, world_size=world_size, num_layers=num_layers, num_experts=num_experts)
+    if model.num_layers is None:
+        raise ValueError("validate_layout needs the model's num_layers")
+    problems = layout_problems(layout, world_size=world_size, model=model, workload=workload)
     if problems:
         raise LayoutError(problems[0])
-    return stage_layer_counts(layout, num_layers)
+    return stage_layer_counts(layout, model.num_layers)
 
 
 def divisors(n: int) -> list[int]:
@@ -245,39 +401,32 @@ def _stage_splits(num_layers: int, pp: int) -> Iterator[tuple[int | None, int | 
             yield end, end
 
 
-def enumerate_layouts(world_size: int, *, num_layers: int, num_experts: int, max_tokens_per_gpu: int,
-                      num_query_groups: int | None = None, max_tp: int = 8,
-                      cp_options: Iterable[int] = (1, 2, 4, 8), etp_options: Iterable[int] = (1,),
-                      vpp: int = 1) -> list[LayoutConfig]:
-    """Every valid layout for ``world_size`` GPUs (sequence parallel on whenever tp > 1).
-
-    ``num_query_groups`` (KV heads) limits tp to its divisors; ``max_tp`` keeps TP inside a node.
-    Only layouts that pass ``validate_layout`` are returned.
-    """
+def enumerate_layouts(world_size: int, *, model: LayoutModel, max_tokens_per_gpu: int, max_tp: int = 8,
+                      cp_options: Iterable[int] = (1, 2, 4, 8), etp_options: Iterable[int] = (1,), vpp: int = 1,
+                      workload: LayoutWorkload | None = None) -> list[LayoutConfig]:
+    """Every layout of ``model`` (its layer and expert counts given) for ``world_size`` GPUs that ``layout_problems``
+    passes with ``workload`` (sequence parallel on whenever tp > 1); ``max_tp`` keeps TP inside a node."""
+    if model.num_layers is None or model.num_experts is None:
+        raise ValueError("enumerate_layouts needs the model's num_layers and num_experts")
     found: list[LayoutConfig] = []
     cps, etps = sorted(set(cp_options)), sorted(set(etp_options))
     for tp in divisors(world_size):
-        if tp > max_tp or (num_query_groups is not None and num_query_groups % tp):
+        if tp > max_tp or _heads_problem(tp, model):  # the heads rule prunes every layout of this tp at once
             continue
         for pp in divisors(world_size // tp):
-            if pp > num_layers:
+            if pp > model.num_layers:
                 continue
             for cp in cps:
                 if (world_size // (tp * pp)) % cp:
                     continue
                 dp = world_size // (tp * pp * cp)
-                for etp in etps:
-                    for ep in divisors(num_experts):
-                        for first, last in _stage_splits(num_layers, pp):
-                            layout = LayoutConfig(
-                                tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
-                                sequence_parallel=tp > 1, pp_first_stage_layers=first,
-                                pp_last_stage_layers=last, max_tokens_per_gpu=max_tokens_per_gpu)
-                            try:
-                                validate_layout(layout, world_size=world_size, num_layers=num_layers,
-                                                num_experts=num_experts)
-                            except ValueError:
-                                continue
+                for etp, ep in itertools.product(etps, divisors(model.num_experts)):
+                    for first, last in _stage_splits(model.num_layers, pp):
+                        layout = LayoutConfig(
+                            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
+                            sequence_parallel=tp > 1, pp_first_stage_layers=first,
+                            pp_last_stage_layers=last, max_tokens_per_gpu=max_tokens_per_gpu)
+                        if not layout_problems(layout, world_size=world_size, model=model, workload=workload):
                             found.append(layout)
     return found
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openrecipes.config.hf_names import hf_name_hint
-from openrecipes.config.layout import LayoutConfig
+from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -281,9 +281,9 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
-        if self.kernels.compile and (self.layout.tp > 1 or self.layout.cp > 1):
-            raise ValueError("kernels.compile: not supported with tensor or context parallelism yet (their hooks and "
-                             "collectives run inside the attention block); set it to false")
+        compile_refused = compile_problem(self.layout, self.kernels.compile)
+        if compile_refused:
+            raise LayoutError(compile_refused)
         if self.recompute.method == "uniform" and self.recompute.num_layers != 1:
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (every layer is "
                              "recomputed); method block recomputes the first num_layers layers")

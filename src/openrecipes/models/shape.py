@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from openrecipes.config.layout import LayoutModel
+
 
 @dataclass(kw_only=True, frozen=True)
 class ModelShape:
@@ -53,6 +55,11 @@ class ModelShape:
     @property
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
+
+    def layout_model(self) -> LayoutModel:
+        """The sizes the layout rules check (config/layout.py ``layout_problems``)."""
+        return LayoutModel(num_layers=self.num_layers, num_experts=self.num_experts, heads=self.heads,
+                           kv_heads=self.kv_heads, expert_ffn=self.expert_ffn)
 
     def dense_layer_matmul_params(self) -> int:
         return self.attention_params + self.latent_params + self.router_params

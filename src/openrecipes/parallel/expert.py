@@ -172,12 +172,10 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, expert_we
     for block in moe_blocks:
         experts: GroupedExperts = block.experts
         total = experts.num_experts
-        if total % ep_size:
-            raise ValueError(f"layout.ep={ep_size} does not divide the {total} experts")
+        assert total % ep_size == 0, "train checks the layout first (config/layout.py layout_problems)"
         first, first_dim = next(iter(expert_weights.items()))
         ffn = getattr(experts, first).shape[first_dim]
-        if ffn % etp_size:
-            raise ValueError(f"layout.etp={etp_size} does not divide the expert FFN width {ffn}")
+        assert ffn % etp_size == 0, "train checks the layout first (config/layout.py layout_problems)"
         local, ffn_local = total // ep_size, ffn // etp_size
         ffn_part = slice(etp_rank * ffn_local, (etp_rank + 1) * ffn_local)
         for name, ffn_dim in expert_weights.items():
@@ -232,8 +230,7 @@ def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
                 etp_placement = Replicate()
                 if name == adapter.ffn_factor:
                     ffn = full.shape[_FFN_DIM]
-                    if ffn % etp_size:
-                        raise ValueError(f"layout.etp={etp_size} does not divide the expert FFN width {ffn}")
+                    assert ffn % etp_size == 0, "train checks the layout first (config/layout.py layout_problems)"
                     part = ffn // etp_size
                     index += [slice(None)] * (_FFN_DIM - 1) + [slice(etp_rank * part, (etp_rank + 1) * part)]
                     etp_placement = Shard(_FFN_DIM)

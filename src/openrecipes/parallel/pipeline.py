@@ -19,6 +19,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
+from openrecipes.config.layout import LayoutError, ParallelSizes, pipeline_microbatch_problems
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.families import ShardingPlan
 
@@ -93,21 +94,15 @@ def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_sta
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     ranks = num_stages // len(chunks)
-    if microbatches < ranks:
-        raise ValueError(f"layout: pp={ranks} needs at least {ranks} microbatches per step on each "
-                         f"data-parallel rank, got {microbatches} (raise global_batch or lower "
-                         "layout.max_tokens_per_gpu)")
+    problems = pipeline_microbatch_problems(ParallelSizes(pp=ranks, vpp=len(chunks)), microbatches)
+    if problems:  # the layout rule train applies first; here for a caller that did not
+        raise LayoutError(problems[0])
     if len(chunks) == 1:
         index = chunks[0][0]
         stage = PipelineStage(StageModule(model, runs_head=index == num_stages - 1, loss_inputs=loss_inputs), index,
                               num_stages, device, group=group)
         schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
         return Pipeline(stages=[stage], schedule=schedule, loss=loss_fn)
-    rounds = max(1, microbatches // ranks)  # the interleaved schedule runs whole rounds of microbatches
-    if microbatches % rounds:
-        raise ValueError(f"layout.vpp: interleaved 1F1B over pp={ranks} runs the {microbatches} microbatches per "
-                         f"data-parallel rank in {rounds} equal rounds, which {microbatches} does not divide "
-                         "(choose global_batch so the microbatches are a multiple of pp)")
     stages = [PipelineStage(StageModule(model, layers, runs_head=index == num_stages - 1, loss_inputs=loss_inputs),
                             index, num_stages, device, group=group) for index, layers in chunks]
     schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -110,8 +110,8 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.
         present = {name: style for name, style in plan.attention_tp.items() if getattr(attention, name) is not None}
         heads = attention.q_proj.out_features // attention.head_dim
         kv_heads = attention.k_proj.out_features // attention.head_dim
-        if kv_heads % tp_size or heads % tp_size:
-            raise ValueError(f"layout.tp={tp_size} must divide the {heads} query and {kv_heads} key/value heads")
+        assert not (kv_heads % tp_size or heads % tp_size), ("train checks the layout first (config/layout.py "
+                                                              "layout_problems)")
         # per-head work (Q/K norms, Muse Spark's output norm and sigmoid output gate) follows the heads' split
         for name, style in present.items():
             setattr(attention, name, _STYLES[style](getattr(attention, name), tp_mesh))

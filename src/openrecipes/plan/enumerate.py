@@ -6,7 +6,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from openrecipes.config.layout import LayoutConfig, enumerate_layouts, unsupported_reason, validate_layout
+from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, enumerate_layouts, unsupported_reason,
+                                      validate_layout)
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import LoraSetup
 from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory
@@ -78,12 +79,11 @@ def offload_update_for(engine: str) -> str:
     return Offload.model_fields["update"].default if engine == "openrecipes" else "host"
 
 
-def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: Hardware) -> Plan:
-    """Memory and throughput of one layout; raises ValueError naming the field if it is invalid."""
-    counts = validate_layout(layout, world_size=layout.world_size, num_layers=shape.num_layers,
-                             num_experts=shape.num_experts)
-    if layout.tp > shape.kv_heads or shape.kv_heads % layout.tp:
-        raise ValueError(f"tp: tp={layout.tp} must divide the {shape.kv_heads} key/value heads")
+def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: Hardware, *,
+             workload: LayoutWorkload | None = None) -> Plan:
+    """Memory and throughput of one layout; raises ValueError naming the recipe key when the layout rules
+    (``layout_problems``, with what ``workload`` says of the run) refuse it."""
+    counts = validate_layout(layout, world_size=layout.world_size, model=shape.layout_model(), workload=workload)
     return Plan(layout=layout, setup=setup, stage_layers=counts,
                 stages=stage_memory(shape, layout, counts, setup, hw),
                 throughput=estimate_throughput(shape, layout, counts, setup, hw),
@@ -99,8 +99,7 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
     fitting: list[Plan] = []
     evaluated = 0
     for tokens in max_tokens:
-        layouts = enumerate_layouts(world_size, num_layers=shape.num_layers, num_experts=shape.num_experts,
-                                    max_tokens_per_gpu=tokens, num_query_groups=shape.kv_heads,
+        layouts = enumerate_layouts(world_size, model=shape.layout_model(), max_tokens_per_gpu=tokens,
                                     max_tp=min(max_tp, hw.gpu.nvlink_domain))
         if engine == "openrecipes":  # rank only what this engine can run
             layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
@@ -109,8 +108,7 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
             setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
                                   offload_update=offload_update_for(chosen), global_batch_tokens=global_batch_tokens,
                                   engine=chosen, lora=lora)
-            counts = validate_layout(layout, world_size=world_size, num_layers=shape.num_layers,
-                                     num_experts=shape.num_experts)
+            counts = validate_layout(layout, world_size=world_size, model=shape.layout_model())
             evaluated += 1
             stages = stage_memory(shape, layout, counts, setup, hw)
             if max(s.reserved_gib for s in stages) > hw.gpu.memory_gib:

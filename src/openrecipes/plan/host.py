@@ -6,8 +6,9 @@ run that would not fit, before any process starts (a host out of memory kills th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from openrecipes.config.layout import stage_layer_counts
+from openrecipes.config.layout import LayoutWorkload, stage_layer_counts
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.hardware import Hardware, load_hardware
 from openrecipes.plan.lora import LoraSetup
@@ -29,6 +30,17 @@ def recipe_setup(recipe: Recipe, row_tokens: int) -> TrainingSetup:
                          train_projection=recipe.vision.train_projection,
                          lora=None if recipe.lora is None else LoraSetup(rank=recipe.lora.rank,
                                                                          targets=tuple(recipe.lora.targets)))
+
+
+def recipe_workload(recipe: Recipe, config: Any, *, row_tokens: int | None, image_rows: bool) -> LayoutWorkload:
+    """What the layout rules (config/layout.py ``layout_problems``) check of a recipe's run on rows of
+    ``row_tokens`` tokens (``image_rows``: they hold images, whose towers run on the first pipeline stage)."""
+    from openrecipes.models.families import family_for_config
+
+    images = family_for_config(config).images if image_rows else None
+    return LayoutWorkload(global_batch=recipe.global_batch, row_tokens=row_tokens, compile=recipe.kernels.compile,
+                          image_rows=image_rows, aux_loss_coef=recipe.moe.aux_loss_coef,
+                          image_first_stage_layers=images.first_stage_layers(config) if images else 0)
 
 
 def optimizer_state_bytes(recipe: Recipe) -> float:

@@ -45,15 +45,14 @@ def _load(args: argparse.Namespace):
 
 def _check_layout(recipe, world_size: int) -> None:
     """Refuse a layout the job cannot run before any worker starts (one line, naming the field)."""
-    from openrecipes.config.layout import LayoutError, layout_problems, unsupported_reason
-    from openrecipes.train.engine import model_config
+    from openrecipes.config.layout import LayoutError, unsupported_reason
+    from openrecipes.config.rundir import rows_directory
+    from openrecipes.train.engine import layout_problems_for, model_config
 
-    config = model_config(recipe)
-    problems = layout_problems(recipe.layout, world_size=world_size, num_layers=config.num_hidden_layers,
-                               num_experts=config.num_experts)
+    problems = layout_problems_for(recipe, model_config(recipe), world_size=world_size,
+                                   rows=rows_directory(recipe.data.rows, recipe.run_dir))
     if problems:
-        error = LayoutError(problems[0])
-        raise ValueError(f"layout.{error} (--nproc x --nnodes = {world_size} processes)")
+        raise ValueError(f"{LayoutError(problems[0])} (--nproc x --nnodes = {world_size} processes)")
     reason = unsupported_reason(recipe.layout)
     if reason:
         raise ValueError(reason)

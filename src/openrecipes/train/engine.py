@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openrecipes.config.layout import LayoutProblem
 from openrecipes.config.recipe import Recipe
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.kernels import KernelOptions
@@ -176,10 +178,29 @@ def _compiled_token_loss_sum():
     return torch.compile(token_loss_sum)
 
 
-def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:
+def layout_problems_for(recipe: Recipe, config: Any, *, world_size: int, rows: Path) -> list[LayoutProblem]:
+    """The layout rules (config/layout.py ``layout_problems``) on the recipe's run over ``world_size`` processes:
+    the model's sizes, and the rows built at ``rows`` (or, before they are built, those its ``data.build`` makes)."""
+    from openrecipes.config.layout import layout_problems
+    from openrecipes.data.manifest import MANIFEST_FILE, read_manifest
+    from openrecipes.plan.host import recipe_workload
+    from openrecipes.plan.shape import model_shape
+
+    build = recipe.data.build
+    if build is not None and not (rows / MANIFEST_FILE).is_file():
+        row_tokens, image_rows = build.row_tokens, build.image_processor is not None
+    else:
+        manifest = read_manifest(rows)
+        row_tokens, image_rows = int(manifest["row_tokens"]), bool(manifest.get("images"))
+    workload = recipe_workload(recipe, config, row_tokens=row_tokens, image_rows=image_rows)
+    return layout_problems(recipe.layout, world_size=world_size, model=model_shape(config).layout_model(),
+                           workload=workload)
+
+
+def check_aux_loss(recipe: Recipe, config: Any) -> None:
     """Refuse a router load-balancing loss (``moe.aux_loss_coef``) the run cannot compute as transformers does (a
     family that does not declare it: ``ModelFamily.aux_loss``), and a checkpoint config asking for one the recipe
-    does not match."""
+    does not match. The layouts it runs with are the layout rules' (``layout_problems_for``)."""
     from openrecipes.models.families import family_for_config
 
     coef = recipe.moe.aux_loss_coef
@@ -188,18 +209,9 @@ def check_aux_loss(recipe: Recipe, config: Any, parallel=None) -> None:
         raise ValueError(f"moe.aux_loss_coef is {coef}, but the model config asks for the router load-balancing loss "
                          f"({declared.request_key}=true, {declared.coefficient_key}={declared.coefficient(config)}): "
                          f"set moe.aux_loss_coef to that value, or {declared.request_key}: false in model_overrides")
-    if coef == 0:
-        return
-    if declared is None:
+    if coef != 0 and declared is None:
         raise ValueError(f"moe.aux_loss_coef={coef}: the load-balancing loss is implemented for softmax routers "
                          f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
-    # The loss pools every layer's routing over a microbatch's whole sequence before one product: stages holding
-    # other layers, or ranks holding other parts of the sequence, would each compute a different function.
-    for name, size in (("pp", "pp_size"), ("tp", "tp_size"), ("cp", "cp_size")):
-        if parallel is not None and getattr(parallel, size, 1) > 1:
-            raise ValueError(f"moe.aux_loss_coef={coef} is not supported with layout.{name}="
-                             f"{getattr(parallel, size)}: the load-balancing loss is implemented for data and "
-                             "expert parallelism only")
 
 
 def router_statistics(model: nn.Module, aux_loss_coef: float, batch: dict[str, torch.Tensor]):

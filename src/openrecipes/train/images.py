@@ -42,13 +42,14 @@ def check_rows_directory(recipe: Recipe, rows: Path) -> None:
     from openrecipes.train.engine import model_config
 
     if (rows / MANIFEST_FILE).is_file():
-        check_image_rows(recipe, model_config(recipe), read_manifest(rows).get("images"), recipe.layout)
+        check_image_rows(recipe, model_config(recipe), read_manifest(rows).get("images"))
 
 
-def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, layout: Any) -> None:
+def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None) -> None:
     """Refuse rows with images (``rows``: their manifest's ``images`` section, None for text rows) the model cannot
-    take: a text-only model, another image token or patch geometry than the model's, or a layout that does not run
-    image rows yet (each error names the field)."""
+    take: a text-only model, another image token or patch geometry than the model's (each error names the field).
+    The layouts image rows run with are the layout rules' (config/layout.py ``layout_problems``), which train
+    applies before."""
     if not rows:
         return
     images = image_family(config)
@@ -63,20 +64,6 @@ def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None, l
     if geometry != tuple(images.patch_geometry(config)):
         raise ValueError(f"data.build.image_processor: patch, temporal patch and merge sizes {geometry} differ from "
                          f"the model's {tuple(images.patch_geometry(config))}")
-    if layout.tp > 1:
-        raise ValueError("layout.tp: image rows train with data, expert, context and pipeline parallelism only so far "
-                         "(tensor parallelism beside the towers is not built yet); set layout.tp: 1")
-    if layout.pp > 1:
-        from openrecipes.config.layout import stage_layer_counts
-
-        if layout.cp > 1 or layout.vpp > 1:
-            raise ValueError(f"layout.{'cp' if layout.cp > 1 else 'vpp'}: image rows run pipeline parallelism without "
-                             "context parallelism or interleaving so far; set it to 1")
-        first, needed = stage_layer_counts(layout, config.num_hidden_layers)[0], images.first_stage_layers(config)
-        if first < needed:
-            raise ValueError(f"layout.pp_first_stage_layers: the first pipeline stage runs the vision towers and must "
-                             f"hold the first {needed} decoder layers (image features are added after each); it holds "
-                             f"{first}")
     if recipe.kernels.loss_chunk_tokens:
         raise ValueError("kernels.loss_chunk_tokens: not supported with image rows yet; set it to 0")
 

@@ -87,7 +87,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
           device: torch.device | None = None) -> Path:
     """Run (or resume) the recipe; returns the run directory."""
     from openrecipes.data.batching import RowLoader, load_rows
-    from openrecipes.config.layout import rows_per_microbatch as layout_rows_per_microbatch, validate_layout
+    from openrecipes.config.layout import LayoutError, rows_per_microbatch as layout_rows_per_microbatch
 
     from openrecipes.parallel.mesh import build_parallel_state, init_distributed
     from openrecipes.train.startup import StartupClock
@@ -97,10 +97,12 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     device = device or default_device
     run_dir = Path(recipe.run_dir)
     config = engine.model_config(recipe)
-    validate_layout(recipe.layout, world_size=world, num_layers=config.num_hidden_layers,
-                    num_experts=config.num_experts)
+    problems = engine.layout_problems_for(recipe, config, world_size=world,
+                                          rows=rows_directory(recipe.data.rows, run_dir))
+    if problems:
+        raise LayoutError(problems[0])
     parallel = build_parallel_state(recipe.layout, device)
-    engine.check_aux_loss(recipe, config, parallel)
+    engine.check_aux_loss(recipe, config)
     if not resume and (run_dir / METRICS_FILE).exists() and not _never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}

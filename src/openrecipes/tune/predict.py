@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrecipes.config.hardware import GpuSpec, known_gpu_name, parse_gpus
-from openrecipes.config.layout import LayoutConfig, layout_problems, rows_per_microbatch, unsupported_reason
+from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, layout_problems, rows_per_microbatch,
+                                      unsupported_reason)
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
 from openrecipes.plan.hardware import Hardware, load_hardware
-from openrecipes.plan.host import recipe_setup
+from openrecipes.plan.host import recipe_setup, recipe_workload
 from openrecipes.plan.shape import ModelShape, model_shape
 
 CPU = "cpu"
@@ -230,10 +231,12 @@ def _fit_step(pairs: list[tuple[Prediction, float, float | None]], compile_prior
 class Planner:
     """Refusals and predictions for recipes of one model on one target."""
 
-    def __init__(self, start: Recipe, target: Target, row_tokens: int) -> None:
+    def __init__(self, start: Recipe, target: Target, row_tokens: int, *, image_rows: bool = False) -> None:
         from openrecipes.train.engine import model_config
 
-        self.shape: ModelShape = model_shape(model_config(start), name=start.model)
+        self.config = model_config(start)
+        self.shape: ModelShape = model_shape(self.config, name=start.model)
+        self.image_rows = image_rows  # the rows hold images
         self.hardware = planner_hardware(target)
         self.target = target
         self.row_tokens = row_tokens
@@ -243,17 +246,15 @@ class Planner:
 
     def refusal(self, recipe: Recipe) -> str | None:
         """Why train would refuse the recipe's layout (the rules train applies), or None."""
-        problems = layout_problems(recipe.layout, world_size=self.target.count, num_layers=self.shape.num_layers,
-                                   num_experts=self.shape.num_experts)
+        problems = layout_problems(recipe.layout, world_size=self.target.count, model=self.shape.layout_model(),
+                                   workload=self.workload(recipe))
         if problems:
-            return "; ".join(f"layout.{p.field}: {p.message}" for p in problems)
-        try:
-            rows_per_microbatch(recipe.layout, self.row_tokens)
-        except ValueError as error:
-            return str(error)
-        if recipe.layout.tp > 1 and self.shape.kv_heads % recipe.layout.tp:
-            return f"layout.tp: tp={recipe.layout.tp} must divide the {self.shape.kv_heads} key/value heads"
+            return "; ".join(f"{p.path}: {p.message}" for p in problems)
         return unsupported_reason(recipe.layout)
+
+    def workload(self, recipe: Recipe) -> LayoutWorkload:
+        """What the layout rules check of the recipe's run on the tuner's rows."""
+        return recipe_workload(recipe, self.config, row_tokens=self.row_tokens, image_rows=self.image_rows)
 
     def predict(self, recipe: Recipe) -> Prediction:
         layout = recipe.layout

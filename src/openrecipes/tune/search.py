@@ -89,12 +89,15 @@ class Search:
         self.rows = self._rows()
         from openrecipes.data.manifest import read_manifest
 
-        row_tokens = int(read_manifest(self.rows, require=("row_tokens",))["row_tokens"])
-        self.planner = Planner(self.start, self.target, row_tokens)
-        shape = self.planner.shape
+        manifest = read_manifest(self.rows, require=("row_tokens",))
+        row_tokens = int(manifest["row_tokens"])
+        self.planner = Planner(self.start, self.target, row_tokens, image_rows=bool(manifest.get("images")))
+        shape, workload = self.planner.shape, self.planner.workload(self.start)
         self.facts = ModelFacts(num_layers=shape.num_layers, num_experts=shape.num_experts, kv_heads=shape.kv_heads,
                                 row_tokens=row_tokens, world_size=self.target.count,
-                                cuda=not self.target.is_cpu)
+                                cuda=not self.target.is_cpu, heads=shape.heads, expert_ffn=shape.expert_ffn,
+                                image_rows=workload.image_rows,
+                                image_first_stage_layers=workload.image_first_stage_layers)
         check_settings(self.out, {"start": dump_recipe(self.start), "target": self.target.label(),
                                   "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
         self.journal = Journal(self.out)

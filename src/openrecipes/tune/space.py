@@ -16,7 +16,8 @@ import typing
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from openrecipes.config.layout import LayoutConfig, divisors, enumerate_layouts, layout_problems
+from openrecipes.config.layout import (LayoutConfig, LayoutModel, LayoutWorkload, ParallelSizes, compile_problem,
+                                      divisors, enumerate_layouts, layout_problems, pipeline_microbatch_problems)
 from openrecipes.config.layout import rows_per_microbatch
 from openrecipes.config.recipe import Kernels, Offload, Recipe, backend_runs, recipe_from_dict
 from openrecipes.config.numerics import PERFORMANCE, classify
@@ -48,6 +49,21 @@ class ModelFacts:
     row_tokens: int
     world_size: int
     cuda: bool = True  # the trials run on GPUs (False: CPU processes, where CUDA-only kernels are never offered)
+    heads: int | None = None  # attention heads (None: not checked)
+    expert_ffn: int | None = None  # one expert's FFN width (None: not checked)
+    image_rows: bool = False  # the rows hold images
+    image_first_stage_layers: int = 0  # with image rows: the decoder layers the first pipeline stage must hold
+
+    def layout_model(self) -> LayoutModel:
+        return LayoutModel(num_layers=self.num_layers, num_experts=self.num_experts, heads=self.heads,
+                           kv_heads=self.kv_heads, expert_ffn=self.expert_ffn)
+
+    def layout_workload(self, start: Recipe) -> LayoutWorkload:
+        """What the layout rules check of a candidate's run, but its global batch split (``rows_options`` checks it
+        for each rows choice) and compiled blocks (``compile_options``)."""
+        return LayoutWorkload(row_tokens=self.row_tokens, image_rows=self.image_rows,
+                              image_first_stage_layers=self.image_first_stage_layers,
+                              aux_loss_coef=start.moe.aux_loss_coef)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +164,7 @@ def candidate_recipe(start: Recipe, settings: Settings, facts: ModelFacts) -> Ca
     return Candidate(settings=settings, recipe=recipe, changes=changes)
 
 
-def _uneven_splits(layout: LayoutConfig, facts: ModelFacts) -> Iterator[LayoutConfig]:
+def _uneven_splits(layout: LayoutConfig, facts: ModelFacts, workload: LayoutWorkload) -> Iterator[LayoutConfig]:
     """Lighter or heavier first/last pipeline stages around the even share (the embedding sits on the first
     stage, the LM head and loss on the last)."""
     if layout.pp < 2 or layout.pp_first_stage_layers or layout.pp_last_stage_layers:
@@ -160,27 +176,31 @@ def _uneven_splits(layout: LayoutConfig, facts: ModelFacts) -> Iterator[LayoutCo
             if first == last == share and facts.num_layers % layout.pp == 0:
                 continue  # the even split, already there
             split = layout.model_copy(update={"pp_first_stage_layers": first, "pp_last_stage_layers": last})
-            if not layout_problems(split, world_size=facts.world_size, num_layers=facts.num_layers,
-                                   num_experts=facts.num_experts):
+            if not layout_problems(split, world_size=facts.world_size, model=facts.layout_model(), workload=workload):
                 yield split
 
 
 def layout_options(start: Recipe, facts: ModelFacts) -> list[tuple[tuple[str, Any], ...]]:
     """Every valid layout at the start's world size: dp, ep, etp, tp with sequence parallelism, cp, pp with even
     and uneven first/last stages. Rules from config.layout (the ones train applies)."""
-    found = enumerate_layouts(facts.world_size, num_layers=facts.num_layers, num_experts=facts.num_experts,
-                              max_tokens_per_gpu=start.layout.max_tokens_per_gpu, num_query_groups=facts.kv_heads,
+    workload = facts.layout_workload(start)
+    found = enumerate_layouts(facts.world_size, model=facts.layout_model(), workload=workload,
+                              max_tokens_per_gpu=start.layout.max_tokens_per_gpu, vpp=start.layout.vpp,
                               cp_options=divisors(facts.world_size), etp_options=divisors(facts.world_size))
-    found += [split for layout in found for split in _uneven_splits(layout, facts)]
+    found += [split for layout in found for split in _uneven_splits(layout, facts, workload)]
     options = [tuple((name, getattr(layout, name)) for name in LAYOUT_FIELDS) for layout in found]
     own = tuple((name, getattr(start.layout, name)) for name in LAYOUT_FIELDS)
     return list(dict.fromkeys([own, *options]))
 
 
 def rows_options(start: Recipe, layout: dict[str, Any]) -> list[int]:
-    """Rows per microbatch that split each data-parallel rank's rows of the global batch evenly."""
+    """Rows per microbatch that split each data-parallel rank's rows of the global batch evenly, into as many
+    microbatches as the pipeline needs (the layout rules')."""
     per_rank, rest = divmod(start.global_batch, layout["dp"])
-    return divisors(per_rank) if per_rank and not rest else []
+    if not per_rank or rest:
+        return []
+    sizes = ParallelSizes(pp=layout["pp"], vpp=start.layout.vpp)
+    return [rows for rows in divisors(per_rank) if not pipeline_microbatch_problems(sizes, per_rank // rows)]
 
 
 def recompute_options(facts: ModelFacts) -> list[tuple[str, str, int]]:
@@ -202,8 +222,8 @@ def offload_options(start: Recipe, around: float | None = None) -> list[float]:
 
 
 def compile_options(layout: dict[str, Any]) -> list[bool]:
-    # compiled blocks run with one process and data parallelism (config.recipe refuses tp and cp)
-    return [False, True] if layout["tp"] == 1 and layout["cp"] == 1 else [False]
+    sizes = ParallelSizes(tp=layout["tp"], cp=layout["cp"])  # the layout rule the recipe applies
+    return [compiled for compiled in (False, True) if not compile_problem(sizes, compiled)]
 
 
 def first_ranking_space(start: Recipe, facts: ModelFacts, *, with_compile: bool = False) -> Iterator[Settings]:
@@ -213,7 +233,8 @@ def first_ranking_space(start: Recipe, facts: ModelFacts, *, with_compile: bool 
     start and are explored around the best measured."""
     base = start_settings(start, facts)
     for layout in layout_options(start, facts):
-        compiles = compile_options(dict(layout)) if with_compile else [base.compile]
+        allowed = compile_options(dict(layout))
+        compiles = allowed if with_compile else [base.compile and base.compile in allowed]
         for rows in rows_options(start, dict(layout)):
             for recompute in recompute_options(facts):
                 for offload in offload_options(start):
@@ -265,5 +286,7 @@ def neighbours(around: Settings, start: Recipe, facts: ModelFacts) -> list[tuple
                     continue
                 if moved.rows not in rows:
                     moved = replace(moved, rows=min(rows, key=lambda r: abs(r - around.rows)))
+                if moved.compile not in compile_options(dict(value)):
+                    moved = replace(moved, compile=False)
             found.append((knob, moved))
     return found

@@ -232,6 +232,13 @@ def test_a_sidecar_outside_the_rows_is_refused(tmp_path, how, opened):
 # ---- the tuner's trial records
 
 
+def _failed_record(key, run_dir, measured_under="0" * 64):
+    record = {"index": 0, "key": key, "phase": "ranked", "changes": {}, "label": key, "layout": "TP1",
+              "prediction": None, "status": "failed", "failure": {"class": "crash", "detail": "x"}, "measured": None,
+              "wall_s": 1.0, "finished": "2026-12-02T00:00:00Z", "measured_under": measured_under}
+    return record if run_dir is None else {**record, "run_dir": run_dir}
+
+
 @pytest.mark.parametrize("how", ["climbs", "absolute", "link", "missing"])
 def test_a_trial_record_whose_run_leaves_the_output_is_refused(tmp_path, how):
     from openrecipes.tune.journal import TRIALS_FILE, Journal
@@ -240,15 +247,17 @@ def test_a_trial_record_whose_run_leaves_the_output_is_refused(tmp_path, how):
     (out / "trials").mkdir(parents=True)
     elsewhere.mkdir()
     (out / "trials" / "000-start").symlink_to(elsewhere, target_is_directory=True)
-    good = {"key": "a", "status": "ok", "run_dir": "trials/001-a/run"}
+    good = _failed_record("a", "trials/001-a/run")
     run_dir = {"climbs": "../elsewhere/run", "absolute": str(elsewhere / "run"), "link": "trials/000-start/run",
                "missing": None}[how]
-    bad = {"key": "start", "status": "ok", **({"run_dir": run_dir} if run_dir else {})}
+    bad = _failed_record("start", run_dir)
     (out / TRIALS_FILE).write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
-    with pytest.raises(ValueError, match=rf"{out}/trials\.jsonl:2: run_dir: .* is not a path inside {out}"):
-        Journal(out)
+    expected = (rf"{out}/trials\.jsonl:2: .*run_dir: Field required" if how == "missing"
+                else rf"{out}/trials\.jsonl:2: run_dir: .* is not a path inside {out}")
+    with pytest.raises(ValueError, match=expected):
+        Journal(out, measured_under="0" * 64, window=(1, 2))
     (out / TRIALS_FILE).write_text(json.dumps(good) + "\n")
-    assert Journal(out).find("a")["run_dir"] == "trials/001-a/run"
+    assert Journal(out, measured_under="0" * 64, window=(1, 2)).find("a")["run_dir"] == "trials/001-a/run"
 
 
 # ---- a rows manifest's parquet_file, a Hugging Face dataset's state.json

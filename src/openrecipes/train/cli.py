@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="rendezvous of a multi-node job")
     # the command the user typed, handed to the workers by the launcher (for run.json); not for users
     parser.add_argument("--launch-command", help=argparse.SUPPRESS)
+    parser.add_argument("--exit-with-parent", type=int, metavar="PID",
+                        help="end this run (and its workers) when process PID, the one that started it, exits: how "
+                             "openrecipes tune starts its trials, so a killed tuner leaves no trial running")
     parser.set_defaults(func=run)
 
 
@@ -112,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if "WORLD_SIZE" in os.environ:  # a training process torchrun started: it ends with its launcher
         exit_with_launcher()
         return _launch_or_train(args, recipe)
+    if args.exit_with_parent is not None:
+        exit_with_launcher(parent_pid=args.exit_with_parent)
     if args.node_rank != 0:  # the first node's launcher checks, builds the rows and holds the run directory
         return _launch_or_train(args, recipe)
     _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written

@@ -42,12 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from openrecipes.train.run_lock import run_dir_lock
     from openrecipes.tune.progress import Progress
-    from openrecipes.tune.publish import publish
-    from openrecipes.tune.remeasure import ablate, remeasure
     from openrecipes.tune.runner import LocalRunner, SlurmRunner
     from openrecipes.tune.search import Search, TuneOptions
-    from openrecipes.tune.verification import choose_winner
 
     options = TuneOptions(start=Path(args.start), out=Path(args.out), gpus=args.gpus, trials=args.trials,
                           minutes=args.minutes, trial_steps=args.trial_steps,
@@ -57,6 +55,16 @@ def run(args: argparse.Namespace) -> int:
     runner = SlurmRunner(gpus_per_node=args.slurm_scripts) if args.slurm_scripts else LocalRunner()
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)
+    with run_dir_lock(options.out, f"openrecipes tune {args.start}", field="--out"):  # one tuner per output
+        return _tune(search, options, progress)
+
+
+def _tune(search, options, progress) -> int:
+    """Search, verify, remeasure, ablate and publish; the exit status."""
+    from openrecipes.tune.publish import publish
+    from openrecipes.tune.remeasure import ablate, remeasure
+    from openrecipes.tune.verification import choose_winner
+
     result = search.run()
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
@@ -76,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
         why = gain.describe() if gain else ("no candidate passed verification" if failed
                                             else "no measured candidate was faster than the start")
         print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
-              f"({len(result.records)} trials, {progress.elapsed_s() / 60:.1f} minutes; {Path(args.out) / 'trials.jsonl'})")
+              f"({len(result.records)} trials, {progress.elapsed_s() / 60:.1f} minutes; {options.out / 'trials.jsonl'})")
         return 0
     published = publish(result, winner, failed, gain=gain, ablations=ablations)
     print(f"openrecipes tune: {published.start_tps:,.1f} -> {published.tuned_tps:,.1f} tokens/s/GPU, gain "
           f"{gain.describe()}, {published.status}, {progress.elapsed_s() / 60:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"
-          f"  site          {published.site / 'index.html'}\n  trials        {Path(args.out) / 'trials.jsonl'}")
+          f"  site          {published.site / 'index.html'}\n  trials        {options.out / 'trials.jsonl'}")
     return 0

@@ -4,15 +4,25 @@
 ``trials.jsonl`` is rewritten whole through a temporary file and a rename after every trial, so a kill leaves the
 previous complete file, never a half-written line. A trial's run directory is only ever taken as a result through
 its record: a directory without one (a trial killed mid-run) is deleted and the trial runs again.
+
+A record is typed (``TrialRecord``) and bound: to the start it was measured for (``measured_under``, the sha256 of
+the start's resolved recipe, target, steps, window and rows) and, when it measured something, to its run
+(``run_sha256`` of the run's ``metrics.jsonl``, from which its figures are recomputed on reading). A journal
+copied from another start, a record edited by hand or a run changed under it is refused by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from openrecipes.config.rundir import METRICS_FILE
 from openrecipes.utils import atomic_write_text, iter_json_lines, path_inside, read_json
 
 TRIALS_FILE = "trials.jsonl"
@@ -22,20 +32,127 @@ TRIALS_DIR = "trials"
 MARKER = ".openrecipes-tune"
 
 FAILURE_CLASSES = ("out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout")
+PHASES = ("start", "given", "ranked", "around-best", "remeasure", "ablation")
+# measured figures recomputed from the run must equal the record's to this relative difference (JSON round trips)
+FIGURE_TOLERANCE = 1e-9
+
+
+class TrialFailure(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    failure_class: Literal[FAILURE_CLASSES] = Field(alias="class")
+    detail: str
+
+
+class TrialMeasurement(BaseModel):
+    """``openrecipes measure``'s figures over the trial's window, and the run's final loss."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens_per_s_per_gpu: float = Field(gt=0)
+    step_time_mean_s: float = Field(gt=0)
+    step_time_cv: float = Field(ge=0)
+    peak_memory_gib: float | None = Field(default=None, ge=0)
+    gpu_type: str
+    gpus: int = Field(ge=1)
+    final_loss: float
+
+    @field_validator("tokens_per_s_per_gpu", "step_time_mean_s", "step_time_cv", "final_loss")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class TrialRecord(BaseModel):
+    """One line of ``trials.jsonl``."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=0)
+    key: str = Field(min_length=1)
+    phase: Literal[PHASES]
+    changes: dict[str, Any]
+    label: str
+    layout: str
+    prediction: dict[str, Any] | None
+    status: Literal["ok", "failed"]
+    failure: TrialFailure | None
+    measured: TrialMeasurement | None
+    wall_s: float = Field(ge=0)
+    overhead_s: float | None = Field(default=None, ge=0)
+    startup_s: dict[str, float] | None = None
+    run_dir: str
+    finished: str
+    measured_under: str = Field(pattern=r"^[0-9a-f]{64}$")
+    run_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _status_agrees(self) -> "TrialRecord":
+        if self.status == "ok" and (self.measured is None or self.failure is not None or self.run_sha256 is None):
+            raise ValueError("status ok needs measured and run_sha256 and no failure")
+        if self.status == "failed" and (self.failure is None or self.measured is not None):
+            raise ValueError("status failed needs a failure and no measurement")
+        return self
+
+
+def run_sha256(run_dir: Path) -> str | None:
+    """The sha256 of a run's metrics.jsonl (what its measurement was computed from), or None without one."""
+    try:
+        return hashlib.sha256((run_dir / METRICS_FILE).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def settings_sha256(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _first_error(error: ValidationError) -> str:
+    item = error.errors()[0]
+    where = ".".join(str(part) for part in item["loc"]) or "record"
+    return f"{where}: {item['msg']}"
 
 
 class Journal:
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    """The trials recorded in ``out`` for the start ``measured_under`` names; ``window`` recomputes their figures."""
+
+    def __init__(self, out: Path, *, measured_under: str, window: tuple[int, int]) -> None:
+        self.out, self.measured_under, self.window = out, measured_under, window
         self.path = out / TRIALS_FILE
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
             for line, record in iter_json_lines(self.path):
-                if not isinstance(record.get("key"), str) or record.get("status") not in ("ok", "failed"):
-                    raise ValueError(f"{self.path}:{line}: not a trial record of openrecipes tune")
-                # joined to ``out`` wherever the trial's run is read (measure, verify, the card): it must stay there
-                path_inside(out, record.get("run_dir"), source=f"{self.path}:{line}", key="run_dir")
-                self.records.append(record)
+                self.records.append(self._checked(record, f"{self.path}:{line}"))
+
+    def _checked(self, record: Any, where: str) -> dict[str, Any]:
+        try:
+            typed = TrialRecord.model_validate(record)
+        except ValidationError as error:
+            raise ValueError(f"{where}: not a trial record of this openrecipes tune ({_first_error(error)}); "
+                             "choose another --out") from None
+        if typed.measured_under != self.measured_under:
+            raise ValueError(f"{where}: trial {typed.key} was measured for another start, target, window or rows "
+                             f"(measured_under {typed.measured_under[:12]}, this tuning "
+                             f"{self.measured_under[:12]}); choose another --out")
+        # joined to ``out`` wherever the trial's run is read (measure, verify, the card): it must stay there
+        run_dir = path_inside(self.out, typed.run_dir, source=where, key="run_dir")
+        if typed.status == "ok":
+            self._check_run(typed, run_dir, where)
+        return record
+
+    def _check_run(self, typed: TrialRecord, run_dir: Path, where: str) -> None:
+        from openrecipes.tune.runner import measure_trial
+
+        if run_sha256(run_dir) != typed.run_sha256:
+            raise ValueError(f"{where}: trial {typed.key}'s run {run_dir / METRICS_FILE} is missing or changed since "
+                             "it was measured (run_sha256 differs); choose another --out")
+        again = measure_trial(run_dir, self.window)
+        for name, recorded in typed.measured.model_dump().items():
+            value = again.get(name)
+            same = (recorded == value if not isinstance(recorded, float) or not isinstance(value, (int, float))
+                    else math.isclose(recorded, value, rel_tol=FIGURE_TOLERANCE))
+            if not same:
+                raise ValueError(f"{where}: trial {typed.key}: measured.{name} is {recorded!r} but its run gives "
+                                 f"{value!r}: the record was edited; choose another --out")
 
     def find(self, key: str) -> dict[str, Any] | None:
         return next((r for r in self.records if r["key"] == key), None)
@@ -43,6 +160,7 @@ class Journal:
     def append(self, record: dict[str, Any]) -> None:
         if self.find(record["key"]) is not None:
             raise AssertionError(f"trial {record['key']} is already recorded")
+        TrialRecord.model_validate(record)  # what is written can be read back
         self.records.append(record)
         atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
@@ -50,8 +168,15 @@ class Journal:
         return self.out / TRIALS_DIR / f"{index:03d}-{key}"
 
     def fresh_trial_dir(self, index: int, key: str) -> Path:
-        """An empty directory for a trial: anything there is a trial killed before its record was written."""
+        """An empty directory for a trial: anything there is a trial killed before its record was written. One
+        still running (its launcher holds the run directory) is never deleted nor started again beside it."""
+        from openrecipes.train.run_lock import live_holder
+
         path = self.trial_dir(index, key)
+        holder = live_holder(path / "run")
+        if holder is not None:
+            raise ValueError(f"{path / 'run'}: trial {key} is still running as process {holder['pid']} "
+                             f"({holder.get('command', '?')}); stop it or wait for it, then rerun")
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)

@@ -113,7 +113,9 @@ class LocalRunner:
     poll_s: float = 1.0
 
     def command(self, trial: TrialRun) -> list[str]:
-        return [self.python, "-m", "openrecipes", "train", str(trial.recipe_path), "--nproc", str(trial.nproc)]
+        # a trial ends with the tuner, even a tuner killed with SIGKILL (its own session escapes Ctrl-C's group)
+        return [self.python, "-m", "openrecipes", "train", str(trial.recipe_path), "--nproc", str(trial.nproc),
+                "--exit-with-parent", str(os.getpid())]
 
     def run(self, trial: TrialRun, tick: Callable[[float], None] | None = None) -> Outcome:
         log_path = trial.run_dir.parent / TRAIN_LOG

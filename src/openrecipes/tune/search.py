@@ -26,7 +26,7 @@ from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import read_startup, rows_directory
-from openrecipes.tune.journal import Journal, check_settings, prepare_out, write_pruned
+from openrecipes.tune.journal import Journal, check_settings, prepare_out, run_sha256, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
@@ -98,9 +98,12 @@ class Search:
                                 cuda=not self.target.is_cpu, heads=shape.heads, expert_ffn=shape.expert_ffn,
                                 image_rows=workload.image_rows,
                                 image_first_stage_layers=workload.image_first_stage_layers)
-        check_settings(self.out, {"start": dump_recipe(self.start), "target": self.target.label(),
-                                  "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)})
-        self.journal = Journal(self.out)
+        settings = {"start": dump_recipe(self.start), "target": self.target.label(),
+                    "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)}
+        check_settings(self.out, settings)
+        # the rows' content as well as their path: trials of other rows are other measurements
+        measured_under = settings_sha256({**settings, "rows_sha256": manifest.get("parquet_sha256")})
+        self.journal = Journal(self.out, measured_under=measured_under, window=self.window)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
         self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0,
                                        compiled_saving_bytes=self.planner.saving_prior)
@@ -290,6 +293,8 @@ class Search:
             "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - self.options.trial_steps
                                                                 * outcome.measured["step_time_mean_s"]), 3),
             "startup_s": read_startup(run.run_dir),  # where the overhead goes (train/startup.py)
+            "measured_under": self.journal.measured_under,
+            "run_sha256": run_sha256(run.run_dir) if outcome.ok else None,
             "run_dir": str(run.run_dir.relative_to(self.out)),
             "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }

@@ -118,3 +118,31 @@ def test_kernels_a_target_cannot_run_are_never_offered(start_yaml):
     assert {"varlen", "grouped_mm"} <= offered(FACTS, bf16)
     fp32 = start.model_copy(update={"precision": "fp32"})
     assert "grouped_mm" not in offered(FACTS, fp32) and "varlen" in offered(FACTS, fp32)
+
+
+def test_the_knob_table_is_the_space(start_yaml):
+    """Every Settings field is one knob of the table; a knob with a recipe path sets exactly that performance-only
+    field; each knob's values, set on the start one at a time, change only its own fields."""
+    import dataclasses
+
+    start, facts = load_recipe(start_yaml), FACTS
+    assert set(space.KNOBS) == {f.name for f in dataclasses.fields(space.Settings)}
+    base = space.start_settings(start, facts)
+    assert candidate_recipe(start, base, facts).changes == {}  # reading and writing the start agree
+    for knob in space.KNOB_TABLE:
+        if knob.path:
+            assert classify(knob.path).kind == PERFORMANCE, knob.path
+            assert getattr(base, knob.name) == space._read(start, knob.path)
+        for value in knob.values(start, facts, base):
+            if value == getattr(base, knob.name):
+                continue
+            try:
+                changes = candidate_recipe(start, replace(base, **{knob.name: value}), facts).changes
+            except ValueError:
+                continue  # a value the recipe refuses on its own (checked where the search prunes it)
+            if knob.path:
+                assert set(changes) == {knob.path}, (knob.name, changes)
+            else:
+                assert changes and all(path.split(".")[0] in ("layout", "recompute") for path in changes), changes
+    ranked = {knob.name for knob in space.KNOB_TABLE if knob.first}
+    assert ranked == {"layout", "rows", "recompute", "offload", "compile"}

@@ -14,7 +14,7 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from openrecipes.config.layout import (LayoutConfig, LayoutModel, LayoutWorkload, ParallelSizes, compile_problem,
                                       divisors, enumerate_layouts, layout_problems, pipeline_microbatch_problems)
@@ -86,8 +86,6 @@ class Settings:
         return dict(self.layout)
 
 
-KNOBS = ("layout", "rows", "recompute", "offload", "overlap", "offload_update", "attention", "experts", "compile",
-         "offload_activations", "loss_chunk")
 OFFLOAD_UPDATES = typing.get_args(Offload.model_fields["update"].annotation)
 
 
@@ -118,13 +116,17 @@ def describe_changes(changes: dict[str, Any]) -> str:
 
 def start_settings(start: Recipe, facts: ModelFacts) -> Settings:
     lay, rec = start.layout, start.recompute
+    simple = {knob.name: _read(start, knob.path) for knob in KNOB_TABLE if knob.path}
     return Settings(layout=tuple((name, getattr(lay, name)) for name in LAYOUT_FIELDS),
                     rows=rows_per_microbatch(lay, facts.row_tokens),
-                    recompute=(rec.granularity, rec.method, rec.num_layers),
-                    offload=start.offload.fraction, overlap=start.offload.overlap,
-                    attention=start.kernels.attention, experts=start.kernels.experts,
-                    compile=start.kernels.compile, offload_update=start.offload.update,
-                    offload_activations=start.offload.activations, loss_chunk=start.kernels.loss_chunk_tokens)
+                    recompute=(rec.granularity, rec.method, rec.num_layers), **simple)
+
+
+def _read(recipe: Recipe, path: str) -> Any:
+    value: Any = recipe
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def check_performance_only(changes: dict[str, Any]) -> None:
@@ -150,10 +152,10 @@ def candidate_recipe(start: Recipe, settings: Settings, facts: ModelFacts) -> Ca
         layout["max_tokens_per_gpu"] = -(-settings.rows * facts.row_tokens // layout["cp"])
     granularity, method, num_layers = settings.recompute
     tree["recompute"].update(granularity=granularity, method=method, num_layers=num_layers)
-    tree["offload"].update(fraction=settings.offload, overlap=settings.overlap, update=settings.offload_update,
-                           activations=settings.offload_activations)
-    tree["kernels"].update(attention=settings.attention, experts=settings.experts, compile=settings.compile,
-                           loss_chunk_tokens=settings.loss_chunk)
+    for knob in KNOB_TABLE:
+        if knob.path:
+            section, name = knob.path.split(".")
+            tree[section][name] = getattr(settings, knob.name)
     recipe = recipe_from_dict(tree, source="tune candidate")
     report = compare_recipes(recipe, start, candidate_name="candidate", reference_name="start")
     if not report.passed:  # the one guarantee of the tuner: numerics never change
@@ -227,48 +229,27 @@ def compile_options(layout: dict[str, Any]) -> list[bool]:
 
 
 def first_ranking_space(start: Recipe, facts: ModelFacts, *, with_compile: bool = False) -> Iterator[Settings]:
-    """The settings the planner ranks first: layout x rows per microbatch x recompute x offload endpoints (what the
-    planner models), and compiled blocks where the target has a measured prior (``with_compile``); the solved
-    offload fraction and recomputed layers are added by the search; overlap and the other kernels stay as in the
-    start and are explored around the best measured."""
-    base = start_settings(start, facts)
-    for layout in layout_options(start, facts):
-        allowed = compile_options(dict(layout))
-        compiles = allowed if with_compile else [base.compile and base.compile in allowed]
-        for rows in rows_options(start, dict(layout)):
-            for recompute in recompute_options(facts):
-                for offload in offload_options(start):
-                    for compiled in compiles:
-                        yield replace(base, layout=layout, rows=rows, recompute=recompute, offload=offload,
-                                      compile=compiled)
+    """The settings the planner ranks first: the product of the values of every knob the table ranks first (layout
+    x rows per microbatch x recompute x offload endpoints, what the planner models, and compiled blocks where the
+    target has a measured prior, ``with_compile``), each given the knobs before it; the solved offload fraction and
+    recomputed layers are added by the search; the other knobs stay as in the start and are explored around the
+    best measured."""
+    ranked = [knob for knob in KNOB_TABLE if knob.first is not None]
+
+    def expand(settings: Settings, depth: int) -> Iterator[Settings]:
+        if depth == len(ranked):
+            yield settings
+            return
+        knob = ranked[depth]
+        for value in knob.first(start, facts, settings, with_compile):
+            yield from expand(replace(settings, **{knob.name: value}), depth + 1)
+
+    yield from expand(start_settings(start, facts), 0)
 
 
 def knob_values(knob: str, start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
     """The values one knob may take next to ``around``."""
-    if knob == "layout":
-        return layout_options(start, facts)
-    if knob == "rows":
-        return rows_options(start, around.layout_dict())
-    if knob == "recompute":
-        granularity, method, layers = around.recompute
-        near = [(granularity, method, n) for n in (layers - 1, layers + 1)
-                if method == "block" and 1 <= n < facts.num_layers]
-        return list(dict.fromkeys(recompute_options(facts) + near))
-    if knob == "offload":
-        return offload_options(start, around.offload)
-    if knob == "overlap":
-        return [True, False] if around.offload else []
-    if knob == "offload_update":
-        return list(OFFLOAD_UPDATES) if around.offload else []
-    if knob == "compile":
-        return compile_options(around.layout_dict())
-    if knob == "offload_activations":
-        return [False, True]
-    if knob == "loss_chunk":
-        return list(LOSS_CHUNKS)
-    kernels = ATTENTION_KERNELS if knob == "attention" else EXPERT_KERNELS
-    bf16 = start.precision == "bf16"
-    return [kernel for kernel in kernels if backend_runs(knob, kernel, cuda=facts.cuda, bf16=bf16)]
+    return KNOB_BY_NAME[knob].values(start, facts, around)
 
 
 def neighbours(around: Settings, start: Recipe, facts: ModelFacts) -> list[tuple[str, Settings]]:
@@ -290,3 +271,60 @@ def neighbours(around: Settings, start: Recipe, facts: ModelFacts) -> list[tuple
                     moved = replace(moved, compile=False)
             found.append((knob, moved))
     return found
+
+
+# ---- the knobs ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One thing the tuner may turn: its ``Settings`` field; the one recipe field it sets (``path``; None for the
+    layout, rows and recompute, which ``candidate_recipe`` writes across several fields); its values next to a
+    setting; and, when the planner ranks it first, its values given the knobs before it in the table and whether
+    compiled blocks are ranked (``first``). A knob without ``first`` stays as in the start until the search
+    explores around the best measured. A new knob is a ``Settings`` field and one row here."""
+
+    name: str
+    path: str | None
+    values: Callable[[Recipe, ModelFacts, Settings], list[Any]]
+    first: Callable[[Recipe, ModelFacts, Settings, bool], list[Any]] | None = None
+
+
+def _recompute_values(start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
+    granularity, method, layers = around.recompute
+    near = [(granularity, method, n) for n in (layers - 1, layers + 1) if method == "block" and 1 <= n < facts.num_layers]
+    return list(dict.fromkeys(recompute_options(facts) + near))
+
+
+def _kernel_values(kind: str) -> Callable[[Recipe, ModelFacts, Settings], list[Any]]:
+    kernels = ATTENTION_KERNELS if kind == "attention" else EXPERT_KERNELS
+    return lambda start, facts, around: [k for k in kernels
+                                         if backend_runs(kind, k, cuda=facts.cuda, bf16=start.precision == "bf16")]
+
+
+def _first_compile(start: Recipe, facts: ModelFacts, around: Settings, with_compile: bool) -> list[Any]:
+    allowed = compile_options(around.layout_dict())
+    return allowed if with_compile else [around.compile and around.compile in allowed]
+
+
+KNOB_TABLE: tuple[Knob, ...] = (
+    Knob("layout", None, lambda start, facts, around: layout_options(start, facts),
+         first=lambda start, facts, around, compiled: layout_options(start, facts)),
+    Knob("rows", None, lambda start, facts, around: rows_options(start, around.layout_dict()),
+         first=lambda start, facts, around, compiled: rows_options(start, around.layout_dict())),
+    Knob("recompute", None, _recompute_values,
+         first=lambda start, facts, around, compiled: recompute_options(facts)),
+    Knob("offload", "offload.fraction", lambda start, facts, around: offload_options(start, around.offload),
+         first=lambda start, facts, around, compiled: offload_options(start)),
+    Knob("overlap", "offload.overlap", lambda start, facts, around: [True, False] if around.offload else []),
+    Knob("offload_update", "offload.update",
+         lambda start, facts, around: list(OFFLOAD_UPDATES) if around.offload else []),
+    Knob("attention", "kernels.attention", _kernel_values("attention")),
+    Knob("experts", "kernels.experts", _kernel_values("experts")),
+    Knob("compile", "kernels.compile", lambda start, facts, around: compile_options(around.layout_dict()),
+         first=_first_compile),
+    Knob("offload_activations", "offload.activations", lambda start, facts, around: [False, True]),
+    Knob("loss_chunk", "kernels.loss_chunk_tokens", lambda start, facts, around: list(LOSS_CHUNKS)),
+)
+KNOB_BY_NAME = {knob.name: knob for knob in KNOB_TABLE}
+KNOBS = tuple(KNOB_BY_NAME)

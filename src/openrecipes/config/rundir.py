@@ -45,7 +45,8 @@ def is_run_directory(path: str | os.PathLike) -> bool:
 def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | None]) -> Path:
     """Create (or take again) the run directory and mark it, before anything is written into it; returns it.
 
-    A run needs an absent or empty directory, or one ``train`` made (``is_run_directory``). Refused, each in one line
+    A run needs an absent or empty directory, or one ``train`` made (``is_run_directory``); rows built for the run
+    beforehand (``ROWS_DIR``, what ``train`` writes first) do not count as content. Refused, each in one line
     naming ``run_dir``: a parent of the working directory (``..``, ``/``), a file, a populated directory that is no
     run directory, and a directory that is, holds or sits inside one of the run's ``inputs`` (its recipe file, model,
     rows and build inputs)."""
@@ -55,7 +56,7 @@ def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | N
     check_apart_from_inputs(target, inputs, option="run_dir")
     if target.exists() and not target.is_dir():
         raise ValueError(f"run_dir: {run_dir} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not is_run_directory(target):
+    if target.is_dir() and any(p.name != ROWS_DIR for p in target.iterdir()) and not is_run_directory(target):
         raise ValueError(f"run_dir: {run_dir} is not empty and is not a run directory (it has no {RUN_MARKER}); "
                          "choose a new or empty directory")
     target.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# A one-node Slurm cluster on this machine (Debian, root) for the tests, around one command:
+#   bash .ci/slurm-cluster.sh COMMAND [ARG...]
+# installs slurm-wlm and munge if missing, starts munged, slurmctld and slurmd with every file under a fresh
+# temporary folder, waits until the node is idle, runs COMMAND with SLURM_CONF exported (its exit status is this
+# script's), then cancels the cluster's jobs and stops the three daemons by the pids it started. Nothing outside the
+# temporary folder is written besides the packages.
+set -euo pipefail
+umask 022  # munged refuses a socket whose folders others cannot traverse (mktemp -d makes 0700)
+
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARG...]" >&2; exit 2; }
+UP_DEADLINE_S=${SLURM_UP_DEADLINE_S:-90}
+DRAIN_DEADLINE_S=30
+
+say() { echo "slurm-cluster: $*" >&2; }
+fail() { say "error: $*"; exit 1; }
+
+install_packages() {
+  dpkg -s slurm-wlm munge >/dev/null 2>&1 && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  local attempt
+  for attempt in 1 2 3; do
+    if apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; then
+      return 0
+    fi
+    say "apt-get failed (attempt $attempt of 3)"
+    sleep $((attempt * 5))
+  done
+  fail "could not install slurm-wlm and munge with apt-get"
+}
+
+free_port() {  # a port nothing listens on now, so a second cluster or a stale daemon does not collide
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+install_packages
+mkdir -p /tmp/slurm && chmod 755 /tmp/slurm
+STATE=$(mktemp -d /tmp/slurm/cluster.XXXXXX)
+chmod 755 "$STATE"
+mkdir "$STATE/munge" "$STATE/save" "$STATE/spool"
+DAEMONS=()
+CONTROLLER=
+
+daemons_alive() {
+  local pid
+  for pid in "${DAEMONS[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done
+}
+
+show_logs() {
+  local log
+  for log in "$STATE"/*.log "$STATE"/*.out "$STATE"/munge/log; do
+    [ -s "$log" ] && { echo "--- $log" >&2; tail -n 15 "$log" >&2; }
+  done
+  return 0
+}
+
+teardown() {
+  local status=$?
+  set +e
+  # a job's slurmstepd outlives slurmd: cancel the jobs and wait for them while the controller still answers
+  if [ -n "$CONTROLLER" ] && kill -0 "$CONTROLLER" 2>/dev/null; then
+    timeout 10 scancel --user "$(id -un)" 2>/dev/null
+    local until=$((SECONDS + DRAIN_DEADLINE_S))
+    while [ -n "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && [ $SECONDS -lt $until ]; do sleep 0.2; done
+  fi
+  if [ ${#DAEMONS[@]} -gt 0 ]; then
+    kill "${DAEMONS[@]}" 2>/dev/null
+    local _
+    for _ in $(seq 50); do kill -0 "${DAEMONS[@]}" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "${DAEMONS[@]}" 2>/dev/null
+    wait "${DAEMONS[@]}" 2>/dev/null
+  fi
+  rm -rf "$STATE"
+  exit $status
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+mungekey --create --keyfile "$STATE/munge/key"
+munged --foreground --key-file="$STATE/munge/key" --socket="$STATE/munge/socket" --pid-file="$STATE/munge/pid" \
+  --log-file="$STATE/munge/log" --seed-file="$STATE/munge/seed" >/dev/null 2>&1 &
+DAEMONS+=($!)
+until=$((SECONDS + 10))
+until [ -S "$STATE/munge/socket" ]; do
+  daemons_alive && [ $SECONDS -lt $until ] || { show_logs; fail "munged did not start"; }
+  sleep 0.1
+done
+
+# The node's memory as slurmd measures it; its CPUs are raised so that two small test jobs (two tasks each) run
+# side by side on a two-core machine (config_overrides: slurmd accepts a node larger than the hardware).
+memory=$(slurmd -C | grep -o 'RealMemory=[0-9]*')
+export SLURM_CONF=$STATE/slurm.conf
+cat > "$SLURM_CONF" <<EOF
+ClusterName=openrecipes-ci
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$STATE/munge/socket
+StateSaveLocation=$STATE/save
+SlurmdSpoolDir=$STATE/spool
+SlurmctldPidFile=$STATE/slurmctld.pid
+SlurmdPidFile=$STATE/slurmd.pid
+SlurmctldLogFile=$STATE/slurmctld.log
+SlurmdLogFile=$STATE/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+# finished jobs stay readable (scontrol show job) this long: no accounting database is needed
+MinJobAge=3600
+KillWait=5
+JobCompType=jobcomp/filetxt
+JobCompLoc=$STATE/jobcomp.txt
+NodeName=$(hostname -s) NodeAddr=127.0.0.1 CPUs=${SLURM_NODE_CPUS:-8} $memory State=UNKNOWN
+PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+
+slurmctld -D -f "$SLURM_CONF" >"$STATE/slurmctld.out" 2>&1 &
+CONTROLLER=$!
+DAEMONS+=("$CONTROLLER")
+slurmd -D -f "$SLURM_CONF" >"$STATE/slurmd.out" 2>&1 &
+DAEMONS+=($!)
+until=$((SECONDS + UP_DEADLINE_S))
+until [ "$(timeout 5 sinfo -h -o %T 2>/dev/null)" = idle ]; do
+  daemons_alive || { show_logs; fail "a Slurm daemon exited before the node was idle"; }
+  [ $SECONDS -lt $until ] || { show_logs; fail "the node was not idle within $UP_DEADLINE_S s"; }
+  sleep 0.2
+done
+say "node $(hostname -s) idle after ${SECONDS} s; SLURM_CONF=$SLURM_CONF"
+
+set +e
+"$@"
+status=$?
+set -e
+exit $status

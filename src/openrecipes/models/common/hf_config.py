@@ -9,6 +9,7 @@ until someone decides what it means here, never a silent difference.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 _GENERATION = "a generation default; training and the forward pass do not read it"
@@ -80,3 +81,49 @@ def check_other_keys(raw: dict[str, Any], *, handled: set[str], family: str, sou
             continue
         raise ValueError(f"{source}: unknown {family} config field {key!r}: it is neither implemented nor known "
                          "to leave the computation unchanged")
+
+
+# transformers 5.x reads the legacy ``rope_scaling`` first: a non-empty one replaces ``rope_parameters`` whole (its
+# rope_theta too), and a dict without rope_theta takes the top-level ``rope_theta``, else the config class's default.
+ROPE_PLACEMENTS = ("rope_scaling", "rope_parameters")
+# the only RoPE the native models compute (common.rope); scaled types (linear, dynamic, yarn, longrope, llama3, ...)
+# are refused, never computed as plain RoPE
+SUPPORTED_ROPE_TYPES = ("default",)
+_ROPE_DICT_KEYS = {"rope_type", "type", "rope_theta"}
+
+
+def _positive_theta(value: Any, where: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{source}: {where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_rope_dict(placement: str, rope: Any, *, source: str, extra_keys: frozenset[str]) -> None:
+    if not isinstance(rope, dict):
+        raise ValueError(f"{source}: {placement} must be an object or null, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if "type" in rope and rope_type != rope["type"]:
+        raise ValueError(f"{source}: {placement}.type={rope['type']!r} contradicts "
+                         f"{placement}.rope_type={rope_type!r}")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"{source}: {placement}.rope_type={rope_type!r} is not supported: only "
+                         f"{' or '.join(map(repr, SUPPORTED_ROPE_TYPES))} (RoPE scaling is not implemented)")
+    for key in rope:
+        if key not in _ROPE_DICT_KEYS | extra_keys:
+            raise ValueError(f"{source}: {placement}.{key}={rope[key]!r} is not supported: RoPE reads only "
+                             f"{sorted(_ROPE_DICT_KEYS | extra_keys)}")
+    if "rope_theta" in rope:
+        _positive_theta(rope["rope_theta"], f"{placement}.rope_theta", source)
+
+
+def read_rope(raw: dict[str, Any], *, source: str, default_theta: float,
+              extra_keys: frozenset[str] = frozenset()) -> tuple[float, dict[str, Any]]:
+    """The RoPE base and the RoPE dict transformers computes from ``raw`` (``ROPE_PLACEMENTS``' priority), after
+    checking every placement: each dict names a supported type and only known keys (``extra_keys`` are the
+    family's own, such as M-RoPE's), and every rope_theta is a positive number; anything else is refused by name."""
+    for placement in ROPE_PLACEMENTS:
+        if raw.get(placement) is not None:
+            _check_rope_dict(placement, raw[placement], source=source, extra_keys=extra_keys)
+    top_theta = _positive_theta(raw["rope_theta"], "rope_theta", source) if "rope_theta" in raw else default_theta
+    chosen = next((raw[placement] for placement in ROPE_PLACEMENTS if raw.get(placement)), {})
+    return float(chosen.get("rope_theta", top_theta)), dict(chosen)

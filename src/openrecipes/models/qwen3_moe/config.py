@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_other_keys, read_rope
 from openrecipes.utils import read_json
 
 # Qwen3-MoE keys accepted only at the value that leaves the computation unchanged (hf_config.check_other_keys)
@@ -18,7 +18,9 @@ _NEUTRAL_HF_KEYS = {
 }
 # read together by _check_sliding_window: a window only exists with use_sliding_window true
 _SLIDING_KEYS = {"use_sliding_window", "sliding_window", "max_window_layers"}
-_ROPE_KEYS = {"rope_theta", "rope_parameters", "rope_scaling"}
+_ROPE_KEYS = {"rope_theta", *ROPE_PLACEMENTS}
+# the RoPE base transformers' Qwen3MoeConfig takes when config.json names none
+TRANSFORMERS_DEFAULT_THETA = 10_000.0
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -143,7 +145,7 @@ class Qwen3MoeConfig:
             kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
         else:  # transformers writes null for "none"
             kwargs.pop("mlp_only_layers", None)
-        kwargs["rope_theta"] = _rope_theta(raw, source)
+        kwargs["rope_theta"], _ = read_rope(raw, source=source, default_theta=TRANSFORMERS_DEFAULT_THETA)
         if kwargs.get("head_dim") is None:
             kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
         if isinstance(kwargs.get("eos_token_id"), list):
@@ -170,20 +172,3 @@ class Qwen3MoeConfig:
         )
         return out
 
-
-def _rope_theta(raw: dict[str, Any], source: str) -> float:
-    """transformers 4.x writes ``rope_theta``; 5.x writes ``rope_parameters: {rope_type, rope_theta}``."""
-    params = raw.get("rope_parameters")
-    scaling = raw.get("rope_scaling")
-    if params:
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{source}: rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
-        if "rope_theta" in params:
-            return float(params["rope_theta"])
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise ValueError(f"{source}: rope_scaling={scaling!r} is not supported")
-    theta = raw.get("rope_theta", 10000.0)
-    if not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
-        raise ValueError(f"{source}: rope_theta must be a positive number, got {theta!r}")
-    return float(theta)

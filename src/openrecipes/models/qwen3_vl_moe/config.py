@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_other_keys, read_rope
 from openrecipes.models.common.vision_geometry import PatchGeometry
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.utils import read_json
 
+_MROPE_KEYS = frozenset({"mrope_section", "mrope_interleaved"})
+# the RoPE base transformers' Qwen3VLMoeTextConfig takes when text_config names none
+_TRANSFORMERS_TEXT_THETA = 500_000.0
 _TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
@@ -144,18 +147,18 @@ class Qwen3VLMoeConfig:
         text.pop("tie_word_embeddings", None)
         if text.get("model_type") == "qwen3_vl_moe_text":
             text["model_type"] = "qwen3_moe"
-        # M-RoPE keys sit in rope_parameters (transformers 5.x) or rope_scaling (4.x, with rope_theta beside it)
-        section = list(cls.mrope_section)
-        for key in ("rope_parameters", "rope_scaling"):
-            if not text.get(key):
-                continue
-            rope = dict(text[key])
-            section = rope.pop("mrope_section", section)
-            # transformers interleaves the sections whatever this flag says: only the value it computes is accepted
-            if rope.pop("mrope_interleaved", True) is not True:
-                raise ValueError(f"{source}: text_config.{key}.mrope_interleaved must be true (the sections are "
-                                 "always interleaved)")
-            text[key] = rope
+        # M-RoPE keys sit in rope_parameters (transformers 5.x) or rope_scaling (4.x, with rope_theta beside it);
+        # the placement transformers reads decides the base and the sections, the text reader gets it alone
+        theta, rope = read_rope(text, source=f"{source} text_config", default_theta=_TRANSFORMERS_TEXT_THETA,
+                                extra_keys=_MROPE_KEYS)
+        section = rope.get("mrope_section", list(cls.mrope_section))
+        # transformers interleaves the sections whatever this flag says: only the value it computes is accepted
+        if rope.get("mrope_interleaved", True) is not True:
+            raise ValueError(f"{source}: text_config mrope_interleaved={rope['mrope_interleaved']!r} is not "
+                             "supported: only true (the sections are always interleaved)")
+        for key in ROPE_PLACEMENTS:
+            text.pop(key, None)
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
         # the router of Qwen3-VL-MoE always renormalises its top-k weights
         text["norm_topk_prob"] = True
         return cls(text=Qwen3MoeConfig.from_hf_dict(text, source=f"{source} text_config"),

@@ -31,6 +31,15 @@ def test_slurm_script(tmp_path, capsys):
     assert "sbatch" in capsys.readouterr().out
 
 
+def test_a_cpu_slurm_script_requests_no_gpus(tmp_path):
+    out = tmp_path / "cpu.sbatch"
+    assert main(["launch", "slurm", EXAMPLE, "--nodes", "1", "--gpus-per-node", "2", "--cpu", "--cpus-per-task", "3",
+                 "--port", "31234", "--dry-run", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "#SBATCH --gpus-per-node" not in text
+    assert "#SBATCH --cpus-per-task=3" in text and "--nproc-per-node=2" in text and "MASTER_PORT=31234" in text
+
+
 def test_slurm_script_checks_the_layout_against_the_gpus(tmp_path, capsys):
     assert main(["launch", "slurm", EXAMPLE, "--nodes", "2", "--gpus-per-node", "4", "--set", "layout.dp=2",
                  "--out", str(tmp_path / "x.sbatch")]) == 2

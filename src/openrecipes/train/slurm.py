@@ -1,0 +1,188 @@
+"""Slurm jobs from this machine: submit a script (``sbatch --parsable``), read a job's state (``scontrol show job``,
+then ``squeue -t all``), follow it to its end, cancel it by id.
+
+No accounting database is assumed: a finished job is read from the controller, which keeps it for ``MinJobAge``
+(300 s by default), long enough for a follower that polls every few seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# the states a job does not leave; anything else (PENDING, CONFIGURING, RUNNING, COMPLETING, SUSPENDED...) goes on
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE")
+COMMAND_TIMEOUT_S = 30  # one client command; a controller that is down makes them hang for seconds
+_FIELD = re.compile(r"(?:^|\s)(JobState|Reason|ExitCode|StdOut)=(\S*)")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm client command failed or the controller stopped answering."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # as Slurm spells it, e.g. RUNNING, COMPLETED, CANCELLED
+    reason: str = ""
+    exit_code: int = 0  # the batch script's exit status
+    signal: int = 0  # the signal that ended it, 0 for none
+    stdout: str | None = None  # the job's output file, as the controller knows it
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "COMPLETED"
+
+    def describe(self) -> str:
+        """One phrase: the state and why, e.g. ``FAILED (exit code 3)``, ``CANCELLED``, ``PENDING (Resources)``."""
+        details = []
+        if self.final and not self.completed and self.exit_code:
+            details.append(f"exit code {self.exit_code}")
+        if self.state in ("FAILED", "OUT_OF_MEMORY") and self.signal:  # a cancel or time limit always sends 15
+            details.append(f"signal {self.signal}")
+        if not self.final and self.reason not in ("", "None"):
+            details.append(self.reason)
+        detail = ", ".join(details)
+        return f"{self.state} ({detail})" if detail else self.state
+
+
+def _client(*command: str) -> subprocess.CompletedProcess:
+    if shutil.which(command[0]) is None:
+        raise SlurmError(f"{command[0]} is not on PATH: is this a Slurm login node?")
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired as expired:
+        raise SlurmError(f"{' '.join(command)} did not answer within {COMMAND_TIMEOUT_S} s") from expired
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+
+
+def submit(script: Path, sbatch_args: tuple[str, ...] = ()) -> str:
+    """Queue ``script``; returns the job id (``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``)."""
+    done = _client("sbatch", "--parsable", *sbatch_args, str(script))
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch {script}: {_first_line(done.stderr)}")
+    job_id = done.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch {script}: expected a job id, got {done.stdout.strip()!r}")
+    return job_id
+
+
+def cancel(job_id: str) -> None:
+    """``scancel`` this one job (by id: never a user's or a name's jobs)."""
+    if not job_id.isdigit():
+        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    done = _client("scancel", job_id)
+    if done.returncode != 0:
+        raise SlurmError(f"scancel {job_id}: {_first_line(done.stderr)}")
+
+
+def parse_scontrol(job_id: str, text: str) -> JobState | None:
+    """The state in ``scontrol show job -o``'s line (None when it has no JobState)."""
+    fields = dict(_FIELD.findall(text))
+    if "JobState" not in fields:
+        return None
+    exit_code, _, signal = fields.get("ExitCode", "0:0").partition(":")
+    return JobState(job_id=job_id, state=fields["JobState"], reason=fields.get("Reason", ""),
+                    exit_code=int(exit_code or 0), signal=int(signal or 0), stdout=fields.get("StdOut"))
+
+
+def job_state(job_id: str) -> JobState | None:
+    """The job as the controller knows it; None when it knows no such job (never queued, or long gone)."""
+    shown = _client("scontrol", "show", "job", "-o", job_id)
+    if shown.returncode == 0:
+        state = parse_scontrol(job_id, shown.stdout)
+        if state is not None:
+            return state
+    elif "invalid job id" not in shown.stderr.lower():
+        raise SlurmError(f"scontrol show job {job_id}: {_first_line(shown.stderr)}")
+    queued = _client("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T")
+    if queued.returncode != 0 and "invalid job id" not in queued.stderr.lower():
+        raise SlurmError(f"squeue -j {job_id}: {_first_line(queued.stderr)}")
+    state = queued.stdout.strip()
+    return JobState(job_id=job_id, state=state) if queued.returncode == 0 and state else None
+
+
+def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None, unreachable_s: float = 120.0,
+           on_change: Callable[[JobState, float], None] | None = None) -> JobState:
+    """Poll the job until it reaches a final state and return that state. ``on_change(state, elapsed_s)`` hears
+    each new state. Raises TimeoutError after ``deadline_s`` seconds (the job is left as it is), SlurmError when the
+    controller does not answer for ``unreachable_s`` seconds or forgets the job."""
+    start = last_answer = time.monotonic()
+    seen: JobState | None = None
+    while True:
+        now = time.monotonic()
+        try:
+            state = job_state(job_id)
+            last_answer = now
+        except SlurmError:
+            if now - last_answer > unreachable_s:
+                raise
+            state = seen
+        if state is None:
+            raise SlurmError(f"the controller knows no job {job_id}")
+        if state != seen and on_change is not None:
+            on_change(state, now - start)
+        seen = state
+        if state.final:
+            return state
+        if deadline_s is not None and now - start > deadline_s:
+            raise TimeoutError(f"job {job_id} is still {state.state} after {deadline_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def _output_tail(state: JobState, lines: int = 5) -> list[str]:
+    """The last lines of the job's output file (where the first failed worker's message lands)."""
+    if not state.stdout:
+        return []
+    try:
+        text = Path(state.stdout).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def exit_status(state: JobState) -> int:
+    """This command's exit status for the job's end: 0 only for COMPLETED, a failed script's own exit code."""
+    if state.completed:
+        return 0
+    return state.exit_code if state.state == "FAILED" and 0 < state.exit_code < 256 else 1
+
+
+def submit_and_follow(script: Path, *, poll_s: float, deadline_s: float | None) -> int:
+    """Submit ``script``, follow the job with a line per new state, report its end. Ctrl-C cancels the job."""
+    job_id = submit(script)
+    print(f"submitted job {job_id} ({script})", flush=True)
+
+    def progress(state: JobState, elapsed_s: float) -> None:
+        print(f"job {job_id}: {state.describe()} after {elapsed_s:.0f} s", file=sys.stderr, flush=True)
+
+    try:
+        state = follow(job_id, poll_s=poll_s, deadline_s=deadline_s, on_change=progress)
+    except KeyboardInterrupt:
+        print(f"interrupted: scancel {job_id}", file=sys.stderr, flush=True)
+        cancel(job_id)
+        state = follow(job_id, poll_s=min(poll_s, 1.0), deadline_s=120)
+        print(f"job {job_id} {state.describe()} (cancelled on Ctrl-C)", flush=True)
+        return 130
+    except TimeoutError as waited:
+        print(f"{waited}; it is left queued (scancel {job_id} stops it)", file=sys.stderr)
+        return 1
+    print(f"job {job_id} {state.describe()}" + (f"; output: {state.stdout}" if state.stdout else ""), flush=True)
+    if not state.completed:
+        for line in _output_tail(state):
+            print(f"  | {line}", file=sys.stderr)
+    return exit_status(state)

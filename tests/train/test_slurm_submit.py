@@ -1,0 +1,147 @@
+"""`openrecipes launch slurm --submit` against a real Slurm controller: jobs' final states as Slurm reports them,
+the tiny recipe on two CPU workers inside an allocation (the same losses as `train --nproc 2`), a job cancelled by
+`scancel` and one cancelled by Ctrl-C.
+
+Skipped without `sbatch` or a controller that answers, unless OPENRECIPES_REQUIRE_SLURM=1 (CI sets it and runs the
+tests inside the one-node cluster of .ci/slurm-cluster.sh), in which case they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrecipes.cli import main
+from openrecipes.config.recipe import dump_recipe
+from openrecipes.train.slurm import cancel, exit_status, follow, job_state, submit
+
+POLL_S = 0.2
+JOB_DEADLINE_S = 240
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    problem = None
+    if shutil.which("sbatch") is None:
+        problem = "no sbatch on PATH"
+    else:
+        try:
+            answer = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+            if answer.returncode != 0:
+                why = next(iter(answer.stderr.strip().splitlines()), f"exit status {answer.returncode}")
+                problem = f"no reachable Slurm controller (sinfo: {why})"
+        except subprocess.TimeoutExpired:
+            problem = "no reachable Slurm controller (sinfo did not answer within 20 s)"
+    if problem:
+        if os.environ.get("OPENRECIPES_REQUIRE_SLURM") == "1":
+            pytest.fail(problem + " (OPENRECIPES_REQUIRE_SLURM=1)")
+        pytest.skip(problem)
+
+
+@pytest.fixture()
+def job_env(monkeypatch):
+    """sbatch passes this environment to the job: one torch thread per worker."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _script(tmp_path, name: str, body: str):
+    path = tmp_path / f"{name}.sh"
+    path.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/{name}-%j.out\n#SBATCH --ntasks=1\n{body}\n")
+    return path
+
+
+def test_final_states_and_exit_codes_as_slurm_reports_them(slurm_cluster, tmp_path):
+    done = follow(submit(_script(tmp_path, "ok", "echo fine")), poll_s=POLL_S, deadline_s=JOB_DEADLINE_S)
+    failed = follow(submit(_script(tmp_path, "three", "exit 3")), poll_s=POLL_S, deadline_s=JOB_DEADLINE_S)
+    assert (done.state, done.describe(), exit_status(done)) == ("COMPLETED", "COMPLETED", 0)
+    assert open(done.stdout).read() == "fine\n"
+    assert (failed.state, failed.describe(), exit_status(failed)) == ("FAILED", "FAILED (exit code 3)", 3)
+    assert job_state("999999") is None
+
+
+def _recipe_file(make_recipe, tmp_path, name: str, steps: int):
+    path = tmp_path / f"{name}.yaml"
+    # two workers: data parallel over both, on Slurm as under `train --nproc 2`
+    path.write_text(dump_recipe(make_recipe(steps=steps, layout__dp=2, run_dir=str(tmp_path / f"{name}-run"))))
+    return path
+
+
+def _submit_args(recipe, tmp_path, *extra: str) -> list[str]:
+    return ["launch", "slurm", str(recipe), "--nodes", "1", "--gpus-per-node", "2", "--cpu", "--cpus-per-task", "2",
+            "--port", str(_free_port()), "--submit", "--poll-seconds", str(POLL_S), "--wait-minutes", "5",
+            "--out", str(tmp_path / f"{recipe.stem}.sbatch"), *extra]
+
+
+def _losses(run_dir) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+
+
+@pytest.mark.slow  # torchrun's workers, as tests/distributed
+def test_two_workers_in_an_allocation_train_as_train_nproc_2(slurm_cluster, job_env, make_recipe, tmp_path, capsys):
+    recipe = _recipe_file(make_recipe, tmp_path, "tiny", steps=4)
+    assert main(_submit_args(recipe, tmp_path, "--set", f"run_dir={tmp_path / 'slurm-run'}")) == 0
+    out = capsys.readouterr().out
+    assert "submitted job " in out and " COMPLETED; output: " in out
+    assert main(["train", str(recipe), "--nproc", "2", "--set", f"run_dir={tmp_path / 'local-run'}"]) == 0
+    on_slurm, local = _losses(tmp_path / "slurm-run"), _losses(tmp_path / "local-run")
+    assert len(on_slurm) == len(local) == 4
+    assert on_slurm == pytest.approx(local, abs=1e-6, rel=0)
+
+
+def _start_following(recipe, tmp_path):
+    """The CLI in its own process (so that it can get a SIGINT), and the id of the job it submitted."""
+    follower = subprocess.Popen([sys.executable, "-m", "openrecipes", *_submit_args(recipe, tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in follower.stdout:
+        if line.startswith("submitted job "):
+            return follower, line.split()[2]
+    raise AssertionError(f"no job submitted: {follower.stderr.read()}")
+
+
+def _wait_running(job_id: str) -> None:
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while job_state(job_id).state != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job_id} did not start"
+        time.sleep(POLL_S)
+
+
+@pytest.mark.slow  # torchrun's workers, as tests/distributed
+def test_a_job_cancelled_with_scancel_is_reported_as_cancelled(slurm_cluster, job_env, make_recipe, tmp_path):
+    follower, job_id = _start_following(_recipe_file(make_recipe, tmp_path, "long", steps=100000), tmp_path)
+    try:
+        _wait_running(job_id)
+        cancel(job_id)
+        out, err = follower.communicate(timeout=JOB_DEADLINE_S)
+    finally:
+        follower.kill()
+    assert follower.returncode == 1, err
+    assert f"job {job_id} CANCELLED" in out and "crash" not in (out + err).lower()
+
+
+@pytest.mark.slow  # torchrun's workers, as tests/distributed
+def test_ctrl_c_cancels_the_job_it_submitted(slurm_cluster, job_env, make_recipe, tmp_path):
+    follower, job_id = _start_following(_recipe_file(make_recipe, tmp_path, "stopped", steps=100000), tmp_path)
+    try:
+        _wait_running(job_id)
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=JOB_DEADLINE_S)
+    finally:
+        follower.kill()
+    assert follower.returncode == 130, err
+    assert f"interrupted: scancel {job_id}" in err and f"job {job_id} CANCELLED" in out
+    assert job_state(job_id).state == "CANCELLED"

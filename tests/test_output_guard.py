@@ -220,3 +220,21 @@ def test_launch_slurm_never_replaces_its_recipe_or_a_file_it_did_not_write(tmp_p
     script = tmp_path / "job.sbatch"
     assert launch_slurm(recipe, script) == 0 and launch_slurm(recipe, script) == 0  # its own script: replaced
     assert "#SBATCH --nodes=1" in script.read_text()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_outputs_get_the_modes_a_plain_open_and_mkdir_give(tmp_path, umask):
+    import stat
+
+    from openrecipes.utils import atomic_output_dir, atomic_write_text
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "file.txt", "text\n")
+        with atomic_output_dir(tmp_path / "out") as staging:
+            atomic_write_text(staging / "inner.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "file.txt").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "out" / "inner.json").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~umask

@@ -92,6 +92,19 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def current_umask() -> int:
+    """The process's umask, which the atomic writers apply to their outputs as ``open`` and ``mkdir`` would."""
+    try:  # Linux reports it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only on success.
@@ -105,6 +118,7 @@ def atomic_write_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would make every output private to its writer
         os.replace(tmp, target)
     finally:
         if tmp.exists():
@@ -130,6 +144,7 @@ def atomic_output_dir(path: str | os.PathLike, *, overwrite: bool = False) -> It
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
         yield staging
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700, as a plain mkdir would have made it
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

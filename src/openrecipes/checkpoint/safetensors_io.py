@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, path_inside
+from openrecipes.utils import atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -100,6 +100,12 @@ class HFCheckpoint:
         return tuple(piece.get_shape()), piece.get_dtype()
 
 
+def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """One safetensors file, through the atomic writer: safetensors creates its files 0600, a plain open 0644."""
+    with atomic_write_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+
 def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], config: dict, *,
                  max_shard_bytes: int = 5 * 2**30, overwrite: bool = False,
                  extra_files: dict[str, str] | None = None, inputs: Iterable[str | Path] = (),
@@ -120,13 +126,13 @@ def write_hf_dir(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], 
         shard_bytes += size
     with guarded_output_dir(path, **guard) as staging:
         if len(shards) == 1:
-            save_file(shards[0], str(staging / SINGLE_NAME), metadata={"format": "pt"})
+            _save_shard(shards[0], staging / SINGLE_NAME)
         else:
             weight_map: dict[str, str] = {}
             total = 0
             for i, shard in enumerate(shards):
                 file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(staging / file_name), metadata={"format": "pt"})
+                _save_shard(shard, staging / file_name)
                 weight_map.update({name: file_name for name in shard})
                 total += sum(t.numel() * t.element_size() for t in shard.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}

@@ -119,3 +119,25 @@ def test_a_changed_tokenizer_is_named(make_recipe, rows_dir, tmp_path, capsys):
 def test_export_hf_needs_the_last_save(make_recipe):
     with pytest.raises(ValueError, match="export_hf needs at_end"):
         make_recipe(checkpoint__export_hf=True, checkpoint__at_end=False)
+
+
+def test_an_export_of_a_registry_model_stops_at_the_chat_end_and_is_readable(make_recipe, tmp_path):
+    import os
+    import stat
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    run_dir = train(make_recipe(steps=1), command="test")  # qwen3-moe-tiny: its config names no token ids
+    out = tmp_path / "export"
+    old = os.umask(0o022)
+    try:
+        assert main(["convert", "export", str(latest_checkpoint(run_dir)), str(out)]) == 0
+    finally:
+        os.umask(old)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    im_end, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == im_end
+    generation = GenerationConfig.from_pretrained(out)
+    assert im_end in generation.eos_token_id and generation.pad_token_id == pad
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o644}

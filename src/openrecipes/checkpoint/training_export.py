@@ -6,7 +6,8 @@ What the directory needs besides the weights comes from the run: the model confi
 (registry name or HF directory, with ``model_overrides``), the tokenizer files the rows were built with (the rows'
 manifest names them and their sha256), the rows' chat template when it was not the tokenizer's own, the image
 processor of rows built with images (``preprocessor_config.json``), and the source HF directory's
-``generation_config.json`` when the recipe started from one.
+``generation_config.json`` when the recipe started from one, else one written from the rows' stop token and the
+tokenizer's special tokens (their ids also fill config.json's empty bos/eos_token_id).
 """
 
 from __future__ import annotations
@@ -81,8 +82,14 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
         state = _merged_lora_state(model, state)
     if dtypes == "source":
         state = {name: tensor.to(expected[name].dtype) for name, tensor in state.items()}
-    extra = {**_tokenizer_files(recipe, run_dir), **_generation_config(recipe.model)}
-    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, expert_layout), family.config_to_hf(config),
+    tokenizer_files = _tokenizer_files(recipe, run_dir)  # first: it checks the files generation_tokens reads
+    tokens = generation_tokens(recipe, run_dir)
+    hf_config = family.config_to_hf(config)
+    for key in ("bos_token_id", "eos_token_id"):  # read by no forward pass; what transformers' generate starts from
+        if hf_config.get(key) is None and tokens.get(key) is not None:
+            hf_config[key] = tokens[key][0] if key == "eos_token_id" else tokens[key]
+    extra = {**tokenizer_files, **_generation_config(recipe.model, tokens)}
+    write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, expert_layout), hf_config,
                  max_shard_bytes=max_shard_bytes, overwrite=overwrite, extra_files=extra, inputs=inputs)
     return Path(hf_dir)
 
@@ -193,13 +200,37 @@ def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:
     return files
 
 
-def _generation_config(model: str) -> dict[str, str]:
-    """The source HF directory's generation_config.json (sampling defaults, stop tokens), when it has one."""
+def generation_tokens(recipe: Any, run_dir: Path) -> dict[str, Any]:
+    """The token ids generation needs, from the run's rows and their tokenizer: ``eos_token_id``, the stop tokens
+    (for chat rows first the chat format's end of turn, which closes every supervised answer; then the tokenizer's
+    eos_token and the token the rows end each conversation or document with), ``bos_token_id`` and
+    ``pad_token_id`` (the tokenizer's, else the first stop token); a token the tokenizer lacks is left out."""
+    from openrecipes.data.manifest import read_manifest
+    from openrecipes.data.templates import get_loss_mask
+    from openrecipes.data.tokenizer import load_tokenizer
+
+    manifest = read_manifest(rows_directory(recipe.data.rows, run_dir), require=("tokenizer",))
+    bundle = load_tokenizer(manifest["tokenizer"]["directory"])  # its files' sha256 are checked by the export
+    ids = {key: bundle.token_id(token) for key in ("bos_token", "eos_token", "pad_token")
+           if (token := bundle.config_token(key)) is not None}
+    end_of_turn = bundle.token_id(get_loss_mask(manifest["loss_mask"]).end.strip()) \
+        if manifest.get("loss_mask") else None
+    stops = [end_of_turn, ids.get("eos_token"), manifest.get("eos_token_id")]
+    eos = list(dict.fromkeys(i for i in stops if isinstance(i, int) and not isinstance(i, bool)))
+    pad = ids.get("pad_token") if ids.get("pad_token") is not None else (eos[0] if eos else None)
+    return {"bos_token_id": ids.get("bos_token"), "eos_token_id": eos or None, "pad_token_id": pad}
+
+
+def _generation_config(model: str, tokens: dict[str, Any]) -> dict[str, str]:
+    """The source HF directory's generation_config.json (sampling defaults, stop tokens), when it has one; else
+    one holding the run's ``generation_tokens``, so generation stops where the training data ended a turn.
+    (pad_token_id goes here only: in config.json it would freeze that token's embedding row in a later run.)"""
     from openrecipes.models.registry import names
 
     path = Path(model) / GENERATION_CONFIG
     if model in names() or not path.is_file():
-        return {}
+        written = {key: value for key, value in tokens.items() if value is not None}
+        return {GENERATION_CONFIG: json.dumps(written, indent=2) + "\n"} if written else {}
     text = path.read_text(encoding="utf-8")
     try:
         json.loads(text)

@@ -94,3 +94,27 @@ def test_a_failed_worker_is_shown_by_its_own_status_and_message(tmp_path, capsys
     assert capsys.readouterr().err.splitlines() == [
         "openrecipes train: rank 3 failed (exit status 2): ValueError: layout.dp: something the worker found",
         "openrecipes train: then rank 1 (exit status 1), rank 0 (signal SIGTERM); torchrun stopped the rest"]
+
+
+def test_a_global_batch_the_ranks_cannot_share_is_refused_before_any_worker_starts(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", EXAMPLE, "--nproc", "4", "--set", "global_batch=6", "--set", f"run_dir={run_dir}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "openrecipes train: error: layout.dp: dp=4 must divide global_batch=6 (each data-parallel rank takes an "
+        "equal share of the rows) (--nproc x --nnodes = 4 processes)"]
+    assert not run_dir.exists()  # no rows built, no worker started
+
+
+def test_slurm_script_refuses_a_recipe_input_missing_here(tmp_path, capsys):
+    recipe, out = "examples/qwen3-30b-a3b-8xh200.yaml", tmp_path / "job.sbatch"
+    assert main(["launch", "slurm", recipe, "--nodes", "1", "--gpus-per-node", "8", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"openrecipes launch: error: {recipe}: data.build.input: /path/to/conversations.jsonl does not exist (the job "
+        "would read it); give the path as the cluster sees it, e.g. --set data.build.input=PATH"]
+    assert not out.exists()
+    assert main(["launch", "slurm", recipe, "--nodes", "1", "--gpus-per-node", "8", "--out", str(out),
+                 "--set", "data.build.input=bundled", "--set", "data.build.tokenizer=/path/to/Qwen3"]) == 2
+    assert "data.build.tokenizer: /path/to/Qwen3 does not exist" in capsys.readouterr().err
+    assert main(["launch", "slurm", recipe, "--nodes", "1", "--gpus-per-node", "8", "--out", str(out),
+                 "--set", "data.build.input=bundled", "--set", "data.build.tokenizer=bundled"]) == 0
+    assert out.is_file()

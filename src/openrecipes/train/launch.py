@@ -209,6 +209,17 @@ def register(subparsers) -> None:
     slurm.set_defaults(func=run_slurm)
 
 
+def _check_recipe_inputs(recipe, recipe_file: str) -> None:
+    """Every file the job's run reads must exist here, where the script is written (a login node sees the cluster's
+    files), so a placeholder such as /path/to/data fails now rather than on the job's first node."""
+    from openrecipes.train.run_inputs import named_run_inputs
+
+    for key, path in named_run_inputs(recipe).items():
+        if not path.exists():
+            raise ValueError(f"{recipe_file}: {key}: {path} does not exist (the job would read it); give the path "
+                             f"as the cluster sees it, e.g. --set {key}=PATH")
+
+
 def run_slurm(args) -> int:
     from pathlib import Path
 
@@ -220,6 +231,7 @@ def run_slurm(args) -> int:
     world = args.nodes * args.gpus_per_node
     if with_world_size(recipe.layout, world).world_size != world:
         raise ValueError(f"layout: tp·pp·cp·dp = {recipe.layout.world_size} but --nodes x --gpus-per-node = {world}")
+    _check_recipe_inputs(recipe, args.recipe)
     out = Path(args.out or f"{Path(args.recipe).stem}.sbatch")
     if args.poll_seconds <= 0 or (args.wait_minutes is not None and args.wait_minutes <= 0):
         raise ValueError("--poll-seconds and --wait-minutes must be > 0")

@@ -9,25 +9,31 @@ from typing import Any
 from openrecipes.config.rundir import claim_run_dir
 
 
-def run_inputs(recipe: Any, recipe_file: str | Path | None) -> list[Path | None]:
-    """The files and directories the run of ``recipe`` reads; ``recipe_file`` is None on a resume (the run's own
-    recipe.yaml is then one of its files, not an input)."""
+def named_run_inputs(recipe: Any) -> dict[str, Path]:
+    """The files and directories the run of ``recipe`` reads (the recipe file aside), by the recipe key naming each."""
     from openrecipes.data import bundled
     from openrecipes.models.registry import names
 
-    inputs: list[Path | None] = [None if recipe_file is None else Path(recipe_file)]
+    inputs: dict[str, Path] = {}
     if recipe.model not in names():
-        inputs.append(Path(recipe.model))
+        inputs["model"] = Path(recipe.model)
     if recipe.data.rows is not None:
-        inputs.append(Path(recipe.data.rows))
+        inputs["data.rows"] = Path(recipe.data.rows)
     spec = recipe.data.build
     if spec is not None:
-        inputs += [bundled.resolve_input(spec.input, spec.format), bundled.resolve_tokenizer(spec.tokenizer)]
+        inputs["data.build.input"] = bundled.resolve_input(spec.input, spec.format)
+        inputs["data.build.tokenizer"] = bundled.resolve_tokenizer(spec.tokenizer)
         if spec.image_processor is not None:
-            inputs.append(bundled.resolve(spec.image_processor, bundled.IMAGE_PROCESSOR))
+            inputs["data.build.image_processor"] = bundled.resolve(spec.image_processor, bundled.IMAGE_PROCESSOR)
         if spec.chat_template and Path(spec.chat_template).is_file():  # else a built-in template's name
-            inputs.append(Path(spec.chat_template))
+            inputs["data.build.chat_template"] = Path(spec.chat_template)
     return inputs
+
+
+def run_inputs(recipe: Any, recipe_file: str | Path | None) -> list[Path | None]:
+    """The files and directories the run of ``recipe`` reads; ``recipe_file`` is None on a resume (the run's own
+    recipe.yaml is then one of its files, not an input)."""
+    return [None if recipe_file is None else Path(recipe_file), *named_run_inputs(recipe).values()]
 
 
 def claim_recipe_run_dir(recipe: Any, recipe_file: str | Path | None) -> Path:

@@ -2,17 +2,13 @@
 the tiny recipe on two CPU workers inside an allocation (the same losses as `train --nproc 2`), a job cancelled by
 `scancel` and one cancelled by Ctrl-C.
 
-Skipped without `sbatch` or a controller that answers, unless OPENRECIPES_REQUIRE_SLURM=1 (CI sets it and runs the
-tests inside the one-node cluster of .ci/slurm-cluster.sh), in which case they fail.
+Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,39 +19,13 @@ from openrecipes.cli import main
 from openrecipes.config.recipe import dump_recipe
 from openrecipes.train.slurm import cancel, exit_status, follow, job_state, submit
 
-POLL_S = 0.2
-JOB_DEADLINE_S = 240
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    problem = None
-    if shutil.which("sbatch") is None:
-        problem = "no sbatch on PATH"
-    else:
-        try:
-            answer = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
-            if answer.returncode != 0:
-                why = next(iter(answer.stderr.strip().splitlines()), f"exit status {answer.returncode}")
-                problem = f"no reachable Slurm controller (sinfo: {why})"
-        except subprocess.TimeoutExpired:
-            problem = "no reachable Slurm controller (sinfo did not answer within 20 s)"
-    if problem:
-        if os.environ.get("OPENRECIPES_REQUIRE_SLURM") == "1":
-            pytest.fail(problem + " (OPENRECIPES_REQUIRE_SLURM=1)")
-        pytest.skip(problem)
+from ..slurm_fixtures import JOB_DEADLINE_S, POLL_S, free_port, slurm_cluster  # noqa: F401 (a fixture)
 
 
 @pytest.fixture()
 def job_env(monkeypatch):
     """sbatch passes this environment to the job: one torch thread per worker."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _script(tmp_path, name: str, body: str):
@@ -82,7 +52,7 @@ def _recipe_file(make_recipe, tmp_path, name: str, steps: int):
 
 def _submit_args(recipe, tmp_path, *extra: str) -> list[str]:
     return ["launch", "slurm", str(recipe), "--nodes", "1", "--gpus-per-node", "2", "--cpu", "--cpus-per-task", "2",
-            "--port", str(_free_port()), "--submit", "--poll-seconds", str(POLL_S), "--wait-minutes", "5",
+            "--port", str(free_port()), "--submit", "--poll-seconds", str(POLL_S), "--wait-minutes", "5",
             "--out", str(tmp_path / f"{recipe.stem}.sbatch"), *extra]
 
 

@@ -115,7 +115,6 @@ def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --partition=gpu" in script and str(recipe.resolve()) in script
     assert "torch.distributed.run" in script and "-m openrecipes train" in script
-    with pytest.raises(ValueError, match="does not submit"):
-        runner.run(run)
+    assert "#SBATCH --time=10" in script  # the trial's limit of 600 s, in Slurm's minutes
     with pytest.raises(ValueError, match="whole nodes"):
         SlurmRunner(gpus_per_node=3).script(run)

@@ -247,7 +247,9 @@ class Curves(_Strict):
                                   "debug.memory_trace): at its start and the peak of each phase, in order")
 
 
-TrialFailure = Literal["out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout"]
+# why a trial has no measurement; the last three are a Slurm job's end (scancel, a node lost, preempted)
+TrialFailure = Literal["out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout", "cancelled",
+                       "node_fail", "preempted"]
 
 
 class TuningTrial(_Strict):

@@ -117,9 +117,10 @@ def job_state(job_id: str) -> JobState | None:
 
 
 def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None, unreachable_s: float = 120.0,
-           on_change: Callable[[JobState, float], None] | None = None) -> JobState:
+           on_change: Callable[[JobState, float], None] | None = None,
+           on_poll: Callable[[float], None] | None = None) -> JobState:
     """Poll the job until it reaches a final state and return that state. ``on_change(state, elapsed_s)`` hears
-    each new state. Raises TimeoutError after ``deadline_s`` seconds (the job is left as it is), SlurmError when the
+    each new state, ``on_poll(elapsed_s)`` each look. Raises TimeoutError after ``deadline_s`` seconds (the job is left as it is), SlurmError when the
     controller does not answer for ``unreachable_s`` seconds or forgets the job."""
     start = last_answer = time.monotonic()
     seen: JobState | None = None
@@ -141,6 +142,8 @@ def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None,
             return state
         if deadline_s is not None and now - start > deadline_s:
             raise TimeoutError(f"job {job_id} is still {state.state} after {deadline_s:.0f} s")
+        if on_poll is not None:
+            on_poll(now - start)
         time.sleep(poll_s)
 
 

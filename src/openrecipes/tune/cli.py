@@ -35,9 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
                                                           "output there is resumed")
     parser.add_argument("--author", default="openrecipes tune", help="the card's author")
-    parser.add_argument("--slurm-scripts", type=int, metavar="GPUS_PER_NODE",
-                        help="Slurm runner: write the trial's sbatch script (nodes of GPUS_PER_NODE) into its trial "
-                             "directory and stop; submitting is not automated yet")
+    parser.add_argument("--slurm", type=int, metavar="GPUS_PER_NODE",
+                        help="run each trial as a Slurm job of nodes of GPUS_PER_NODE (sbatch with the trial's time "
+                             "limit, followed to its end, scancel on Ctrl-C); its script and output (train.log) land "
+                             "in the trial's directory (docs/slurm.md)")
+    parser.add_argument("--slurm-partition", help="with --slurm: the partition (default: the cluster's)")
+    parser.add_argument("--slurm-account", help="with --slurm: the account (default: yours)")
+    parser.add_argument("--slurm-cpu", action="store_true", help="with --slurm: request no GPUs, the workers "
+                        "(GPUS_PER_NODE of them per node) run on CPU")
+    parser.add_argument("--slurm-cpus-per-task", type=int, default=16, help="with --slurm: CPUs per node (default 16)")
     parser.set_defaults(func=run)
 
 
@@ -52,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
                           remeasure=args.remeasure)
-    runner = SlurmRunner(gpus_per_node=args.slurm_scripts) if args.slurm_scripts else LocalRunner()
+    if args.slurm is not None and args.slurm < 1:
+        raise ValueError(f"--slurm: GPUS_PER_NODE must be >= 1, got {args.slurm}")
+    runner = (SlurmRunner(gpus_per_node=args.slurm, partition=args.slurm_partition, account=args.slurm_account,
+                          cpu=args.slurm_cpu, cpus_per_task=args.slurm_cpus_per_task) if args.slurm is not None
+              else LocalRunner())
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)
     with run_dir_lock(options.out, f"openrecipes tune {args.start}", field="--out"):  # one tuner per output

@@ -18,10 +18,11 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from openrecipes.cards.schema import TrialFailure
 from openrecipes.config.rundir import METRICS_FILE
 from openrecipes.utils import atomic_write_text, iter_json_lines, path_inside, read_json
 
@@ -31,7 +32,7 @@ SETTINGS_FILE = "tune.json"
 TRIALS_DIR = "trials"
 MARKER = ".openrecipes-tune"
 
-FAILURE_CLASSES = ("out_of_memory", "timeout", "crash", "non_finite_loss", "refused_layout")
+FAILURE_CLASSES = get_args(TrialFailure)  # the card's vocabulary: a journal's failure lands on a card
 PHASES = ("start", "given", "ranked", "around-best", "remeasure", "ablation")
 # measured figures recomputed from the run must equal the record's to this relative difference (JSON round trips)
 FIGURE_TOLERANCE = 1e-9

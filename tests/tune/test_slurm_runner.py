@@ -1,0 +1,88 @@
+"""The tuner's Slurm runner against a real controller: a trial submitted as a job and measured, a refused layout
+classified from the job's output, and a job cancelled by scancel, at the trial's limit and on Ctrl-C, none of them
+left running. Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from openrecipes.train.slurm import cancel, follow, job_state
+from openrecipes.tune.runner import TRAIN_LOG, SlurmRunner, TrialRun
+
+from ..slurm_fixtures import POLL_S, slurm_cluster  # noqa: F401 (a fixture)
+from .conftest import write_start
+
+ONE_WORKER = {"dp": 1, "ep": 1, "max_tokens_per_gpu": 256}
+
+
+@pytest.fixture()
+def runner(monkeypatch) -> SlurmRunner:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # sbatch passes it to the job: one torch thread per worker
+    return SlurmRunner(gpus_per_node=1, cpu=True, cpus_per_task=1, poll_s=POLL_S)
+
+
+def _trial(tmp_path, rows_dir, name: str, *, steps: int, timeout_s: float = 240.0, **layout) -> TrialRun:
+    trial_dir = tmp_path / name
+    trial_dir.mkdir()
+    # the tuner's starting recipe, made cheap: one worker, two rows a step, nothing recomputed
+    recipe = write_start(trial_dir / f"{name}.yaml", rows_dir, steps=steps, layout={**ONE_WORKER, **layout},
+                         global_batch=2, recompute={"granularity": "none"}, run_dir=str(trial_dir / "run"))
+    return TrialRun(recipe_path=recipe, run_dir=trial_dir / "run", nproc=1, timeout_s=timeout_s,
+                    window=(1, steps - 1))
+
+
+def _job_named(name: str) -> str:
+    """The id of the job the runner submitted (named after its recipe file)."""
+    listed = subprocess.run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout.split()
+    assert len(listed) == 1, listed
+    return listed[0]
+
+
+@pytest.mark.slow  # a training job
+def test_a_trial_runs_as_a_slurm_job_and_is_measured(slurm_cluster, runner, tmp_path, rows_dir):
+    trial = _trial(tmp_path, rows_dir, "measured", steps=4)
+    outcome = runner.run(trial)
+    assert outcome.ok, (outcome.failure, outcome.detail)
+    assert outcome.measured["tokens_per_s_per_gpu"] > 0 and outcome.measured["final_loss"] > 0
+    assert (trial.run_dir.parent / TRAIN_LOG).is_file() and "#SBATCH --time=4" in (
+        trial.run_dir.parent / "trial.sbatch").read_text()
+    assert job_state(_job_named("measured")).state == "COMPLETED"
+
+
+@pytest.mark.slow  # a training job
+def test_a_refused_layout_is_classified_from_the_jobs_output(slurm_cluster, runner, tmp_path, rows_dir):
+    outcome = runner.run(_trial(tmp_path, rows_dir, "refused", steps=4, ep=3))
+    assert outcome.failure == "refused_layout" and "ep=3 must divide" in outcome.detail
+    assert job_state(_job_named("refused")).state == "FAILED"
+
+
+def _when_running(name: str, action):
+    """A tick that does ``action(job_id)`` once the trial's job runs."""
+    def tick(elapsed_s: float) -> None:
+        state = job_state(_job_named(name))
+        if state.state == "RUNNING":
+            action(state.job_id)
+        assert elapsed_s < 120, f"job {name} did not start"
+    return tick
+
+
+def test_a_job_cancelled_with_scancel_is_a_cancelled_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    outcome = runner.run(_trial(tmp_path, rows_dir, "scancelled", steps=100000),
+                         tick=_when_running("scancelled", cancel))
+    assert outcome.failure == "cancelled" and "CANCELLED" in outcome.detail
+
+
+def test_the_trial_limit_and_ctrl_c_cancel_the_job(slurm_cluster, runner, tmp_path, rows_dir):
+    outcome = runner.run(_trial(tmp_path, rows_dir, "limited", steps=100000, timeout_s=3.0))
+    assert outcome.failure == "timeout" and "trial limit of 3 s" in outcome.detail
+
+    def interrupt(job_id: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_trial(tmp_path, rows_dir, "interrupted", steps=100000), tick=_when_running("interrupted", interrupt))
+    for name in ("limited", "interrupted"):  # cancelled, not left running unwatched
+        assert follow(_job_named(name), poll_s=POLL_S, deadline_s=60).state == "CANCELLED"

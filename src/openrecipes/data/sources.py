@@ -1,4 +1,4 @@
-"""Record inputs: JSON Lines, Parquet, or a local Hugging Face dataset directory.
+"""Record inputs: JSON Lines, a JSON array of records (``.json``), Parquet, or a local Hugging Face dataset directory.
 
 Conversations (a ``messages`` column) for SFT rows and text documents (a ``text`` column) for pretraining rows
 come from the same three kinds of input; ``column`` names the one a build needs.
@@ -38,15 +38,18 @@ def _drop_nulls(value: Any) -> Any:
 @dataclass(kw_only=True)
 class _File:
     path: Path
-    kind: str  # "jsonl" or "table"
+    kind: str  # "jsonl", "array" (a JSON array of records) or "table"
     count: int = 0
-    line_offsets: np.ndarray | None = None  # jsonl: byte offset of each record's line
+    line_offsets: np.ndarray | None = None  # jsonl, array: byte offset of each record's line (array: in ``spill``)
     line_numbers: np.ndarray | None = None  # jsonl: 1-based line number of each record
     table: Any = None  # pyarrow.Table with a messages column
+    spill: Any = None  # array: an unlinked temporary file holding the records as JSON Lines
 
     def where(self, local: int) -> str:
         if self.kind == "jsonl":
             return f"{self.path} line {int(self.line_numbers[local])}"
+        if self.kind == "array":
+            return f"{self.path} record {local + 1}"
         return f"{self.path} row {local + 1}"
 
 
@@ -61,7 +64,9 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
                 try:
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                    raise ValueError(f"{path} line {number}: malformed JSON: {error}") from None
+                    kinds = " (a .json input holds a JSON array of records or JSON Lines)" if path.suffix == ".json" \
+                        else ""
+                    raise ValueError(f"{path} line {number}: malformed JSON: {error}{kinds}") from None
                 except RecursionError:
                     raise ValueError(f"{path} line {number}: JSON nested too deeply to read") from None
                 offsets.append(offset)
@@ -71,6 +76,40 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
     f.line_offsets = np.asarray(offsets, dtype=np.int64)
     f.line_numbers = np.asarray(numbers, dtype=np.int64)
     f.count = len(offsets)
+
+
+def _is_json_array(path: Path) -> bool:
+    """A ``.json`` file is a JSON array of records when its first non-blank character is ``[``; else JSON Lines
+    (what ``datasets``' ``to_json`` writes under that suffix)."""
+    with open(path, "rb") as handle:
+        while chunk := handle.read(4096):
+            if stripped := chunk.lstrip():
+                return stripped.startswith(b"[")
+    return False
+
+
+def _json_array(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
+    """Yield (where, record) per element of the JSON array in ``path`` (``_is_json_array``), parsed once; the records are spilled one a
+    line into an unlinked temporary file (``f.spill``), so the build reads them again by index as from JSON Lines
+    and the parsed array is not held."""
+    import tempfile
+
+    try:
+        with open(path, "rb") as handle:
+            records = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        where = f"line {error.lineno}: " if isinstance(error, json.JSONDecodeError) else ""
+        raise ValueError(f"{path}: {where}malformed JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to read") from None
+    f.spill = tempfile.TemporaryFile(prefix="openrecipes-input-", suffix=".jsonl")
+    offsets = np.zeros(len(records), dtype=np.int64)
+    for local in range(len(records)):
+        record, records[local] = records[local], None  # each record freed once spilled
+        offsets[local] = f.spill.tell()
+        f.spill.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+        yield f"{path} record {local + 1}", record
+    f.line_offsets, f.count = offsets, len(offsets)
 
 
 def _columns(path: Path, names: list[str], column: str) -> list[str]:
@@ -162,16 +201,17 @@ class ConversationSource:
             for index in indices.tolist():
                 number = int(np.searchsorted(starts, index, side="right")) - 1
                 f, local = self.files[number], index - int(starts[number])
-                if f.kind == "jsonl":
+                if f.kind in ("jsonl", "array"):
                     if number not in handles:
-                        handles[number] = open(f.path, "rb")
+                        handles[number] = open(f.path, "rb") if f.kind == "jsonl" else f.spill
                     handles[number].seek(int(f.line_offsets[local]))
                     yield index, json.loads(handles[number].readline())
                 else:
                     yield index, _drop_nulls(f.table.slice(local, 1).to_pylist()[0])
         finally:
-            for handle in handles.values():
-                handle.close()
+            for number, handle in handles.items():
+                if self.files[number].kind == "jsonl":  # a spill stays open: it is the records themselves
+                    handle.close()
 
 
 def open_source(path: str | Path, column: str = "messages") -> tuple[ConversationSource,
@@ -184,8 +224,9 @@ def open_source(path: str | Path, column: str = "messages") -> tuple[Conversatio
         files = _dataset_files(path)
         description = f"Hugging Face dataset directory {path} ({len(files)} file(s))"
     elif path.is_file():
-        if path.suffix not in (".jsonl", ".parquet", ".arrow"):
-            raise ValueError(f"{path}: unsupported input (expected .jsonl, .parquet or a dataset directory)")
+        if path.suffix not in (".jsonl", ".json", ".parquet", ".arrow"):
+            raise ValueError(f"{path}: unsupported input (expected .jsonl, .json, .parquet, .arrow or a dataset "
+                             "directory)")
         files, description = [path], f"{path.suffix.lstrip('.')} file {path}"
     else:
         raise FileNotFoundError(f"input {path} not found")
@@ -194,9 +235,10 @@ def open_source(path: str | Path, column: str = "messages") -> tuple[Conversatio
     def scan() -> Iterator[tuple[int, str, Any]]:
         base = 0
         for file_path in files:
-            if file_path.suffix == ".jsonl":
-                f = _File(path=file_path, kind="jsonl")
-                for local, (where, record) in enumerate(_json_lines(file_path, f)):
+            if file_path.suffix in (".jsonl", ".json"):
+                array = file_path.suffix == ".json" and _is_json_array(file_path)
+                f = _File(path=file_path, kind="array" if array else "jsonl")
+                for local, (where, record) in enumerate((_json_array if array else _json_lines)(file_path, f)):
                     yield base + local, where, record
             else:
                 table = _read_table(file_path, column)
@@ -242,6 +284,24 @@ def find_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[str, 
     return None
 
 
+def _looks_like(record: dict[str, Any], column: str, keys: tuple[str, str]) -> bool:
+    turns = record.get(column)
+    return isinstance(turns, list) and bool(turns) and all(isinstance(t, dict) and set(keys) <= t.keys()
+                                                           for t in turns)
+
+
+def _shape_hint(record: Any, options: ChatInput) -> str:
+    """What to pass when a record lacks the conversation key but has the other shape's (``ChatInput.shape``)."""
+    if not isinstance(record, dict) or options.messages_field is not None:
+        return ""
+    if options.shape == "openai" and _looks_like(record, "conversations", ("from", "value")):
+        return ("; it looks like ShareGPT (a 'conversations' list of from/value turns): pass --input-shape "
+                "sharegpt (data.build.input_shape in a recipe)")
+    if options.shape == "sharegpt" and _looks_like(record, "messages", ("role", "content")):
+        return "; it looks like OpenAI messages (a 'messages' list of role/content turns): drop --input-shape sharegpt"
+    return f" (its keys: {', '.join(map(str, list(record)[:8]))}; --messages-field names another)" if record else ""
+
+
 def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
               options: ChatInput | None = None) -> tuple[list[dict[str, Any]], Any]:
     """Check one record; return (messages, tools) or raise InvalidConversation naming ``where`` and its reason.
@@ -256,7 +316,8 @@ def normalize(record: Any, where: str, forbidden: re.Pattern[str] | None,
     refuse = forbidden if options.special_tokens == "refuse" else None
     column = options.column
     if not isinstance(record, dict) or not isinstance(record.get(column), list):
-        raise InvalidConversation(f"{where}: expected an object with a {column!r} list", "not a conversation")
+        raise InvalidConversation(f"{where}: expected an object with a {column!r} list{_shape_hint(record, options)}",
+                                  "not a conversation")
     metadata = record.get("metadata")
     if isinstance(metadata, str):
         try:

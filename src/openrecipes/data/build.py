@@ -27,10 +27,10 @@ from openrecipes.data.manifest import (FORMAT, MANIFEST_FILE, MAX_TOKEN_ID, ROWS
 from openrecipes.data.image_rows import open_images
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
-                                         has_marker_characters, shield)
+                                         has_marker_characters, shield, text_token_windows)
 from openrecipes.data.sources import InvalidConversation, find_token, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, TOO_LONG, LimitCounter, Piece, batch_piece,
-                                     encoded_piece, is_long, long_pieces)
+                                     encode_windows, encoded_piece, is_long, long_pieces)
 from openrecipes.data.templates import (LOSS_MASKS, ChatRenderer, builtin_template_note, get_loss_mask,
                                         load_template_text)
 from openrecipes.data.tokenizer import load_tokenizer
@@ -180,18 +180,17 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
                 texts, spans, chars = [], [], 0
             yield from images.pieces(tokenizer, text, supervised, own, forbidden, numbers, eos_id, limit, where)
             continue
-        if own:
+        if len(own) or is_long(text):
             if texts:
                 yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
                 texts, spans, chars = [], [], 0
-            yield from encoded_piece(*encode_with_text_tokens(tokenizer, text, own, forbidden), supervised, eos_id,
-                                     limit)
-            continue
-        if is_long(text):
-            if texts:
-                yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
-                texts, spans, chars = [], [], 0
-            yield from long_pieces(text, supervised, tokenizer, eos_id, limit)
+            if not is_long(text):
+                yield from encoded_piece(*encode_with_text_tokens(tokenizer, text, own, forbidden), supervised,
+                                         eos_id, limit)
+            else:  # window by window: a whole encoding costs a hundred bytes and more a token (stream.py)
+                windows = (text_token_windows(tokenizer, text, own, forbidden) if len(own)
+                           else encode_windows(tokenizer, text))
+                yield from long_pieces(windows, supervised, eos_id, limit)
             continue
         texts.append(text)
         spans.append(supervised)

@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from itertools import chain
+from typing import Any, Iterator, get_args
+
+import numpy as np
 
 from openrecipes.config.recipe import ChatInputShape, ChatRole, SpecialTokensInText
+from openrecipes.data import stream
+from openrecipes.data.stream import encode_windows
 
 ROLES = get_args(ChatRole)
 SHAPES = get_args(ChatInputShape)
@@ -169,50 +175,75 @@ def shape_message(raw: Any, options: ChatInput, where: str) -> Any:
     return message
 
 
+# Rebuilt texts are joined every this many pieces: a substitution over a long text would otherwise hold a Python
+# string per quoted token until its end (about a hundred bytes each, more than the text itself)
+_JOIN_PIECES = 4096
+
+
 @dataclass(frozen=True)
 class Shielded:
-    """Special tokens found in a conversation's strings, replaced by numbered markers while the template renders."""
+    """Special tokens found in a conversation's strings (each distinct token once), replaced by numbered markers
+    while the template renders."""
 
     tokens: list[str]
 
-    def restore(self, text: str, spans: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]],
-                                                                        list[tuple[int, int]]]:
+    def restore(self, text: str, spans: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]], np.ndarray]:
         """The rendered ``text`` with its tokens back, its supervised ``spans`` moved to match, and where each token
-        now stands (character spans that are text, not added tokens)."""
-        pieces: list[str] = []
-        moved: list[tuple[int, int]] = []  # (old position, shift from there on)
-        forged: list[tuple[int, int]] = []
-        cursor = shift = 0
-        for match in _MARKER.finditer(text):
+        now stands (character spans that are text, not added tokens: an (N, 2) int64 array, 16 bytes a token)."""
+        points = [p for span in spans for p in span]
+        order = sorted(range(len(points)), key=points.__getitem__)
+        moved = list(points)
+        forged = array("q")
+        shift = done = 0
+
+        def swap(match: re.Match[str]) -> str:
+            nonlocal shift, done
+            while done < len(order) and points[order[done]] < match.end():  # before this marker: the shift so far
+                moved[order[done]] += shift
+                done += 1
             token = self.tokens[int(match.group(1))]
-            pieces.append(text[cursor:match.start()])
             start = match.start() + shift
-            forged.append((start, start + len(token)))
+            forged.extend((start, start + len(token)))
             shift += len(token) - (match.end() - match.start())
-            moved.append((match.end(), shift))
-            pieces.append(token)
-            cursor = match.end()
-        pieces.append(text[cursor:])
+            return token
 
-        def at(position: int) -> int:
-            return position + next((s for end, s in reversed(moved) if end <= position), 0)
-
-        return "".join(pieces), [(at(a), at(b)) for a, b in spans], forged
+        restored = _substitute(_MARKER, swap, text)
+        for k in order[done:]:
+            moved[k] += shift
+        return restored, list(zip(moved[0::2], moved[1::2])), np.frombuffer(forged, dtype=np.int64).reshape(-1, 2)
 
 
 def shield(value: Any, pattern: re.Pattern[str], found: list[str]) -> Any:
-    """``value`` with every added token in its strings (keys included) replaced by a numbered marker; the tokens
-    are appended to ``found`` (recursive: the JSON reader has already bounded the nesting)."""
+    """``value`` with every added token in its strings (keys included) replaced by a marker numbering the token in
+    ``found``, where each distinct token is appended once (recursive: the JSON reader has already bounded the
+    nesting)."""
     if isinstance(value, str):
         def swap(match: re.Match[str]) -> str:
-            found.append(match.group(0))
-            return f"{_OPEN}{len(found) - 1}{_CLOSE}"
-        return pattern.sub(swap, value)
+            token = match.group(0)
+            if token not in found:
+                found.append(token)
+            return f"{_OPEN}{found.index(token)}{_CLOSE}"
+        return _substitute(pattern, swap, value)
     if isinstance(value, dict):
         return {shield(k, pattern, found): shield(v, pattern, found) for k, v in value.items()}
     if isinstance(value, list):
         return [shield(v, pattern, found) for v in value]
     return value
+
+
+def _substitute(pattern: re.Pattern[str], swap: Any, text: str) -> str:
+    """``pattern.sub(swap, text)``, joining its pieces as it goes (``_JOIN_PIECES``)."""
+    chunks: list[str] = []
+    pieces: list[str] = []
+    cursor = 0
+    for match in pattern.finditer(text):
+        pieces += (text[cursor:match.start()], swap(match))
+        cursor = match.end()
+        if len(pieces) >= _JOIN_PIECES:
+            chunks.append("".join(pieces))
+            pieces.clear()
+    chunks.append("".join([*pieces, text[cursor:]]))
+    return "".join(chunks)
 
 
 def has_marker_characters(value: Any) -> bool:
@@ -221,34 +252,76 @@ def has_marker_characters(value: Any) -> bool:
     return _OPEN in text or _CLOSE in text
 
 
-def encode_with_text_tokens(tokenizer: Any, text: str, forged: list[tuple[int, int]],
-                            pattern: re.Pattern[str]) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids and character offsets of ``text``: the template's added tokens as themselves, the text between
-    them (the ``forged`` tokens in it included) tokenized as text, as ``split_special_tokens`` does.
+class _AsText:
+    """A tokenizer whose ``encode`` reads every added token as text (``split_special_tokens``) for that call alone,
+    so a windowed encoding left unfinished (a conversation over its token limit) never leaves it set."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> Any:
+        previous = self.tokenizer.encode_special_tokens
+        self.tokenizer.encode_special_tokens = True
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        finally:
+            self.tokenizer.encode_special_tokens = previous
+
+
+def text_token_windows(tokenizer: Any, text: str, forged: Any,
+                       pattern: re.Pattern[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Token ids and character offsets of ``text``, a bounded stretch at a time: the template's added tokens as
+    themselves, the text between them (the ``forged`` tokens in it included) tokenized as text, as
+    ``split_special_tokens`` does, a long stretch window by window (stream.encode_windows).
 
     The tokenizer itself cuts its input at added tokens and encodes the pieces between apart; this cuts at the
     template's tokens only, so a conversation without ``forged`` tokens gets exactly the ids of one encode."""
-    inside = {start for start, _ in forged}
-    cuts = [m for m in pattern.finditer(text) if m.start() not in inside]
-    ids: list[int] = []
-    offsets: list[tuple[int, int]] = []
+    inside = np.asarray(forged, dtype=np.int64).reshape(-1, 2)[:, 0]  # in order, as the tokens stand in the text
+    held: list[tuple[np.ndarray, np.ndarray]] = []
+    held_from = 0
+    for ids, offsets in _stretches(tokenizer, text, inside, pattern):
+        held.append((ids, offsets))
+        # stretches are held until they span a window's characters, so a conversation of many turns is few pieces
+        if offsets.size and offsets[-1, 1] - held_from >= stream.WINDOW_CHARS:
+            yield np.concatenate([ids for ids, _ in held]), np.concatenate([offsets for _, offsets in held])
+            held, held_from = [], int(offsets[-1, 1])
+    if held:
+        yield np.concatenate([ids for ids, _ in held]), np.concatenate([offsets for _, offsets in held])
+
+
+def _stretches(tokenizer: Any, text: str, inside: np.ndarray,
+               pattern: re.Pattern[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each template token of ``text`` alone, and the text between two of them window by window, as text."""
+    as_text = _AsText(tokenizer)
     cursor = 0
-    previous = tokenizer.encode_special_tokens
-    tokenizer.encode_special_tokens = True
-    try:
-        for match in [*cuts, None]:
-            stop = match.start() if match else len(text)
-            if stop > cursor:
-                encoding = tokenizer.encode(text[cursor:stop], add_special_tokens=False)
-                ids += encoding.ids
-                offsets += [(cursor + a, cursor + b) for a, b in encoding.offsets]
-            if match:
-                ids.append(tokenizer.token_to_id(match.group(0)))
-                offsets.append((match.start(), match.end()))
-                cursor = match.end()
-    finally:
-        tokenizer.encode_special_tokens = previous
-    return ids, offsets
+    for match in chain(_template_tokens(pattern, text, inside), [None]):
+        stop = match.start() if match else len(text)
+        if stop > cursor:
+            for ids, offsets in encode_windows(as_text, text[cursor:stop]):
+                yield ids, offsets + cursor
+        if match:
+            yield (np.array([tokenizer.token_to_id(match.group(0))], dtype=np.int32),
+                   np.array([[match.start(), match.end()]], dtype=np.int64))
+            cursor = match.end()
+
+
+def _template_tokens(pattern: re.Pattern[str], text: str, inside: np.ndarray) -> Iterator[re.Match[str]]:
+    """The matches of ``pattern`` in ``text`` that do not start at a quoted token (``inside``: their starts)."""
+    skipped = 0
+    for match in pattern.finditer(text):
+        while skipped < inside.size and inside[skipped] < match.start():
+            skipped += 1
+        if skipped == inside.size or inside[skipped] != match.start():
+            yield match
+
+
+def encode_with_text_tokens(tokenizer: Any, text: str, forged: Any,
+                            pattern: re.Pattern[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``text_token_windows`` of a text short enough to hold its encoding whole: (ids, (N, 2) offsets)."""
+    windows = list(text_token_windows(tokenizer, text, forged, pattern))
+    if not windows:
+        return np.zeros(0, dtype=np.int32), np.zeros((0, 2), dtype=np.int64)
+    return np.concatenate([ids for ids, _ in windows]), np.concatenate([offsets for _, offsets in windows])
 
 
 def count_skipped(reasons: dict[str, dict[str, Any]], error: Exception, where: str, first: int = 3) -> None:

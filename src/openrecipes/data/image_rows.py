@@ -153,7 +153,7 @@ class ImageRows:
                forbidden: re.Pattern[str] | None, order: list[int], eos_id: int, limit: LimitCounter,
                where: str) -> Iterator[Piece]:
         """The conversation as one piece, its image tokens unsupervised and numbered (``Piece.images``)."""
-        if forged:
+        if len(forged):
             ids, offsets = encode_with_text_tokens(tokenizer, text, forged, forbidden)
         else:
             encoding = tokenizer.encode(text, add_special_tokens=False)

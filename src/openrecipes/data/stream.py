@@ -18,7 +18,7 @@ falls on the window's own last boundary in that range, which may differ from a w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, get_args
+from typing import Any, Iterable, Iterator, get_args
 
 import numpy as np
 
@@ -139,9 +139,10 @@ def encoded_piece(ids: Any, offsets: Any, supervised: list[tuple[int, int]], eos
     yield from _piece([part] if part is not None else [])
 
 
-def long_pieces(text: str, spans: list[tuple[int, int]], tokenizer: Any, eos_id: int,
-                 limit: LimitCounter) -> Iterator[Piece]:
-    """One conversation longer than a window, as consecutive pieces of one document ending with the separator.
+def long_pieces(windows: Iterable[tuple[np.ndarray, np.ndarray]], spans: list[tuple[int, int]], eos_id: int,
+                limit: LimitCounter) -> Iterator[Piece]:
+    """One conversation longer than a window, encoded a window at a time (``windows``: ids and character offsets,
+    e.g. ``encode_windows``), as consecutive pieces of one document ending with the separator.
 
     Under a limit with ``skip``, the windows are held until the conversation is known to fit (at most
     ``max_tokens`` tokens); otherwise each window goes to the packer as soon as it is encoded."""
@@ -150,7 +151,7 @@ def long_pieces(text: str, spans: list[tuple[int, int]], tokenizer: Any, eos_id:
     held: list[tuple[np.ndarray, np.ndarray]] = []
     count = 0
     started = False
-    for ids, offsets in encode_windows(tokenizer, text):
+    for ids, offsets in windows:
         mask = token_mask(offsets, spans)
         over = cap is not None and count + ids.size > cap
         if over:

@@ -150,7 +150,8 @@ def _sft_pieces(config: BuildConfig, order: np.ndarray, source: Any, renderer: C
     Ordinary conversations are encoded in batches (``chunk_conversations`` of them or ``BATCH_CHARS`` characters),
     each whole, so its ids are the tokenizer's own for the text; one longer than a window goes alone, window by
     window. A conversation whose own strings hold added tokens (kept as text, ``chat_input.special_tokens``) is
-    encoded alone, whole, and so is one with images (``images``: image_rows.ImageRows)."""
+    encoded alone, cut at the template's tokens (a long one window by window); one with images alone, whole
+    (``images``: image_rows.ImageRows)."""
     options = config.chat_input
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []

@@ -27,7 +27,8 @@ def test_slurm_script(tmp_path, capsys):
                  "--partition", "gpu", "--out", str(out)]) == 0
     text = out.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text and "#SBATCH --partition=gpu" in text
-    assert "srun --kill-on-bad-exit=1" in text and "--nproc-per-node=4" in text and "--set layout.dp=8" in text
+    assert "srun --kill-on-bad-exit=1" in text and "--nproc 4 --nnodes 2" in text and "--set layout.dp=8" in text
+    assert '--node-rank "$SLURM_NODEID"' in text and '--rdzv-endpoint "$head_node:29500"' in text
     assert "sbatch" in capsys.readouterr().out
 
 
@@ -37,7 +38,8 @@ def test_a_cpu_slurm_script_requests_no_gpus(tmp_path):
                  "--port", "31234", "--dry-run", "--out", str(out)]) == 0
     text = out.read_text()
     assert "#SBATCH --gpus-per-node" not in text
-    assert "#SBATCH --cpus-per-task=3" in text and "--nproc-per-node=2" in text and "MASTER_PORT=31234" in text
+    assert "#SBATCH --cpus-per-task=3" in text and "--nproc 2 --nnodes 1" in text and "MASTER_PORT=31234" in text
+    assert "--rdzv-endpoint" not in text  # one node: torchrun's standalone rendezvous
 
 
 def test_slurm_script_checks_the_layout_against_the_gpus(tmp_path, capsys):

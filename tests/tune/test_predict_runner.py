@@ -114,7 +114,7 @@ def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
     script = runner.script(run).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --partition=gpu" in script and str(recipe.resolve()) in script
-    assert "torch.distributed.run" in script and "-m openrecipes train" in script
+    assert "-m openrecipes train" in script and "--nproc 8 --nnodes 2" in script
     assert "#SBATCH --time=10" in script  # the trial's limit of 600 s, in Slurm's minutes
     with pytest.raises(ValueError, match="whole nodes"):
         SlurmRunner(gpus_per_node=3).script(run)

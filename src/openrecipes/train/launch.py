@@ -132,14 +132,14 @@ SBATCH_TEMPLATE = """#!/bin/bash
 #SBATCH --time={time}
 #SBATCH --output={log_dir}/%x-%j.out
 {extra}
-# One torchrun per node; torchrun starts {gpus_per_node} workers and stops them all if one fails.
+# One `openrecipes train` per node, as on a single machine: the first node's checks the recipe, builds data.build's
+# rows and holds the run directory before its torchrun starts; each node's torchrun starts {gpus_per_node} workers
+# and stops them all if one fails. The node's rank is read inside each task (srun sets SLURM_NODEID per node).
 set -euo pipefail
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_ADDR=$head_node MASTER_PORT={port}
-srun --kill-on-bad-exit=1 python -m torch.distributed.run \\
-  --nnodes={nodes} --nproc-per-node={gpus_per_node} \\
-  --rdzv-backend=c10d --rdzv-endpoint="$head_node:{port}" --rdzv-id="$SLURM_JOB_ID" \\
-  -m openrecipes train {recipe}{overrides}
+srun --kill-on-bad-exit=1 bash -c 'exec python -m openrecipes train "$@" --node-rank "$SLURM_NODEID"' train \\
+  {recipe} --nproc {gpus_per_node} --nnodes {nodes}{rendezvous}{overrides}
 """
 
 
@@ -158,7 +158,9 @@ def write_sbatch(recipe: str, out: Path, *, nodes: int, gpus_per_node: int, over
         job_name=Path(recipe).stem, nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
         gpus="" if cpu else f"#SBATCH --gpus-per-node={gpus_per_node}\n",
         time=time, log_dir=out.parent.resolve(), extra=extra, port=port, recipe=shlex.quote(str(Path(recipe).resolve())),
-        overrides="".join(f" \\\n  --set {shlex.quote(o)}" for o in overrides), mark=SBATCH_MARK)
+        overrides="".join(f" \\\n  --set {shlex.quote(o)}" for o in overrides), mark=SBATCH_MARK,
+        # one node: torchrun's standalone rendezvous on a free port; several: the first node's port
+        rendezvous=f' --rdzv-endpoint "$head_node:{port}"' if nodes > 1 else "")
     atomic_write_text(out, text)
     out.chmod(0o755)
     return out

@@ -53,6 +53,8 @@ class InstanceSpec:
 class HardwareTable:
     gpus: dict[str, GpuSpec] = field(default_factory=dict)
     instances: dict[str, InstanceSpec] = field(default_factory=dict)
+    # the most bf16 FLOP/s one CPU training process may reach: a bound for the card checks, never an MFU denominator
+    cpu_peak_bf16_dense_flops: float | None = None
 
     def gpu(self, name: str) -> GpuSpec:
         # GPU names are matched without regard to case: "h200" and "H200" are the same part
@@ -146,7 +148,7 @@ def parse_hardware(data: Any, origin: str) -> HardwareTable:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{origin}: expected a mapping with 'gpus' and/or 'instances'")
-    unknown = set(data) - {"gpus", "instances"}
+    unknown = set(data) - {"gpus", "instances", "cpu"}
     if unknown:
         raise ValueError(f"{origin}: unknown top-level key(s) {', '.join(sorted(unknown))}")
     gpus_raw = data.get("gpus") or {}
@@ -162,7 +164,22 @@ def parse_hardware(data: Any, origin: str) -> HardwareTable:
         str(name): _parse_instance(str(name), body, f"{origin}: instances.{name}")
         for name, body in instances_raw.items()
     }
-    return HardwareTable(gpus=gpus, instances=instances)
+    return HardwareTable(gpus=gpus, instances=instances, cpu_peak_bf16_dense_flops=_parse_cpu(data.get("cpu"), origin))
+
+
+def _parse_cpu(body: Any, origin: str) -> float | None:
+    if body is None:
+        return None
+    where = f"{origin}: cpu"
+    if not isinstance(body, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    unknown = set(body) - {"peak_bf16_dense_flops", "source"}
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    if "peak_bf16_dense_flops" not in body:
+        raise ValueError(f"{where}.peak_bf16_dense_flops: missing")
+    _optional_str(body.get("source"), f"{where}.source")
+    return _positive_number(body["peak_bf16_dense_flops"], f"{where}.peak_bf16_dense_flops")
 
 
 def read_hardware_file(path: str | os.PathLike) -> HardwareTable:
@@ -178,7 +195,8 @@ def read_hardware_file(path: str | os.PathLike) -> HardwareTable:
 
 def merge_hardware(base: HardwareTable, extra: HardwareTable) -> HardwareTable:
     return HardwareTable(
-        gpus={**base.gpus, **extra.gpus}, instances={**base.instances, **extra.instances}
+        gpus={**base.gpus, **extra.gpus}, instances={**base.instances, **extra.instances},
+        cpu_peak_bf16_dense_flops=extra.cpu_peak_bf16_dense_flops or base.cpu_peak_bf16_dense_flops,
     )
 
 
@@ -242,6 +260,14 @@ def known_gpu_name(device_name: str) -> str:
     names = sorted(read_hardware_file(DEFAULT_HARDWARE_FILE).gpus, key=len, reverse=True)
     upper = device_name.upper()
     return next((name for name in names if name.upper() in upper), device_name)
+
+
+CPU_TYPE = "cpu"  # the gpu.type run.json records for a run on CPU (train/loop.py)
+
+
+def is_cpu(gpu_type: str) -> bool:
+    """Whether a recorded or given device type names the CPU (no GPU model: no peak, no GPU price)."""
+    return gpu_type.strip().lower() == CPU_TYPE
 
 
 # The one spelling of the GPU on every verb: `--gpu TYPE` where only the type is asked, `--gpus COUNTxTYPE` where the

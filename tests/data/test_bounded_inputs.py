@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -90,3 +94,64 @@ def test_a_build_of_text_quoting_tokens_fits_a_small_address_space(tmp_path: Pat
                            cwd=Path(__file__).resolve().parents[2])
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.startswith("rows ")
+
+
+def _image_build(tmp_path: Path, image: str) -> dict:
+    from openrecipes.data import bundled
+
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": image}]},
+                           {"role": "assistant", "content": "ok"}]}
+    return run_build(tmp_path / "out", input=write_jsonl(tmp_path / "chat.jsonl", [record]), row_tokens=16,
+                     tokenizer=bundled.VL_TOKENIZER, image_processor=bundled.IMAGE_PROCESSOR)
+
+
+@pytest.mark.parametrize("case", ["fifo", "/dev/zero", "/dev/urandom", "directory"])
+def test_an_image_path_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path, case: str) -> None:
+    """A FIFO would hang the build waiting for a writer; /dev/zero and /dev/urandom were read until memory ran out."""
+    pytest.importorskip("PIL.Image")
+    done = threading.Event()
+    if case == "fifo":
+        os.mkfifo(tmp_path / "pipe.png")
+        case = str(tmp_path / "pipe.png")
+        # a reader blocked on the FIFO is let go after a few seconds (an empty file), so a build that waits fails
+        threading.Thread(target=_release_readers, args=(case, done), daemon=True).start()
+    elif case == "directory":
+        (tmp_path / "folder.png").mkdir()
+        case = str(tmp_path / "folder.png")
+    if not os.path.exists(case):
+        pytest.skip(f"{case} does not exist here")
+    try:
+        with pytest.raises(ValueError, match=rf"chat.jsonl line 1: image {re.escape(case)} is not a regular file "
+                                             r"\(a directory, FIFO, socket or device\); only image files are read$"):
+            _image_build(tmp_path, case)
+    finally:
+        done.set()
+
+
+def _release_readers(fifo: str, done: threading.Event) -> None:
+    deadline = time.monotonic() + 3
+    while not done.wait(0.05) and time.monotonic() < deadline:
+        pass
+    while not done.is_set():
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # no reader (ENXIO)
+            done.wait(0.05)
+
+
+def test_an_image_file_over_the_byte_limit_is_refused_unread(tmp_path: Path) -> None:
+    """A sparse 3 GB file (no disk used): read whole, it took 3 GB of memory before Pillow refused it."""
+    pytest.importorskip("PIL.Image")
+    from openrecipes.data.image_rows import MAX_IMAGE_BYTES
+
+    big = tmp_path / "big.png"
+    with open(big, "wb") as handle:
+        handle.truncate(3 << 30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"image {re.escape(str(big))} is 3,221,225,472 bytes, over the "
+                                             f"{MAX_IMAGE_BYTES:,}-byte limit"):
+            _image_build(tmp_path, str(big))
+        assert tracemalloc.get_traced_memory()[1] < 64 << 20
+    finally:
+        tracemalloc.stop()

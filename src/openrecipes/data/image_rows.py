@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +35,10 @@ from openrecipes.data.templates import token_mask
 from openrecipes.utils import sha256_file
 
 SIDECAR_FILE = "images.parquet"
+# The most bytes one image file may hold: a 4096 x 4096 RGBA image stored uncompressed. Processors resize far below
+# that (Qwen3-VL's max_pixels is about 16 megapixels), and a file is read whole (hashed, decoded, copied), so a path
+# naming a multi-gigabyte file is refused before a byte of it is read
+MAX_IMAGE_BYTES = 64 << 20
 IMAGES_DIR = "images"
 PROCESSOR_FILE = "preprocessor_config.json"
 _TOKEN_BITS = 24  # the k of an image token sits in the low bits of its per-token value
@@ -97,10 +103,7 @@ class ImageRows:
         path = Path(value) if Path(value).is_absolute() else self.base / value
         if path in self._numbers:
             return self._numbers[path]
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise InvalidConversation(f"{where}: image {path}: {error.strerror or error}", "bad image") from None
+        data = read_image_file(path, where)
         try:
             from PIL import Image
 
@@ -193,7 +196,7 @@ class ImageRows:
         if entry.sha256 in self._copied:
             return
         assert self.staging is not None, "ImageRows.staging is set before packing"
-        data = entry.path.read_bytes()
+        data = read_image_file(entry.path, "copying the images into the rows")
         if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise ValueError(f"image {entry.path} changed during the build")
         folder = self.staging / IMAGES_DIR
@@ -225,6 +228,32 @@ class ImageRows:
             "image_tokens": int(rows[:, 2].sum()),
             "placements_sha256": digest.hexdigest(), "placements_sha256_definition": PLACEMENTS_SHA256_DEFINITION,
         }
+
+
+def read_image_file(path: Path, where: str) -> bytes:
+    """The bytes of an image file. Refused before reading: a path that is not a regular file (a FIFO would block the
+    build, /dev/zero or /dev/urandom never end) and a file over ``MAX_IMAGE_BYTES``; checked on the opened file too,
+    so a path swapped after the first look is refused as well."""
+    def refuse(reason: str) -> InvalidConversation:
+        return InvalidConversation(f"{where}: image {path} {reason}", "bad image")
+
+    def check(info: os.stat_result) -> None:
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("is not a regular file (a directory, FIFO, socket or device); only image files are read")
+        if info.st_size > MAX_IMAGE_BYTES:
+            raise refuse(f"is {info.st_size:,} bytes, over the {MAX_IMAGE_BYTES:,}-byte limit for one image")
+
+    try:
+        check(os.stat(path))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO put there since: no wait for a writer
+        with os.fdopen(fd, "rb") as handle:
+            check(os.fstat(handle.fileno()))
+            data = handle.read(MAX_IMAGE_BYTES + 1)
+    except OSError as error:
+        raise InvalidConversation(f"{where}: image {path}: {error.strerror or error}", "bad image") from None
+    if len(data) > MAX_IMAGE_BYTES:  # grew since it was looked at
+        raise refuse(f"is over the {MAX_IMAGE_BYTES:,}-byte limit for one image")
+    return data
 
 
 def _runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

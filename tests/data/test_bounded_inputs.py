@@ -155,3 +155,20 @@ def test_an_image_file_over_the_byte_limit_is_refused_unread(tmp_path: Path) -> 
         assert tracemalloc.get_traced_memory()[1] < 64 << 20
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.parametrize("where", ["input", "dataset directory"])
+def test_an_input_that_is_a_fifo_is_refused_unread(tmp_path: Path, where: str) -> None:
+    """A FIFO as the input, or among a dataset directory's files, waited for a writer (or was called not found)."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    fifo = folder / "part-1.jsonl" if where == "dataset directory" else tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    done = threading.Event()
+    threading.Thread(target=_release_readers, args=(str(fifo), done), daemon=True).start()
+    try:
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(fifo))}: not a regular file \(a FIFO, socket, device "
+                                             r"or directory\); inputs are read from files$"):
+            run_build(tmp_path / "out", input=folder if where == "dataset directory" else fifo)
+    finally:
+        done.set()

@@ -228,8 +228,14 @@ def open_source(path: str | Path, column: str = "messages") -> tuple[Conversatio
             raise ValueError(f"{path}: unsupported input (expected .jsonl, .json, .parquet, .arrow or a dataset "
                              "directory)")
         files, description = [path], f"{path.suffix.lstrip('.')} file {path}"
+    elif path.exists():
+        files = [path]
     else:
         raise FileNotFoundError(f"input {path} not found")
+    for file_path in files:  # a FIFO would block the scan, a device never end
+        if file_path.exists() and not file_path.is_file():
+            raise ValueError(f"{file_path}: not a regular file (a FIFO, socket, device or directory); inputs are read "
+                             "from files")
     source = ConversationSource(description=description)
 
     def scan() -> Iterator[tuple[int, str, Any]]:

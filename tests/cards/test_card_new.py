@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -340,3 +341,32 @@ def test_peak_memory_per_stage_is_read_strictly_and_reduced_over_the_window(tmp_
         (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         with pytest.raises(ValueError, match=f"metrics.jsonl:2: step 1: .*{message}"):
             window_stage_peaks(tmp_path, (0, 3))
+
+
+def _edit_run(run_dir: Path, *, step_time_s: float | None = None, gpus: int | None = None) -> None:
+    if step_time_s is not None:
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({**r, "step_time_s": step_time_s}) + "\n"
+                                                       for r in lines))
+    if gpus is not None:
+        info = json.loads((run_dir / "run.json").read_text())
+        info["gpu"]["count"] = gpus
+        info.pop("world_size", None)
+        (run_dir / "run.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("nanosecond-steps", {"step_time_s": 1e-9}, r"metrics.jsonl:1: step 0: step_time_s 1e-09 is below"),
+    ("64-gpus", {"gpus": 64}, r"run.json: gpu.count 64 disagrees with the recipe's layout.dp"),
+])
+def test_verify_item_refuses_a_run_no_hardware_could_have_written(runs, tmp_path, capsys, case, edit, message):
+    cards = tmp_path / "verification"
+    cards.mkdir()
+    path = cards / "qwen3-moe-tiny.yaml"
+    shutil.copy(Path(__file__).resolve().parents[2] / "verification" / "qwen3-moe-tiny.yaml", path)
+    text = path.read_text()
+    broken = _copy_run(runs, case, source="cand")
+    _edit_run(broken, **edit)
+    assert main(["card", "verify-item", str(broken), "--model", "qwen3-moe-tiny", "--workflow", "sft",
+                 "--cards", str(cards)]) == 2
+    assert re.search(message, capsys.readouterr().err) and path.read_text() == text

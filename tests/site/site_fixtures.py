@@ -42,8 +42,10 @@ def catalog_with_variant(root: Path) -> Path:
     data["layout"]["label"] = "TP1 PP1 EP8 DP8 curves"
     data["workload"]["dataset"]["build"].update(skipped_invalid={"unknown role": 3, "non-text content part": 1},
                                                 tokens_in_unsupervised_rows=4096)
+    step_tokens, gpus = data["workload"]["global_batch"] * data["workload"]["row_tokens"], data["gpu"]["count"]
+    # a step's tokens/s/GPU is its tokens / its time / GPUs (the card checks hold the two to each other)
     data["curves"] = {
-        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": 1.0 + 0.01 * s,
+        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": step_tokens / (6900.0 + s) / gpus,
                        "tokens_per_s_per_gpu": 6900.0 + s, "peak_memory_gib": 60.0} for s in range(20)],
         "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],
         "memory_phases_gib": {"start": 20.5, "forward_peak": 55.0, "backward_peak": 60.0, "optimizer_peak": 31.2},

@@ -7,17 +7,15 @@ Numbers published rounded are compared within the rounding their written precisi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Literal
 
 from openrecipes.cards import reference
+from openrecipes.cards.bounds import card_peak_bound, check_card_bounds, throughput_finding
+from openrecipes.cards.findings import HEX40, Finding, Loc, half_unit
 from openrecipes.cards.schema import RecipeCard
 from openrecipes.config.layout import LayoutWorkload, layout_problems
 from openrecipes.measure.metrics import mfu
 
-Loc = tuple[str | int, ...]
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _TEXT_REVISION = re.compile(r"\brevision\s+([^\s;,()]+)")
 
 # the convergence thresholds of the check the cards cite (Megatron-Bridge pipeline defaults)
@@ -27,25 +25,10 @@ MAX_POINTWISE_FAILURE_SHARE = 0.1
 SKIPPED_SHARE = 0.2
 
 
-@dataclass(frozen=True, kw_only=True)
-class Finding:
-    loc: Loc
-    message: str
-    severity: Literal["error", "warning", "note"] = "error"
-
-
-def half_unit(value: float) -> float:
-    """Half a unit in the last decimal place the value is written with (0.0898 -> 5e-5)."""
-    text = repr(float(value)).lower()
-    mantissa, _, exponent = text.partition("e")
-    decimals = len(mantissa.partition(".")[2].rstrip("0")) - (int(exponent) if exponent else 0)
-    return 0.5 * 10.0 ** (-decimals)
-
-
 def check_card(card: RecipeCard) -> list[Finding]:
     findings: list[Finding] = []
     for check in (_check_layout, _check_window, _check_mfu, _check_price, _check_correctness,
-                  _check_curves, _check_patches):
+                  _check_curves, _check_patches, check_card_bounds):
         findings.extend(check(card))
     if card.status == "verified":
         findings.extend(_check_verified(card))
@@ -110,13 +93,13 @@ def _peak(card: RecipeCard) -> float | None:
 
 def _check_mfu(card: RecipeCard) -> list[Finding]:
     res = card.result
+    bound = card_peak_bound(card)
+    if bound is not None:  # faster than the hardware's peak: the throughput (or N, or the GPU) is wrong
+        too_fast = throughput_finding(res.active_params.count, res.tokens_per_s_per_gpu, bound,
+                                      ("result", "tokens_per_s_per_gpu"), card.gpu.type)
+        if too_fast:
+            return too_fast
     peak = _peak(card)
-    if peak is not None:
-        implied = mfu(res.active_params.count, res.tokens_per_s_per_gpu, peak)
-        if implied > 1:  # faster than the GPU's peak: the throughput (or N, or the GPU) is wrong
-            return [Finding(loc=("result", "tokens_per_s_per_gpu"), message=(
-                f"{res.tokens_per_s_per_gpu} tokens/s/GPU implies an MFU of {implied:.1%} (6 x N "
-                f"{res.active_params.count} / peak {peak:.4g}): above 100 %"))]
     if res.mfu is None:
         return []
     if peak is None:
@@ -235,7 +218,7 @@ def _check_verified(card: RecipeCard) -> list[Finding]:
     if not card.run.strip():
         out.append(Finding(loc=("run",), message="a verified card needs the run script"))
     # tokens/s must be checkable against a peak (the MFU check); a CPU run states no MFU
-    if _peak(card) is None and card.gpu.type.strip().lower() != "cpu":
+    if _peak(card) is None and not reference.is_cpu(card.gpu.type):
         out.append(Finding(loc=("gpu", "type"), message=(
             f"GPU {card.gpu.type!r} is not in the hardware table: a verified card states gpu.peak_bf16_dense_flops")))
     return out

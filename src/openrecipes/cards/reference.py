@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from openrecipes.config.hardware import is_cpu
 from openrecipes.config.layout import LayoutModel
 
 # USD per GPU-hour a card's implied price must fall in when its instance has no price in the hardware table
@@ -30,6 +31,23 @@ def peak_flops(gpu_type: str) -> float | None:
     return spec.peak_bf16_dense_flops if spec else None
 
 
+def peak_bound(gpu_type: str) -> float | None:
+    """The most FLOP/s the hardware table allows one device of ``gpu_type``: a GPU's peak, or the CPU bound."""
+    return _hardware().cpu_peak_bf16_dense_flops if is_cpu(gpu_type) else peak_flops(gpu_type)
+
+
+def memory_gib(gpu_type: str) -> float | None:
+    """Memory one GPU of ``gpu_type`` reports (the table's memory_gib), when the table knows it."""
+    spec = _hardware().gpus.get(gpu_type.strip().upper())
+    return spec.memory_gib if spec else None
+
+
+def memory_gb(gpu_type: str) -> float | None:
+    """Memory one GPU of ``gpu_type`` is sold with (the table's memory_gb), when the table knows it."""
+    spec = _hardware().gpus.get(gpu_type.strip().upper())
+    return spec.memory_gb if spec else None
+
+
 def price_for_instance(instance: str | None) -> float | None:
     if instance is None:
         return None
@@ -43,6 +61,24 @@ def _registered_config(model: str):
     name = model.strip().lower().replace(" ", "-")
     name = _MODEL_ALIASES.get(name, name)
     return get_config(name) if name in names() else None
+
+
+def model_active_params(model: str) -> int | None:
+    """N of a registered model as a card names it (``card new`` appends ``with key=value, ...`` for the recipe's
+    model_overrides); None when the registry does not know the model or an override is not a whole number."""
+    import dataclasses
+
+    base, _, overrides = model.partition(" with ")
+    config = _registered_config(base)
+    if config is None:
+        return None
+    changes: dict[str, int] = {}
+    for pair in filter(None, (part.strip() for part in overrides.split(","))):
+        key, _, value = pair.partition("=")
+        if not value.strip().lstrip("-").isdigit() or key.strip() not in {f.name for f in dataclasses.fields(config)}:
+            return None
+        changes[key.strip()] = int(value)
+    return dataclasses.replace(config, **changes).active_params() if changes else config.active_params()
 
 
 def model_layers(model: str) -> int | None:

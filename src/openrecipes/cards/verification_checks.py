@@ -8,15 +8,18 @@ precision it is written with.
 
 from __future__ import annotations
 
+import datetime
+
 from openrecipes.cards import reference
-from openrecipes.cards.checks import HEX40, Finding, Loc, half_unit
+from openrecipes.cards.bounds import date_findings, is_hub_source, loss_findings, throughput_finding
+from openrecipes.cards.findings import HEX40, Finding, Loc, half_unit
 from openrecipes.cards.verification import TRAINING_WORKFLOWS, Item, VerificationCard
 from openrecipes.measure.metrics import mfu
 
 TIMING_WINDOW_STEPS = 10  # metrics are averaged over the last 10 steps of the run
 
 
-def check_verification_card(card: VerificationCard) -> list[Finding]:
+def check_verification_card(card: VerificationCard, today: datetime.date | None = None) -> list[Finding]:
     findings: list[Finding] = []
     seen: dict[tuple[str, str, str, str], int] = {}
     for index, item in enumerate(card.items):
@@ -28,6 +31,7 @@ def check_verification_card(card: VerificationCard) -> list[Finding]:
                 "precision and layout")))
         seen.setdefault(key, index)
         findings.extend(_check_metrics(item, loc))
+        findings.extend(_check_bounds(item, loc, today))
         if item.status == "verified":
             findings.extend(_check_verified(item, loc))
     return findings
@@ -100,10 +104,38 @@ def _check_throughput(item: Item, mloc: Loc) -> list[Finding]:
             out.append(Finding(loc=(*mloc, "model_tflops_per_gpu"), message=(
                 f"{tflops} is below the dense 6 x N {met.active_params} x {tps} tokens/s/GPU = {dense:.3f} "
                 "TFLOP/s")))
-    peak = reference.peak_flops(item.hardware.type)
+    peak = reference.peak_bound(item.hardware.type)  # a GPU's peak, or the CPU bound of the hardware table
     if tflops is not None and peak is not None and tflops * 1e12 > peak:
         out.append(Finding(loc=(*mloc, "model_tflops_per_gpu"), message=(
             f"{tflops} TFLOP/s is above the {peak / 1e12:g} TFLOP/s peak of {item.hardware.type}")))
+    if tps is not None and met.active_params is not None and peak is not None:
+        out.extend(throughput_finding(met.active_params, tps, peak, (*mloc, "tokens_per_s_per_gpu"),
+                                      item.hardware.type))
+    return out
+
+
+def _check_bounds(item: Item, loc: Loc, today: datetime.date | None) -> list[Finding]:
+    """What no run could have recorded: negative losses, a date out of range, more memory than the GPU has, a
+    layout over another number of GPUs."""
+    out = loss_findings(item.loss_curve or [], (*loc, "loss_curve"))
+    met = item.metrics
+    for name in ("initial_loss", "final_loss"):
+        value = getattr(met, name) if met is not None else None
+        if value is not None and value < 0:
+            out.append(Finding(loc=(*loc, "metrics", name), message=f"{value}: a loss is >= 0"))
+    if item.recorded is not None:
+        out.extend(date_findings(item.recorded, (*loc, "recorded"), today))
+    capacity = None if reference.is_cpu(item.hardware.type) else reference.memory_gib(item.hardware.type)
+    peaks = [p for p in (met.peak_memory_gib_per_stage or []) if p is not None] if met is not None else []
+    if capacity is not None and peaks and max(peaks) > capacity:
+        out.append(Finding(loc=(*loc, "metrics", "peak_memory_gib_per_stage"), message=(
+            f"{max(peaks)} GiB is above the {capacity:g} GiB of one {item.hardware.type} (the hardware table)")))
+    lay = item.layout
+    sizes = (lay.tp, lay.pp, lay.cp, lay.dp)
+    if None not in sizes and lay.tp * lay.pp * lay.cp * lay.dp != item.hardware.count:
+        out.append(Finding(loc=(*loc, "hardware", "count"), message=(
+            f"{item.hardware.count} but layout tp x pp x cp x dp = {lay.tp} x {lay.pp} x {lay.cp} x {lay.dp} = "
+            f"{lay.tp * lay.pp * lay.cp * lay.dp} GPUs")))
     return out
 
 
@@ -123,6 +155,9 @@ def _check_verified(item: Item, loc: Loc) -> list[Finding]:
     if item.data is not None and item.data.revision is not None and not HEX40.match(item.data.revision):
         out.append(Finding(loc=(*loc, "data", "revision"), message=(
             f"revision {item.data.revision!r} is not pinned (40 lowercase hex digits), which a verified item needs")))
+    elif item.data is not None and item.data.revision is None and is_hub_source(item.data.source):
+        out.append(Finding(loc=(*loc, "data", "revision"), message=(
+            f"source {item.data.source.split()[0]!r} is a hub repository: a verified item pins its revision")))
     if not (item.command or "").strip():
         out.append(Finding(loc=(*loc, "command"), message="a verified item needs its exact command"))
     for index, check in enumerate(item.checks):

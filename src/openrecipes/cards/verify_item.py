@@ -96,6 +96,7 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
     last = records[-1].step
     window = (max(records[0].step, last - LAST_STEPS + 1), last)
     measured = measure_run_dir(run_dir, window=window, gpu_type=options.hardware)
+    _refuse_impossible_run(run_dir, run, recipe.layout, records, measured)
     lay = recipe.layout
     sizes = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp,
              "dp": lay.dp or run.gpu.count // (lay.tp * lay.pp * lay.cp)}
@@ -143,6 +144,36 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         "data": {"source": dataset_block(manifest, run.versions.get("openrecipes") or "unknown")["source"],
                  "hashes": {"rows": manifest["rows_sha256"], "parquet": manifest["parquet_sha256"]}},
     }
+
+
+def _refuse_impossible_run(run_dir: Path, run: Any, layout: Any, records: list[Any], measured: Any) -> None:
+    """Refuse a run directory no run could have written: run.json's world size against its GPUs and the recipe's
+    layout, and a step faster than 6 x N x its tokens at the hardware table's peak (the CPU bound for cpu)."""
+    from openrecipes.cards import reference
+    from openrecipes.config.layout import layout_problems, with_world_size
+    from openrecipes.config.rundir import METRICS_FILE, RUN_FILE
+    from openrecipes.measure.metrics import mfu
+
+    world = run.world_size or run.gpu.count
+    if run.world_size is not None and run.world_size != run.gpu.count:
+        raise ValueError(f"{run_dir / RUN_FILE}: world_size {run.world_size} but gpu.count {run.gpu.count}")
+    sized = [p for p in layout_problems(with_world_size(layout, world), world_size=world) if "world size" in p.message]
+    if sized:
+        raise ValueError(f"{run_dir / RUN_FILE}: gpu.count {world} disagrees with the recipe's "
+                         f"layout.{sized[0].field}: {sized[0].message}")
+    peak = reference.peak_bound(measured.gpu_type)
+    if peak is None or not measured.active_params or not measured.window_steps:
+        return
+    tokens_per_step = measured.window_tokens / measured.window_steps
+    # the least time a step takes: its model FLOPs on every GPU at the peak, i.e. an MFU of 1
+    fastest = tokens_per_step / measured.gpus * mfu(measured.active_params, 1.0, peak)
+    for record in records:
+        seconds = record.fields.get("step_time_s")
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds < fastest:
+            raise ValueError(
+                f"{run_dir / METRICS_FILE}:{record.line}: step {record.step}: step_time_s {seconds:.3g} is below "
+                f"{fastest:.3g} s, the time 6 x N {measured.active_params} x {tokens_per_step:g} tokens takes on "
+                f"{measured.gpus} x {measured.gpu_type} at {peak:.4g} FLOP/s each (the hardware table)")
 
 
 def _convergence_check(run_dir: Path, reference: Path, rows_sha256: str) -> dict[str, Any]:

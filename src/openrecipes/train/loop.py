@@ -128,6 +128,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                        rows_per_microbatch=rows_per_microbatch)
     if rank == 0:
         from openrecipes.train.banner import coverage_warning, start_banner
+    if world > 1 and dist.is_initialized():  # no rank writes into the run directory before it is claimed
+        dist.barrier()
 
         print(start_banner(model=recipe.model, config=config, world_size=world, layout_label=recipe.layout.label(),
                            rows=len(dataset), row_tokens=row_tokens, steps=recipe.steps,

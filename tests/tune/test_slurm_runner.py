@@ -86,3 +86,15 @@ def test_the_trial_limit_and_ctrl_c_cancel_the_job(slurm_cluster, runner, tmp_pa
         runner.run(_trial(tmp_path, rows_dir, "interrupted", steps=100000), tick=_when_running("interrupted", interrupt))
     for name in ("limited", "interrupted"):  # cancelled, not left running unwatched
         assert follow(_job_named(name), poll_s=POLL_S, deadline_s=60).state == "CANCELLED"
+
+
+def test_tune_refuses_a_node_without_gpus_and_reports_sbatch_errors(slurm_cluster, start_yaml, tmp_path, capsys):
+    from openrecipes.cli import main
+
+    assert main(["tune", str(start_yaml), "--slurm", "0", "--out", str(tmp_path / "none")]) == 2
+    assert "--slurm: GPUS_PER_NODE must be >= 1, got 0" in capsys.readouterr().err
+    # a partition the cluster does not have: sbatch refuses the first trial, the tuner ends with its one line
+    assert main(["tune", str(start_yaml), "--gpus", "cpu", "--slurm", "2", "--slurm-cpu", "--slurm-partition",
+                 "no-such-partition", "--trials", "1", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("openrecipes tune: error: sbatch ") and "invalid partition" in err[-1].lower()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 
@@ -65,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
               else LocalRunner())
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)
+    from openrecipes.train.slurm import SlurmError
+
     with run_dir_lock(options.out, f"openrecipes tune {args.start}", field="--out"):  # one tuner per output
-        return _tune(search, options, progress)
+        try:
+            return _tune(search, options, progress)
+        except SlurmError as error:  # sbatch refused a trial, or the controller stopped answering: one line
+            print(f"openrecipes tune: error: {error}; finished trials are kept in {options.out / 'trials.jsonl'}",
+                  file=sys.stderr)
+            return 1
 
 
 def _tune(search, options, progress) -> int:

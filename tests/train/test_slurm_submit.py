@@ -8,10 +8,13 @@ Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fix
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +118,18 @@ def test_ctrl_c_cancels_the_job_it_submitted(slurm_cluster, job_env, make_recipe
     assert follower.returncode == 130, err
     assert f"interrupted: scancel {job_id}" in err and f"job {job_id} CANCELLED" in out
     assert job_state(job_id).state == "CANCELLED"
+
+
+def test_a_controller_that_stops_answering_ends_the_following(slurm_cluster, tmp_path, monkeypatch):
+    from openrecipes.train.slurm import SlurmError
+
+    conf = Path(os.environ["SLURM_CONF"]).read_text() if "SLURM_CONF" in os.environ else ""
+    if "SlurmctldPort=" not in conf:
+        pytest.skip("needs the cluster's own SLURM_CONF (.ci/slurm-cluster.sh)")
+    silent = tmp_path / "silent.conf"  # the same cluster, its controller at a port nothing listens on
+    silent.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", conf) + "MessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(silent))
+    started = time.monotonic()
+    with pytest.raises(SlurmError, match="scontrol show job 1: "):
+        follow("1", poll_s=POLL_S, deadline_s=JOB_DEADLINE_S, unreachable_s=0.5)
+    assert time.monotonic() - started < 60

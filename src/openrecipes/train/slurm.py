@@ -129,10 +129,11 @@ def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None,
         try:
             state = job_state(job_id)
             last_answer = now
-        except SlurmError:
+        except SlurmError:  # a controller restarting or busy: ask again until it has been silent too long
             if now - last_answer > unreachable_s:
                 raise
-            state = seen
+            time.sleep(poll_s)
+            continue
         if state is None:
             raise SlurmError(f"the controller knows no job {job_id}")
         if state != seen and on_change is not None:

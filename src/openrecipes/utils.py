@@ -92,6 +92,11 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def host_memory_bytes() -> int:
+    """This host's physical memory: what a CPU run's card states as its device memory (its processes share it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def current_umask() -> int:
     """The process's umask, which the atomic writers apply to their outputs as ``open`` and ``mkdir`` would."""
     try:  # Linux reports it without changing it

@@ -130,10 +130,14 @@ def test_gpu_type_and_price_give_consistent_mfu_and_cost(runs, tmp_path):
     from openrecipes.measure import measure_run_dir
 
     out = tmp_path / "h200.yaml"
-    assert _new(runs, out, "--gpu", "h200", "--instance", "AWS p5en.48xlarge") == 0
+    named = _copy_run(runs, "gpu-named", "cand")  # a GPU run whose run.json does not name the GPU as sold
+    info = json.loads((named / "run.json").read_text())
+    info["gpu"] = {"type": "NVIDIA H200 (driver name)", "count": info["gpu"]["count"]}
+    (named / "run.json").write_text(json.dumps(info))
+    assert _new(runs, out, "--gpu", "h200", "--instance", "AWS p5en.48xlarge", cand=named) == 0
     loaded = load_card(out)
     assert loaded.ok, [str(p) for p in loaded.problems]
-    measured = measure_run_dir(runs["cand"], window=WINDOW, gpu_type="H200", instance="AWS p5en.48xlarge")
+    measured = measure_run_dir(named, window=WINDOW, gpu_type="H200", instance="AWS p5en.48xlarge")
     assert loaded.card.result.mfu == measured.mfu and loaded.card.result.mfu_note is None
     assert loaded.card.result.usd_per_million_tokens == measured.usd_per_million_tokens
     assert loaded.card.gpu.instance == "AWS p5en.48xlarge" and loaded.card.gpu.memory_gb == 16.0
@@ -252,6 +256,12 @@ def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
             "--author", "x", "--window", "1", "5"]
     if case != "no-memory":
         args += ["--gpu-memory-gb", "16"]
+    else:  # a GPU the hardware table does not know (a CPU run states its host's memory)
+        unknown = _copy_run(runs, "unknown-gpu", "cand")
+        info = json.loads((unknown / "run.json").read_text())
+        info["gpu"] = {"type": "Some GPU", "count": info["gpu"]["count"]}
+        (unknown / "run.json").write_text(json.dumps(info))
+        args[2] = str(unknown)
     if case == "exists":
         out.write_text("keep me\n")
     if case == "missing-run":
@@ -269,6 +279,17 @@ def test_bad_input_is_exit_2(runs, tmp_path, capsys, case, needle):
     assert case in ("exists", "inside-run") or not out.exists()
     if case == "inside-run":
         assert out.read_bytes() == before
+
+
+def test_a_cpu_runs_card_states_the_memory_of_its_host_and_is_never_relabelled(runs, tmp_path, capsys):
+    out = tmp_path / "card.yaml"
+    args = ["card", "new", str(runs["cand"]), "--reference", str(runs["ref"]), "--out", str(out), "--author", "x",
+            "--window", *map(str, WINDOW)]
+    recorded = json.loads((runs["cand"] / "run.json").read_text())["gpu"]
+    assert recorded["type"] == "cpu" and recorded["memory_gb"] > 0  # train records the host's memory
+    assert main(args) in (0, 1) and load_card(out).card.gpu.memory_gb == recorded["memory_gb"]
+    assert main([*args, "--overwrite", "--gpu", "H200"]) == 2
+    assert "--gpu H200: " in capsys.readouterr().err and load_card(out).card.gpu.type == "cpu"
 
 
 def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):

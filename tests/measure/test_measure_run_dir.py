@@ -181,3 +181,15 @@ def test_a_cpu_run_is_not_priced_at_a_gpu_instance(tmp_path):
         measure_run_dir(run, instance="AWS p5en.48xlarge")
     assert measure_run_dir(run, usd_per_gpu_hour=0.1).usd_per_million_tokens is not None  # the user's own rate
     assert measure_run_dir(run).usd_per_gpu_hour is None
+
+
+def test_a_cpu_run_is_not_relabelled_as_a_gpu(tmp_path, run_cli, capsys):
+    run = make_run(tmp_path / "run", [2.0] * 20, gpu="cpu")
+    assert run_cli(["measure", str(run), "--gpu", "H200"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"openrecipes measure: error: --gpu H200: {run / 'run.json'} records a CPU run (gpu.type cpu); its step "
+        "times are not a H200's, so neither its MFU nor its price would be; measure it without --gpu"]
+    assert run_cli(["measure", str(run)]) == 0
+    assert f"{GPUS} x cpu" in capsys.readouterr().out
+    gpu_run = make_run(tmp_path / "gpu", [2.0] * 20, gpu="NVIDIA H200 NVL")  # a name the table does not know
+    assert run_cli(["measure", str(gpu_run), "--gpu", "H200"]) == 0

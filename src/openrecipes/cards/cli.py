@@ -72,7 +72,8 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
                           "shorter than 20 steps)")
     add_gpu_option(new, aliases=("--gpu-type",), help="GPU type instead of run.json's gpu.type, e.g. H200")
     new.add_argument("--gpu-memory-gb", type=float, metavar="GB",
-                     help="memory of one GPU (known for H100 and H200; needed for other types, CPU included)")
+                     help="memory of one GPU (known for H100 and H200, and for a CPU run: its host's; needed for other "
+                          "types)")
     new.add_argument("--gpus-per-node", type=int, metavar="N",
                      help="GPUs per node (default: the run's count when it is at most 8)")
     price = new.add_mutually_exclusive_group()

@@ -70,6 +70,20 @@ def dump_card(data: dict[str, Any], header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_CardDumper, sort_keys=False, width=110, allow_unicode=True)
 
 
+def _cpu_run_memory_gb(run: Any, gpu_type: str) -> float | None:
+    """A CPU run's device memory: the host's, as run.json's gpu.memory_gb records it (runs before it was recorded:
+    this host's, where the card is written); None for a GPU type."""
+    from openrecipes.config.hardware import is_cpu
+    from openrecipes.utils import host_memory_bytes
+
+    if not is_cpu(gpu_type):
+        return None
+    recorded = getattr(run.gpu, "memory_gb", None)
+    if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded > 0:
+        return float(recorded)
+    return round(host_memory_bytes() / 1e9, 1)
+
+
 def _rows_dir(recipe: Any, run_dir: Path) -> Path:
     return rows_directory(recipe.data.rows, run_dir)
 
@@ -326,7 +340,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         gpu_type, memory_as_sold = spec.name, spec.memory_gb
     except ValueError:
         gpu_type, memory_as_sold = measured.gpu_type, None
-    memory = options.gpu_memory_gb or memory_as_sold
+    memory = options.gpu_memory_gb or memory_as_sold or _cpu_run_memory_gb(run, measured.gpu_type)
     if memory is None:
         raise ValueError(f"--gpu-memory-gb: the memory of one {gpu_type!r} device is not known; give it")
     per_node = options.gpus_per_node

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.measure import metrics as m
-from openrecipes.config.hardware import HardwareTable, Price, load_hardware, resolve_price, usd_per_million_tokens
+from openrecipes.config.hardware import (HardwareTable, Price, is_cpu, load_hardware, resolve_price,
+                                        usd_per_million_tokens)
 from openrecipes.config.rundir import (
     METRICS_FILE,
     RUN_FILE,
@@ -242,9 +243,13 @@ def measure_run_dir(
     metrics_path = run_dir / METRICS_FILE
     records = read_metrics(metrics_path)
     hardware = load_hardware(hardware_files)
+    if gpu_type is not None and is_cpu(run.gpu.type) and not is_cpu(gpu_type):
+        raise ValueError(f"--gpu {gpu_type}: {run_dir / RUN_FILE} records a CPU run (gpu.type {run.gpu.type}); its "
+                         f"step times are not a {gpu_type}'s, so neither its MFU nor its price would be; measure it "
+                         "without --gpu")
     gpu_name = gpu_type or run.gpu.type
     price = resolve_price(hardware, gpu_name, usd_per_gpu_hour=usd_per_gpu_hour, instance=instance)
-    if instance is not None and gpu_name.strip().lower() == "cpu" and hardware.instance(instance).gpu is not None:
+    if instance is not None and is_cpu(gpu_name) and hardware.instance(instance).gpu is not None:
         spec = hardware.instance(instance)
         raise ValueError(f"--instance {spec.name}: its price is for a {spec.gpu} GPU-hour, but {run_dir / RUN_FILE} "
                          "records a CPU run (gpu.type cpu); give your machine's rate with --usd-per-gpu-hour, or "

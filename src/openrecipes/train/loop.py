@@ -52,9 +52,10 @@ def _all_reduce(value: torch.Tensor, op=None) -> torch.Tensor:
 
 
 def gpu_type(device: torch.device) -> str:
+    from openrecipes.config.hardware import CPU_TYPE, known_gpu_name
+
     if device.type != "cuda":
-        return "cpu"
-    from openrecipes.config.hardware import known_gpu_name
+        return CPU_TYPE
 
     return known_gpu_name(torch.cuda.get_device_name(device))
 
@@ -67,6 +68,17 @@ def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:
     return rows
 
 
+def _run_gpu_info(device: torch.device, world: int) -> RunGpuInfo:
+    """run.json's gpu: the device type and count, and for a CPU run the host's memory (GB), which its card states as
+    the device memory (a GPU's is the hardware table's)."""
+    from openrecipes.utils import host_memory_bytes
+
+    kind = gpu_type(device)
+    if device.type == "cuda":
+        return RunGpuInfo(type=kind, count=world)
+    return RunGpuInfo(type=kind, count=world, memory_gb=round(host_memory_bytes() / 1e9, 1))
+
+
 def _run_info(recipe: Recipe, config, device: torch.device, command: str, world: int, row_tokens: int,
               rows_per_microbatch: int) -> RunInfo:
     return RunInfo(
@@ -76,7 +88,7 @@ def _run_info(recipe: Recipe, config, device: torch.device, command: str, world:
                            total_params=config.total_params(), num_layers=config.num_hidden_layers,
                            hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
                            head_dim=config.head_dim),
-        gpu=RunGpuInfo(type=gpu_type(device), count=world),
+        gpu=_run_gpu_info(device, world),
         world_size=world, global_batch=recipe.global_batch, row_tokens=row_tokens,
         rows_per_microbatch=rows_per_microbatch, steps=recipe.steps,
         versions={"openrecipes": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -116,6 +128,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         from openrecipes.train.run_inputs import claim_recipe_run_dir
 
         claim_recipe_run_dir(recipe, None)
+    if world > 1 and dist.is_initialized():  # no rank writes into the run directory before it is claimed
+        dist.barrier()
     torch.manual_seed(recipe.seed)
 
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))
@@ -128,8 +142,6 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                        rows_per_microbatch=rows_per_microbatch)
     if rank == 0:
         from openrecipes.train.banner import coverage_warning, start_banner
-    if world > 1 and dist.is_initialized():  # no rank writes into the run directory before it is claimed
-        dist.barrier()
 
         print(start_banner(model=recipe.model, config=config, world_size=world, layout_label=recipe.layout.label(),
                            rows=len(dataset), row_tokens=row_tokens, steps=recipe.steps,

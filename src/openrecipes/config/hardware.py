@@ -276,12 +276,21 @@ GPU_FLAG = "--gpu"
 GPUS_FLAG = "--gpus"
 
 
+# The most GPUs a count may name: above the largest single training jobs published (tens of thousands of GPUs), and
+# few enough that the planner's walk over the count's divisors and their layouts ends within a second
+MAX_GPU_COUNT = 65_536
+
+
 def parse_gpus(text: str, flag: str = GPUS_FLAG) -> tuple[int, str]:
     """``"128xH200"`` -> (128, "H200"); the type is as written (the table matches it without regard to case)."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9_.-]+)\s*", text)
-    if not match or int(match.group(1)) < 1:
-        raise ValueError(f"{flag}: expected COUNTxTYPE such as 8xH200, got {text!r}")
-    return int(match.group(1)), match.group(2)
+    if not match or int(match.group(1)[:20]) < 1:
+        raise ValueError(f"{flag}: expected COUNTxTYPE such as 8xH200, got {text[:80]!r}")
+    digits = match.group(1).lstrip("0")
+    if len(digits) > len(str(MAX_GPU_COUNT)) or int(digits) > MAX_GPU_COUNT:
+        raise ValueError(f"{flag}: {digits[:20]}{'...' if len(digits) > 20 else ''} GPUs is over the limit of "
+                         f"{MAX_GPU_COUNT:,} (MAX_GPU_COUNT) that a plan or a tuning run considers")
+    return int(digits), match.group(2)
 
 
 def add_gpu_option(parser: argparse.ArgumentParser, *, help: str, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:

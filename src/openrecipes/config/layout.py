@@ -14,6 +14,7 @@ is sharded. Hence ``ep * etp`` must divide ``tp * cp * dp``.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
@@ -383,7 +384,9 @@ def validate_layout(layout: LayoutConfig, *, world_size: int, model: LayoutModel
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, found in pairs up to its square root (a count of GPUs, so fast)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _stage_splits(num_layers: int, pp: int) -> Iterator[tuple[int | None, int | None]]:

@@ -106,3 +106,21 @@ def test_merge_lora_equals_base_plus_scaled_ba(base_dir: Path, tmp_path: Path, c
     expected = base.model.layers[1].self_attn.q_proj.weight + 2.0 * (B @ A)
     torch.testing.assert_close(merged.model.layers[1].self_attn.q_proj.weight, expected, rtol=0, atol=1e-6)
     assert load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+
+
+def test_peft_loads_the_base_an_adapter_names_from_anywhere(base_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    import json
+    import os
+
+    from peft import AutoPeftModelForCausalLM
+
+    spec = LoraSpec(rank=3, alpha=6.0, targets=("q_proj", "experts"))
+    monkeypatch.chdir(base_dir.parent)  # the base given relative to where the adapter is written, as a recipe may
+    save_peft_adapter(_ours(base_dir, spec), spec, tmp_path / "adapter", base_model=base_dir.name)
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert os.path.isabs(written) and Path(written) == base_dir.resolve()
+    monkeypatch.chdir(tmp_path)  # elsewhere: the relative name would no longer find the base
+    loaded = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", torch_dtype=torch.float32).eval()
+    ids = _input()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, _ours(base_dir, spec)(ids), rtol=0, atol=1e-5)

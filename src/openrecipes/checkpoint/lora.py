@@ -63,9 +63,17 @@ def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _base_model_reference(base_model: str | None) -> str | None:
+    """What ``base_model_name_or_path`` names: a local base directory as an absolute path (peft's auto classes load
+    the base from it, wherever they run), any other name (a Hub id) as given."""
+    if base_model is not None and Path(base_model).is_dir():
+        return str(Path(base_model).resolve())
+    return base_model
+
+
 def peft_config(spec: LoraSpec, base_model: str | None) -> dict[str, Any]:
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": _base_model_reference(base_model),
         "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "bias": "none",
         "use_rslora": False, "use_dora": False, "fan_in_fan_out": False, "init_lora_weights": True,
         "target_modules": sorted(t for t in spec.targets if t in LINEAR_TARGETS) or None,

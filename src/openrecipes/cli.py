@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         # to /dev/null so the interpreter's final flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13  # what a process ended by SIGPIPE reports
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as error:
         # user errors: one clear line naming the field or file, no traceback
         print(f"openrecipes {args.verb}: error: {error}", file=sys.stderr)
         return 2

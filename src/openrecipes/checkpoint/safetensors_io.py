@@ -10,7 +10,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside
+from openrecipes.utils import (atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside,
+                               read_json)
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -29,10 +30,10 @@ class HFCheckpoint:
         config_path = self.path / "config.json"
         if not config_path.is_file():
             raise FileNotFoundError(f"{config_path} is missing")
-        try:
-            self.config: dict = json.loads(config_path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{config_path}: not valid JSON ({error})") from error
+        self.config: dict = read_json(config_path)
+        if not isinstance(self.config, dict):
+            raise ValueError(f"{config_path}: expected a JSON object of config fields, got a "
+                             f"{type(self.config).__name__}")
         self._handles: dict[str, object] = {}
         self.file_of: dict[str, str] = self._locate_tensors()
 

@@ -41,6 +41,7 @@ class _PlainDataLoader(yaml.SafeLoader):
     """SafeLoader that fails on anchors, aliases, merge keys, explicit tags and duplicate keys."""
 
     source = "<string>"
+    _open_collections = 0
 
     def _fail(self, mark: Any, message: str) -> None:
         raise UnsafeYamlError(self.source, mark.line + 1 if mark is not None else None, message)
@@ -57,7 +58,18 @@ class _PlainDataLoader(yaml.SafeLoader):
         # non-specific tag a quoted scalar may carry
         if tag is not None and tag != "!":
             self._fail(event.start_mark, f"tag '{tag}' is not allowed in a card")
-        node = super().compose_node(parent, index)
+        # PyYAML composes recursively: a document nested thousands deep would end in a RecursionError before
+        # _check_depth could name its line, so the depth is also counted here (the one collection more is the
+        # collection a scalar at MAX_DEPTH sits in, which _check_depth measures)
+        opens = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if opens:
+            self._open_collections += 1
+            if self._open_collections > MAX_DEPTH + 1:
+                self._fail(event.start_mark, f"nesting deeper than {MAX_DEPTH}")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._open_collections -= opens
         if node is not None and node.tag not in ALLOWED_TAGS:
             self._fail(node.start_mark, f"tag '{node.tag}' is not allowed in a card")
         return node
@@ -164,6 +176,8 @@ def load_plain_yaml(text: str | bytes, source: str = "<string>") -> tuple[Any, d
 def load_plain_yaml_file(path: str | os.PathLike) -> tuple[Any, dict[tuple[Any, ...], int], str]:
     """Read and parse a card file; returns (data, line map, the file's text)."""
     path = Path(path)
+    if path.is_dir():
+        raise UnsafeYamlError(str(path), None, "is a directory, not a YAML file")
     size = path.stat().st_size
     with open(path, "rb") as handle:
         # read one byte past the limit: enough to refuse without reading a huge file whole

@@ -49,23 +49,60 @@ class RowsDataset:
         return self.doc_lens_flat[self.doc_offsets[row]:self.doc_offsets[row + 1]]
 
 
+_ROW_COLUMNS = ["input_ids", "loss_mask", "doc_lens"]
+
+
+def _rows_parquet(path: str | Path) -> tuple[Path, int | None, dict[str, Any] | None]:
+    """The parquet file of rows at ``path`` (a build output directory or the file itself), the row length and the
+    manifest a directory has; the parquet file is first checked against the manifest's ``parquet_sha256``."""
+    path = Path(path)
+    if not path.is_dir():
+        return path, None, None
+    manifest = None
+    expected_T = None
+    if (path / MANIFEST_FILE).is_file():
+        manifest = read_manifest(path)
+        expected_T = int(manifest["row_tokens"])
+        check_parquet_sha256(path / ROWS_FILE, manifest, path / MANIFEST_FILE)
+    return path / ROWS_FILE, expected_T, manifest
+
+
+def _unreadable(path: Path, error: Exception) -> ValueError:
+    return ValueError(f"{path}: not a readable rows parquet file ({' '.join(str(error).split())})")
+
+
+def check_rows_files(path: str | Path) -> None:
+    """Refuse, in one line, rows whose files ``load_rows`` would refuse before reading a row: a changed parquet file
+    (its sha256), one that does not open as parquet or lacks a rows column. Reads the footer, not the rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet, _, _ = _rows_parquet(path)
+    if not parquet.is_file():
+        raise FileNotFoundError(f"{parquet} not found")
+    try:
+        names = set(pq.ParquetFile(str(parquet)).schema_arrow.names)
+    except (pa.ArrowException, OSError) as error:
+        raise _unreadable(parquet, error) from None
+    missing = [column for column in _ROW_COLUMNS if column not in names]
+    if missing:
+        raise ValueError(f"{parquet}: not a rows parquet file (no column(s) {missing})")
+
+
 def load_rows(path: str | Path) -> RowsDataset:
     """Read a build output directory (or a rows.parquet file) and check its shape. A directory with a manifest has
     its parquet file checked against the manifest's ``parquet_sha256`` first, so changed rows never train."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    expected_T = manifest = None
-    directory = path
-    if path.is_dir():
-        if (path / MANIFEST_FILE).is_file():
-            manifest = read_manifest(path)
-            expected_T = int(manifest["row_tokens"])
-            check_parquet_sha256(path / ROWS_FILE, manifest, path / MANIFEST_FILE)
-        path = path / ROWS_FILE
+    directory = Path(path)
+    path, expected_T, manifest = _rows_parquet(directory)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
-    table = pq.read_table(str(path), columns=["input_ids", "loss_mask", "doc_lens"])
+    try:
+        table = pq.read_table(str(path), columns=_ROW_COLUMNS)
+    except (pa.ArrowException, OSError) as error:  # a damaged file, or one without the rows' columns
+        raise _unreadable(path, error) from None
     n = table.num_rows
     if n == 0:
         raise ValueError(f"{path}: no rows")

@@ -26,6 +26,7 @@ import jinja2
 import numpy as np
 
 from openrecipes.data import bundled
+from openrecipes.data.template_sandbox import bounded_render
 
 BUILTIN_TEMPLATES = bundled.TEMPLATES
 # What each built-in template renders, relative to the model's own template; the manifest records it
@@ -105,11 +106,13 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> Any:
-    """Compile a chat template in a sandbox with the Hugging Face Jinja conventions."""
+    """Compile a chat template in a sandbox with the Hugging Face Jinja conventions, its work bounded
+    (``template_sandbox``; render it with ``bounded_render``)."""
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    from openrecipes.data.template_sandbox import BoundedSandbox
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -131,8 +134,8 @@ class ChatRenderer:
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
         compiled = compile_template(self.template)
         try:
-            return compiled.render(messages=messages, tools=tools, add_generation_prompt=False,
-                                   **self.special_tokens, **self.template_kwargs)
+            return bounded_render(compiled, messages=messages, tools=tools, add_generation_prompt=False,
+                                  **self.special_tokens, **self.template_kwargs)
         except jinja2.exceptions.SecurityError as error:  # the sandbox refused an attribute: never run it
             raise ValueError(f"chat template: {error}") from None
         except jinja2.TemplateError as error:  # an undefined field and the like: the data or the template

@@ -135,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
         from openrecipes.train.images import check_rows_directory
         from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 
+        from openrecipes.data.batching import check_rows_files
+
         rows = rows_directory(recipe.data.rows, recipe.run_dir)
+        check_rows_files(rows)  # changed or damaged rows: one line here, before any training process starts
         check_rows_directory(recipe, rows)  # image rows the run can take
         check_rows_vocabulary(recipe, model_config(recipe), rows)  # and ids the model has
         return _launch_or_train(args, recipe)

@@ -118,8 +118,10 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
     if tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (the loss predicts the next token), got {tokens}")
     torch_dtype = _DTYPES[dtype]
-    hf_model = _load_transformers(path, torch_dtype)
+    # openrecipes reads the directory first: its config.json and safetensors get one line naming the file or field,
+    # where transformers would end in its own traceback (or start loading, then fail)
     native = openrecipes.from_hf(path, dtype=torch_dtype)
+    hf_model = _load_transformers(path, torch_dtype)
     report = ParityReport(checkpoint=str(path), dtype=dtype, tokens=tokens, thresholds=thresholds)
 
     input_ids = parity_input_ids(hf_model.config, batch=batch, tokens=tokens, seed=seed)

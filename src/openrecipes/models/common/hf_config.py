@@ -10,6 +10,8 @@ until someone decides what it means here, never a silent difference.
 from __future__ import annotations
 
 import math
+import types
+import typing
 from typing import Any, Callable
 
 _GENERATION = "a generation default; training and the forward pass do not read it"
@@ -98,16 +100,17 @@ def _positive_theta(value: Any, where: str, source: str) -> float:
     return float(value)
 
 
-def _check_rope_dict(placement: str, rope: Any, *, source: str, extra_keys: frozenset[str]) -> None:
+def _check_rope_dict(placement: str, rope: Any, *, source: str, extra_keys: frozenset[str],
+                     rope_types: tuple[str, ...]) -> None:
     if not isinstance(rope, dict):
         raise ValueError(f"{source}: {placement} must be an object or null, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if "type" in rope and rope_type != rope["type"]:
         raise ValueError(f"{source}: {placement}.type={rope['type']!r} contradicts "
                          f"{placement}.rope_type={rope_type!r}")
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in rope_types:
         raise ValueError(f"{source}: {placement}.rope_type={rope_type!r} is not supported: only "
-                         f"{' or '.join(map(repr, SUPPORTED_ROPE_TYPES))} (RoPE scaling is not implemented)")
+                         f"{' or '.join(map(repr, rope_types))} (RoPE scaling is not implemented)")
     for key in rope:
         if key not in _ROPE_DICT_KEYS | extra_keys:
             raise ValueError(f"{source}: {placement}.{key}={rope[key]!r} is not supported: RoPE reads only "
@@ -116,14 +119,60 @@ def _check_rope_dict(placement: str, rope: Any, *, source: str, extra_keys: froz
         _positive_theta(rope["rope_theta"], f"{placement}.rope_theta", source)
 
 
-def read_rope(raw: dict[str, Any], *, source: str, default_theta: float,
-              extra_keys: frozenset[str] = frozenset()) -> tuple[float, dict[str, Any]]:
+def read_rope(raw: dict[str, Any], *, source: str, default_theta: float, extra_keys: frozenset[str] = frozenset(),
+              rope_types: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> tuple[float, dict[str, Any]]:
     """The RoPE base and the RoPE dict transformers computes from ``raw`` (``ROPE_PLACEMENTS``' priority), after
     checking every placement: each dict names a supported type and only known keys (``extra_keys`` are the
-    family's own, such as M-RoPE's), and every rope_theta is a positive number; anything else is refused by name."""
+    family's own, such as M-RoPE's; ``rope_types`` the types the family computes), and every rope_theta is a positive number; anything else is refused by name."""
     for placement in ROPE_PLACEMENTS:
         if raw.get(placement) is not None:
-            _check_rope_dict(placement, raw[placement], source=source, extra_keys=extra_keys)
+            _check_rope_dict(placement, raw[placement], source=source, extra_keys=extra_keys, rope_types=rope_types)
     top_theta = _positive_theta(raw["rope_theta"], "rope_theta", source) if "rope_theta" in raw else default_theta
     chosen = next((raw[placement] for placement in ROPE_PLACEMENTS if raw.get(placement)), {})
     return float(chosen.get("rope_theta", top_theta)), dict(chosen)
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` (parsed JSON) fits the type ``hint``; None where the hint is not one this checks."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, arg) for arg in typing.get_args(hint)]
+        return None if all(result is None for result in results) else any(r is not False for r in results)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:  # JSON writes 1e6 as a float and 10000 as an integer: both are numbers
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        items = [arg for arg in typing.get_args(hint) if arg is not Ellipsis]
+        return all(_matches(item, items[0]) is not False for item in value) if items else True
+    return None
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) in (tuple, list):
+        items = [arg for arg in typing.get_args(hint) if arg is not Ellipsis]
+        return f"a list of {_describe(items[0]).removeprefix('an ').removeprefix('a ')}s" if items else "a list"
+    return _TYPE_NAMES.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_field_types(config_class: type, values: dict[str, Any], *, source: str) -> None:
+    """Raise a ValueError naming the first of ``values`` whose JSON type does not fit the field of the dataclass
+    ``config_class`` it fills ("hidden_size": "64" is refused here, not met later as a TypeError)."""
+    hints = typing.get_type_hints(config_class)
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is not None and _matches(value, hint) is False:
+            raise ValueError(f"{source}: {name}={value!r} must be {_describe(hint)}")

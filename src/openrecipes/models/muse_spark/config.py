@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.hf_config import check_field_types, check_other_keys
 from openrecipes.models.muse_spark.tower_config import MuseSparkAudioConfig, MuseSparkVisionConfig
 from openrecipes.utils import read_json
 
@@ -240,6 +240,7 @@ class MuseSparkConfig:
         check_other_keys(text, handled=known | set(_TOWER_KEYS) | {"text_config"}, family="Muse Spark",
                          source=source)
         kwargs: dict[str, Any] = {key: value for key, value in text.items() if key in known}
+        check_field_types(cls, kwargs, source=source)
         if kwargs.get("layer_types") is not None:
             kwargs["layer_types"] = tuple(kwargs["layer_types"])
         # an absent, null or empty section: no such tower

@@ -15,7 +15,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import check_other_keys
+from openrecipes.models.common.hf_config import check_field_types, check_other_keys
 from openrecipes.models.common.vision_geometry import PatchGeometry
 
 
@@ -28,6 +28,7 @@ def _from_dict(cls: type, raw: Any, *, source: str, section: str) -> Any:
     missing = [f.name for f in fields(cls) if f.name not in raw and f.default is MISSING]
     if missing:
         raise ValueError(f"{source}: {section} is missing required field(s) {missing}")
+    check_field_types(cls, {key: value for key, value in raw.items() if key in known}, source=f"{source} {section}")
     kwargs = {key: tuple(value) if isinstance(value, list) else value for key, value in raw.items() if key in known}
     try:
         return cls(**kwargs)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
 from openrecipes.utils import read_json
 
 # Qwen3-MoE keys accepted only at the value that leaves the computation unchanged (hf_config.check_other_keys)
@@ -141,22 +141,28 @@ class Qwen3MoeConfig:
         check_other_keys(raw, handled=known | _ROPE_KEYS | _SLIDING_KEYS, family="Qwen3-MoE", source=source,
                          neutral=_NEUTRAL_HF_KEYS)
         kwargs: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
-        if kwargs.get("mlp_only_layers") is not None:
+        for key in ("mlp_only_layers", "head_dim"):  # transformers writes null for "none" and "the default"
+            if kwargs.get(key) is None:
+                kwargs.pop(key, None)
+        if isinstance(kwargs.get("eos_token_id"), list):  # several stop tokens: the model reads none of them
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
+        check_field_types(cls, kwargs, source=source)
+        if "mlp_only_layers" in kwargs:
             kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
-        else:  # transformers writes null for "none"
-            kwargs.pop("mlp_only_layers", None)
         kwargs["rope_theta"], _ = read_rope(raw, source=source, default_theta=TRANSFORMERS_DEFAULT_THETA)
-        if kwargs.get("head_dim") is None:
-            kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
-        if isinstance(kwargs.get("eos_token_id"), list):
-            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        if "head_dim" not in kwargs and "hidden_size" in kwargs and "num_attention_heads" in kwargs:
+            # transformers' default; a non-positive head count is refused below, by name
+            kwargs["head_dim"] = kwargs["hidden_size"] // max(kwargs["num_attention_heads"], 1)
         if raw.get("use_sliding_window") and raw.get("sliding_window"):
             raise ValueError(f"{source}: use_sliding_window=true is not supported for Qwen3-MoE")
         missing = [f.name for f in fields(cls)
                    if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
         if missing:
             raise ValueError(f"{source}: missing required field(s) {missing}")
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "Qwen3MoeConfig":

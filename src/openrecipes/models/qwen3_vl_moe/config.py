@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
 from openrecipes.models.common.vision_geometry import PatchGeometry
 from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 from openrecipes.utils import read_json
@@ -67,18 +67,19 @@ class Qwen3VLMoeVisionConfig(PatchGeometry):
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], *, source: str) -> "Qwen3VLMoeVisionConfig":
         raw = dict(raw)
-        rope = raw.pop("rope_parameters", None) or {}
-        if rope.get("rope_type", "axial") != "axial":
-            raise ValueError(f"{source}: vision_config.rope_parameters.rope_type={rope['rope_type']!r} is not "
-                             "supported (only 'axial')")
+        # transformers computes the vision tower's 2-D RoPE for type 'default' too (its default type is 'axial')
+        theta, _ = read_rope(raw, source=f"{source} vision_config", default_theta=10000.0,
+                             rope_types=("axial", "default"))
         known = {f.name for f in fields(cls)}
-        check_other_keys(raw, handled=known, family="Qwen3-VL-MoE vision", source=f"{source} vision_config")
+        check_other_keys(raw, handled=known | set(ROPE_PLACEMENTS), family="Qwen3-VL-MoE vision",
+                         source=f"{source} vision_config")
         kwargs = {key: value for key, value in raw.items() if key in known}
-        kwargs["rope_theta"] = float(rope.get("rope_theta", 10000.0))
-        kwargs["deepstack_visual_indexes"] = tuple(kwargs.get("deepstack_visual_indexes", cls.deepstack_visual_indexes))
         for key in ("patch_size", "temporal_patch_size"):
             if isinstance(kwargs.get(key), (list, tuple)):
                 raise ValueError(f"{source}: vision_config.{key}={kwargs[key]!r}: only a single int is supported")
+        check_field_types(cls, kwargs, source=f"{source} vision_config")
+        kwargs["rope_theta"] = theta
+        kwargs["deepstack_visual_indexes"] = tuple(kwargs.get("deepstack_visual_indexes", cls.deepstack_visual_indexes))
         missing = [f.name for f in fields(cls) if f.name not in kwargs and f.default is MISSING]
         if missing:
             raise ValueError(f"{source}: vision_config is missing required field(s) {missing}")
@@ -142,6 +143,9 @@ class Qwen3VLMoeConfig:
                              "LM head")
         if "text_config" not in raw or "vision_config" not in raw:
             raise ValueError(f"{source}: needs both text_config and vision_config")
+        for key in ("text_config", "vision_config"):
+            if not isinstance(raw[key], dict):
+                raise ValueError(f"{source}: {key} must be a JSON object, got {type(raw[key]).__name__}")
         text = dict(raw["text_config"])
         # The text model has no LM head; tying is the top-level key's (transformers reads it there).
         text.pop("tie_word_embeddings", None)

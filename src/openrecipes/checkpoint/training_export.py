@@ -206,15 +206,16 @@ def generation_tokens(recipe: Any, run_dir: Path) -> dict[str, Any]:
     eos_token and the token the rows end each conversation or document with), ``bos_token_id`` and
     ``pad_token_id`` (the tokenizer's, else the first stop token); a token the tokenizer lacks is left out."""
     from openrecipes.data.manifest import read_manifest
-    from openrecipes.data.templates import get_loss_mask
+    from openrecipes.data.templates import LOSS_MASKS, get_loss_mask
     from openrecipes.data.tokenizer import load_tokenizer
 
     manifest = read_manifest(rows_directory(recipe.data.rows, run_dir), require=("tokenizer",))
     bundle = load_tokenizer(manifest["tokenizer"]["directory"])  # its files' sha256 are checked by the export
     ids = {key: bundle.token_id(token) for key in ("bos_token", "eos_token", "pad_token")
            if (token := bundle.config_token(key)) is not None}
+    # chat rows name their format; pretraining rows ("pretrain") have no turns to end
     end_of_turn = bundle.token_id(get_loss_mask(manifest["loss_mask"]).end.strip()) \
-        if manifest.get("loss_mask") else None
+        if manifest.get("loss_mask") in LOSS_MASKS else None
     stops = [end_of_turn, ids.get("eos_token"), manifest.get("eos_token_id")]
     eos = list(dict.fromkeys(i for i in stops if isinstance(i, int) and not isinstance(i, bool)))
     pad = ids.get("pad_token") if ids.get("pad_token") is not None else (eos[0] if eos else None)

@@ -121,7 +121,7 @@ def test_skip_invalid_summary_counts_reasons_with_first_lines_and_unsupervised_t
     assert (manifest["counts"]["tokens_in_rows_skipped_unsupervised"]
             == summary["tokens_in_rows_without_a_supervised_token"])
     # the same counts on the card
-    from openrecipes.cards.new import dataset_block
+    from openrecipes.cards.dataset import dataset_block
     from openrecipes.cards.schema import Dataset
 
     card_build = Dataset.model_validate(dataset_block(manifest, "0")).build

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openrecipes.cards.new import card_workflow
+from openrecipes.cards.dataset import card_workflow
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from openrecipes.cards.new import card_workflow, dataset_block
+from openrecipes.cards.dataset import card_workflow, dataset_block
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows

@@ -73,7 +73,7 @@ def _layout_label(sizes: dict[str, int]) -> str:
 
 
 def _training_item(options: ItemOptions) -> dict[str, Any]:
-    from openrecipes.cards.new import LONG_CONTEXT_ROW_TOKENS, card_workflow, dataset_block, read_rows_manifest
+    from openrecipes.cards.dataset import LONG_CONTEXT_ROW_TOKENS, card_workflow, dataset_block, read_rows_manifest
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import (
         CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, decode_metric, read_metrics, read_run_info, rows_directory,

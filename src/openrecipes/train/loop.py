@@ -26,7 +26,7 @@ from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 from openrecipes.train.checkpointing import (checkpoint_step, latest_checkpoint, load_checkpoint, remove_stale_staging,
                                              save_checkpoint)
 from openrecipes.train.metrics import MetricsStream, truncate_after
-from openrecipes.train.stage_memory import peak_gib_per_stage, rank_peak_bytes
+from openrecipes.train.stage_memory import MemoryTrace, build_peak_and_reset, peak_gib_per_stage, rank_peak_bytes
 from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
 from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE, RECIPE_FILE,
@@ -207,7 +207,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                             wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
     last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
     debug = recipe.debug
-    build_peak = _build_peak_and_reset(device)
+    build_peak = build_peak_and_reset(device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     skipped_in_a_row = 0  # with debug.skip_nonfinite_steps: a run that stays non-finite stops instead of idling on
     # only where other ranks would wait for a stalled one (heartbeat.py)
@@ -337,7 +337,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    trace = _MemoryTrace(device, recipe.debug.memory_trace)
+    trace = MemoryTrace(device, recipe.debug.memory_trace)
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
@@ -405,41 +405,6 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if trace.phases:
         record["memory_phases_gib"] = trace.phases
     return record
-
-
-def _build_peak_and_reset(device: torch.device) -> float | None:
-    """Peak memory of building the model (max over ranks), then restart the counter: step records report the
-    training peak, and the first one also the build's (loading a checkpoint builds the whole model on every rank)."""
-    if device.type != "cuda":
-        return None
-    peak = _all_reduce(torch.tensor(float(torch.cuda.max_memory_allocated(device)), dtype=torch.float64,
-                                    device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
-    torch.cuda.reset_peak_memory_stats(device)
-    return float(peak) / 2**30
-
-
-class _MemoryTrace:
-    """With debug.memory_trace on CUDA: this rank's memory at the start of the step and the peak of each
-    phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them)."""
-
-    def __init__(self, device: torch.device, enabled: bool) -> None:
-        self.enabled = device.type == "cuda" and enabled
-        self.device, self.phases = device, {}
-        if self.enabled:
-            self.phases["start"] = round(torch.cuda.memory_allocated(device) / 2**30, 3)
-            self._peak_so_far = torch.cuda.max_memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def peak_allocated(self) -> int:
-        peak = torch.cuda.max_memory_allocated(self.device)
-        return max(peak, self._peak_so_far) if self.enabled else peak
-
-    def mark(self, phase: str) -> None:
-        if self.enabled:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self.phases[f"{phase}_peak"] = round(peak / 2**30, 3)
-            self._peak_so_far = max(self._peak_so_far, peak)
-            torch.cuda.reset_peak_memory_stats(self.device)
 
 
 def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device: torch.device,

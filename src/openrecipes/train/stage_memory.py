@@ -2,6 +2,7 @@
 
 The step record's ``peak_memory_gib`` is the largest over all ranks; with pipeline parallelism the stages hold
 different layers (the first the embedding, the last the head and the loss), so the card reports each stage's peak.
+The build's peak and the per-phase trace of ``debug.memory_trace`` are read here too.
 """
 
 from __future__ import annotations
@@ -33,3 +34,39 @@ def peak_gib_per_stage(peak_bytes: float, pp_rank: int, pp_size: int, device: to
     for stage, peak in (pair.tolist() for pair in gathered):
         stages[int(stage)] = max(stages[int(stage)], peak)
     return [round(peak / 2**30, 4) for peak in stages]
+
+
+def build_peak_and_reset(device: torch.device) -> float | None:
+    """Peak memory of building the model (max over ranks), then restart the counter: step records report the
+    training peak, and the first one also the build's (loading a checkpoint builds the whole model on every rank)."""
+    if device.type != "cuda":
+        return None
+    peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    torch.cuda.reset_peak_memory_stats(device)
+    return float(peak) / 2**30
+
+
+class MemoryTrace:
+    """With debug.memory_trace on CUDA: this rank's memory at the start of the step and the peak of each
+    phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them)."""
+
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.enabled = device.type == "cuda" and enabled
+        self.device, self.phases = device, {}
+        if self.enabled:
+            self.phases["start"] = round(torch.cuda.memory_allocated(device) / 2**30, 3)
+            self._peak_so_far = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_allocated(self) -> int:
+        peak = torch.cuda.max_memory_allocated(self.device)
+        return max(peak, self._peak_so_far) if self.enabled else peak
+
+    def mark(self, phase: str) -> None:
+        if self.enabled:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.phases[f"{phase}_peak"] = round(peak / 2**30, 3)
+            self._peak_so_far = max(self._peak_so_far, peak)
+            torch.cuda.reset_peak_memory_stats(self.device)

@@ -55,14 +55,17 @@ def reference(reference_run):
     return metrics(reference_run)
 
 
-def assert_same(candidate, reference, rel=1e-5, grad_rel=1e-4):
-    """Losses within ``rel``; gradient norms within ``grad_rel``: a token whose top-k experts are nearly tied can
-    switch experts when a layout sums in another order, which moves the norm (4e-5 at step 4 of TP2 on the bundled
-    rows) while the loss stays within 1e-7."""
+def assert_same(candidate, reference, rel=1e-5, grad_rel=5e-4):
+    """Losses within ``rel`` at every step, the gradient norm of step 0 (the same weights in both runs) within
+    ``rel`` and those of later steps within ``grad_rel``. Later steps start from weights that differ in the last
+    bits (another summation order), and on the bundled rows step 4's norm amplifies that: every layout, plain DP2
+    included, measured 2e-5 to 1.1e-4 from one process there (a token whose top-k experts are nearly tied can switch
+    experts), while the losses stayed within 1.3e-7 and steps 0-3's norms within 5e-6."""
     assert [r["step"] for r in candidate] == [r["step"] for r in reference]
     for c, r in zip(candidate, reference):
         assert c["loss"] == pytest.approx(r["loss"], rel=rel), c["step"]
-        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=max(rel, grad_rel)), c["step"]
+        tolerance = rel if c["step"] == 0 else max(rel, grad_rel)
+        assert c["grad_norm"] == pytest.approx(r["grad_norm"], rel=tolerance), c["step"]
         assert c["supervised_tokens"] == r["supervised_tokens"]
 
 

@@ -1,9 +1,10 @@
-"""Small helpers shared across packages: atomic file and directory writes, hashing."""
+"""Small helpers shared across packages: atomic file and directory writes, hashing, plot axis ticks."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -232,3 +233,36 @@ def guarded_output_dir(path: str | os.PathLike, *, marker: str, writer: str, ove
     with atomic_output_dir(path, overwrite=True) as staging:
         yield staging
         (staging / marker).write_text(f"written by {writer}; --overwrite may replace this directory\n")
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values inside [low, high]: steps of 1, 2 or 5 times a power of ten, about ``count`` of them."""
+    span = high - low
+    if not span > 0:
+        return [low]
+    raw = span / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    ticks, index = [], math.ceil(low / step - 1e-9)
+    while index * step <= high + step * 1e-9:
+        ticks.append(round(index * step, 12))
+        index += 1
+    return ticks
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """The ticks' text as a reader writes it, never in scientific notation: 1,240 below ten thousand, 12.4k and
+    3.5M above (one suffix for the whole axis, chosen by its largest tick), and as many decimals as the step between
+    ticks needs (0.05: two)."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else abs(ticks[0]) if ticks else 0.0
+    largest = max((abs(v) for v in ticks), default=0.0)
+    scale, suffix = next(((s, x) for s, x in ((1e6, "M"), (1e3, "k")) if largest >= 10 * s or
+                          (x == "M" and largest >= s)), (1.0, ""))
+    decimals = _decimals(step / scale)
+    return [f"{v / scale:,.{decimals}f}{suffix}" if v else "0" for v in ticks]
+
+
+def _decimals(step: float) -> int:
+    if not step > 0 or step >= 1:
+        return 0
+    return min(12, max(0, -math.floor(math.log10(step) + 1e-9)))

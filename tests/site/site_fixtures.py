@@ -46,7 +46,8 @@ def catalog_with_variant(root: Path) -> Path:
     # a step's tokens/s/GPU is its tokens / its time / GPUs (the card checks hold the two to each other)
     data["curves"] = {
         "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": step_tokens / (6900.0 + s) / gpus,
-                       "tokens_per_s_per_gpu": 6900.0 + s, "peak_memory_gib": 60.0} for s in range(20)],
+                       "tokens_per_s_per_gpu": 6900.0 + s, "peak_memory_gib": 60.0,
+                       "grad_norm": 2.0 / (1 + s), "lr": 1e-5 * min(1.0, (s + 1) / 5)} for s in range(20)],
         "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],
         "memory_phases_gib": {"start": 20.5, "forward_peak": 55.0, "backward_peak": 60.0, "optimizer_peak": 31.2},
     }

@@ -99,9 +99,10 @@ def test_curves_become_an_inline_svg(tmp_path):
     recipes = catalog_with_variant(tmp_path)
     build_site(recipes, tmp_path / "site")
     html = (tmp_path / "site" / "qwen3-30b-a3b" / "h200" / "variant-with-curves.html").read_text()
-    # loss (two arms), then step time, tokens/s and peak memory over the steps, and memory per stage of a step
-    assert html.count("<polyline") == 5 and 'data-points="20"' in html
-    for key in ("step-time-s", "tokens-per-s-per-gpu", "peak-memory-gib"):
+    # loss (two arms), then step time, tokens/s, peak memory, gradient norm and learning rate over the steps, and
+    # memory per stage of a step
+    assert html.count("<polyline") == 7 and 'data-points="20"' in html
+    for key in ("step-time-s", "tokens-per-s-per-gpu", "peak-memory-gib", "grad-norm", "lr"):
         assert f'id="curve-{key}"' in html, key
     assert html.count('class="bar"') == 4 and "backward_peak" in html and "60 GiB" in html
     # the resolved recipe as a code block with its copy button

@@ -234,6 +234,10 @@ class CurvePoint(_Strict):
     peak_memory_gib_per_stage: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=1)] | None = Field(
         default=None, description="with pipeline stages: the largest peak over the ranks of each stage, stage 0 "
                                   "first (on CPU the process's peak resident memory)")
+    grad_norm: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="the step's gradient norm before clipping (metrics.jsonl grad_norm)")
+    lr: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="the learning rate the step's update used (metrics.jsonl lr)")
 
 
 class Curves(_Strict):

@@ -1,5 +1,5 @@
-"""The card's per-step curves: the loss of both arms, and the candidate's step time, tokens/s/GPU and peak memory
-per step (of each pipeline stage too with layout.pp > 1), with its memory per stage of a step when the run traced it (``debug.memory_trace``)."""
+"""The card's per-step curves: the loss of both arms, and the candidate's step time, tokens/s/GPU, peak memory,
+gradient norm and learning rate per step (of each pipeline stage too with layout.pp > 1), with its memory per stage of a step when the run traced it (``debug.memory_trace``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,16 @@ def _positive(value: Any) -> float | None:
     return float(value)
 
 
+def _non_negative(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def curve_points(curve: Any, run_dir: Path | None = None, gpus: int | None = None) -> list[dict[str, Any]]:
-    """One point per finite loss; with ``run_dir`` (and its GPU count) also the step's time, tokens/s/GPU and peak
-    memory (overall and per pipeline stage) from its metrics.jsonl, where recorded."""
+    """One point per finite loss; with ``run_dir`` (and its GPU count) also the step's time, tokens/s/GPU, peak
+    memory (overall and per pipeline stage), gradient norm and learning rate from its metrics.jsonl, where
+    recorded."""
     from openrecipes.verify.curves import is_finite
 
     records = {r.step: r for r in read_metrics(run_dir / METRICS_FILE)} if run_dir else {}
@@ -36,6 +43,9 @@ def curve_points(curve: Any, run_dir: Path | None = None, gpus: int | None = Non
                 point["tokens_per_s_per_gpu"] = tokens / time / gpus
         if memory is not None:
             point["peak_memory_gib"] = memory
+        for key in ("grad_norm", "lr"):
+            if (value := _non_negative(fields.get(key))) is not None:
+                point[key] = value
         stages = stage_peaks(record, run_dir / METRICS_FILE) if record else None
         if stages is not None:
             point[PEAK_MEMORY_PER_STAGE] = stages

@@ -7,33 +7,15 @@ The warm-up steps left out of the statistical checks are shaded.
 
 from __future__ import annotations
 
-import math
 import os
 from xml.sax.saxutils import escape, quoteattr
 
-from openrecipes.utils import atomic_write_text
+from openrecipes.utils import atomic_write_text, nice_ticks as _ticks, tick_labels
 from openrecipes.verify.curves import LossCurve, is_finite
 
 WIDTH, HEIGHT = 760, 440
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 40, 50
 COLOURS = {"candidate": "#d62728", "reference": "#1f77b4"}
-
-
-def _ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high]: steps of 1, 2 or 5 times a power of ten."""
-    span = high - low
-    if span <= 0:
-        return [low]
-    raw = span / count
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.ceil(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    return ticks
 
 
 def render_svg(
@@ -71,14 +53,16 @@ def render_svg(
         x0, x1 = x_of(skipped_steps[0]), x_of(skipped_steps[-1])
         parts.append(f'<rect x="{x0:.2f}" y="{TOP}" width="{max(x1 - x0, 1.0):.2f}" height="{plot_h}" '
                      'fill="#eeeeee"><title>warm-up steps, not in the statistical checks</title></rect>')
-    for value in _ticks(y_low, y_high):
+    y_ticks = _ticks(y_low, y_high)
+    for value, label in zip(y_ticks, tick_labels(y_ticks)):
         y = y_of(value)
         parts.append(f'<line x1="{LEFT}" y1="{y:.2f}" x2="{WIDTH - RIGHT}" y2="{y:.2f}" stroke="#dddddd"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">{value:g}</text>')
-    for value in _ticks(x_low, x_high):
+        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">{label}</text>')
+    x_ticks = _ticks(x_low, x_high)
+    for value, label in zip(x_ticks, tick_labels(x_ticks)):
         x = x_of(value)
         parts.append(f'<line x1="{x:.2f}" y1="{TOP + plot_h}" x2="{x:.2f}" y2="{TOP + plot_h + 5}" stroke="black"/>')
-        parts.append(f'<text x="{x:.2f}" y="{TOP + plot_h + 18}" text-anchor="middle">{value:g}</text>')
+        parts.append(f'<text x="{x:.2f}" y="{TOP + plot_h + 18}" text-anchor="middle">{label}</text>')
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>')
     parts.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 10}" text-anchor="middle">step</text>')
     parts.append(f'<text x="16" y="{TOP + plot_h / 2:.1f}" text-anchor="middle" '

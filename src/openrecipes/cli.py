@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
-        from openrecipes import __version__
+        from openrecipes.version import __version__
 
         print(__version__)
         return 0

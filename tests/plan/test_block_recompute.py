@@ -8,7 +8,7 @@ from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.host import recipe_setup
 from openrecipes.plan.shape import model_shape
-from openrecipes.train.engine import model_config
+from openrecipes.checkpoint.hf import recipe_model_config
 
 LAYERS = 8
 
@@ -19,7 +19,7 @@ def _plan(granularity: str, method: str = "uniform", num_layers: int = 1):
         "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 8192, "rows_per_microbatch": 1},
         "recompute": {"granularity": granularity, "method": method, "num_layers": num_layers},
         "optimizer": {"precision_aware": True, "moment_dtype": "bf16"}, "precision": "bf16", "global_batch": 2, "steps": 4})
-    shape = model_shape(model_config(recipe), name=recipe.model)
+    shape = model_shape(recipe_model_config(recipe), name=recipe.model)
     return evaluate(shape, recipe.layout, recipe_setup(recipe, 8192), load_hardware("H200"))
 
 

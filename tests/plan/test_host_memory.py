@@ -4,6 +4,7 @@ host is refused before it starts, naming the prediction and what is available.""
 import pytest
 import torch
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import recipe_from_dict
 from openrecipes.plan.host import available_host_bytes, check_host_memory, predict_host_memory
 from openrecipes.plan.memory import GIB
@@ -16,9 +17,7 @@ def _recipe(**sections):
 
 
 def _predict(recipe, processes=1):
-    from openrecipes.train.engine import model_config
-
-    return predict_host_memory(recipe, model_config(recipe), row_tokens=256, processes_per_node=processes)
+    return predict_host_memory(recipe, recipe_model_config(recipe), row_tokens=256, processes_per_node=processes)
 
 
 def test_offloaded_optimizer_state_is_what_the_optimizer_keeps_on_the_host():
@@ -28,7 +27,7 @@ def test_offloaded_optimizer_state_is_what_the_optimizer_keeps_on_the_host():
     from openrecipes.train import engine
 
     recipe = _recipe(offload={"fraction": 1.0})
-    model, _ = engine.build_model(recipe, torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     optimizer = MixedPrecisionAdam(list(model.parameters()), AdamConfig(master="fp32", offload_fraction=1.0))
     held = sum(t.numel() * t.element_size() for state in optimizer.state.values() for name, t in state.items()
                if name != "step")
@@ -61,7 +60,7 @@ def test_train_refuses_before_starting(tmp_path):
 
     recipe = _recipe(offload={"fraction": 1.0}, run_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match="host memory: .* 0.5 GiB is available"):
-        _check_host_memory(recipe, 8, available_bytes=GIB // 2)
+        _check_host_memory(recipe, recipe_model_config(recipe), 8, available_bytes=GIB // 2)
     assert not (tmp_path / "run").exists()
 
 

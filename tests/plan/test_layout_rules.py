@@ -15,7 +15,7 @@ from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.host import recipe_setup
 from openrecipes.train.cli import _check_layout
-from openrecipes.train.engine import model_config
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.tune.predict import Planner, Target
 from openrecipes.tune.space import ModelFacts, compile_options, layout_options, rows_options
 
@@ -72,7 +72,7 @@ def test_train_the_planner_and_the_tuner_refuse_with_the_same_problem(case, tmp_
     recipe, (_, world, field, phrase) = _recipe(case, tmp_path), CASES[case]
     key = field if "." in field else f"layout.{field}"
     with pytest.raises(ValueError) as refused:
-        _check_layout(recipe, world)
+        _check_layout(recipe, recipe_model_config(recipe), world)
     train_says = str(refused.value).removesuffix(f" (--nproc x --nnodes = {world} processes)")
     assert train_says.startswith(f"{key}: ") and phrase in train_says
     planner = _planner(recipe, world)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from openrecipes.models.common.router_loss import RouterStatistics
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.loop import train
 
@@ -30,7 +31,7 @@ def test_step_objective_is_cross_entropy_plus_the_mean_of_the_rows_aux_loss(make
     recipe = make_recipe(steps=1, moe__aux_loss_coef=coef, optimizer__grad_clip=None)
     logged = records(train(recipe, command="t"))[0]
 
-    model, _ = engine.build_model(recipe, torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     loader = RowLoader(dataset=load_rows(recipe.data.rows), global_batch=4, dp_rank=0, dp_size=1,
                        rows_per_microbatch=4)
     (batch,) = loader.microbatches(0)
@@ -79,7 +80,7 @@ def test_aux_loss_changes_the_updates(make_recipe, tmp_path):
 def test_layouts_that_split_the_pooled_statistics_are_refused(make_recipe, rows_dir, sizes, name):
     def problems(**overrides):
         recipe = make_recipe(layout__dp=1, **{f"layout__{k}": v for k, v in sizes.items()}, **overrides)
-        return engine.layout_problems_for(recipe, engine.model_config(recipe), world_size=2, rows=rows_dir)
+        return engine.layout_problems_for(recipe, recipe_model_config(recipe), world_size=2, rows=rows_dir)
 
     refused = problems(moe__aux_loss_coef=0.01)
     assert [p.path for p in refused] == ["moe.aux_loss_coef"]
@@ -90,13 +91,13 @@ def test_layouts_that_split_the_pooled_statistics_are_refused(make_recipe, rows_
 def test_muse_spark_and_a_mismatched_checkpoint_config_are_refused(make_recipe):
     recipe = make_recipe(model="muse-spark-tiny", moe__aux_loss_coef=0.01)
     with pytest.raises(ValueError, match="moe.aux_loss_coef=0.01.*MuseSparkConfig"):
-        engine.check_aux_loss(recipe, engine.model_config(recipe))
+        engine.check_aux_loss(recipe, recipe_model_config(recipe))
     asks = make_recipe(model_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.001})
     with pytest.raises(ValueError, match="output_router_logits=true, router_aux_loss_coef=0.001"):
-        engine.check_aux_loss(asks, engine.model_config(asks))
+        engine.check_aux_loss(asks, recipe_model_config(asks))
     matched = make_recipe(moe__aux_loss_coef=0.001,
                           model_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.001})
-    engine.check_aux_loss(matched, engine.model_config(matched))
+    engine.check_aux_loss(matched, recipe_model_config(matched))
 
 
 def test_support_is_what_the_family_declares(make_recipe, monkeypatch):
@@ -108,7 +109,7 @@ def test_support_is_what_the_family_declares(make_recipe, monkeypatch):
     from openrecipes.models.registry import families as registered
 
     recipe = make_recipe(moe__aux_loss_coef=0.01)
-    config = engine.model_config(recipe)
+    config = recipe_model_config(recipe)
     undeclared = replace(families.family_for_config(config), aux_loss=None)
     monkeypatch.setattr(families, "_families", lambda: (undeclared,))
     assert hasattr(config, "router_aux_loss_coef")

@@ -12,6 +12,7 @@ from openrecipes.data.bundled import TOKENIZER
 from openrecipes.models.families import family_for_config
 from openrecipes.models.qwen3_moe import build_qwen3_moe
 from openrecipes.models.registry import get_config
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint
 from openrecipes.train.loop import train
@@ -34,7 +35,7 @@ def trained(make_recipe, source_hf):
 
 def engine_logits(recipe, ckpt, ids):
     """The engine's own model with the save's weights (the trained state, as a resume would load it)."""
-    config = engine.model_config(recipe)
+    config = recipe_model_config(recipe)
     model = family_for_config(config).build(config, device="cpu", dtype=torch.float32, seed=0)
     state = {"model": model.state_dict()}
     load_dcp(state, ckpt, no_dist=True)

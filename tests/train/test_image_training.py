@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.train.loop import train
@@ -84,7 +85,7 @@ def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
 def _trainable(recipe) -> set[str]:
     from openrecipes.train import engine
 
-    model, _ = engine.build_model(recipe, torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     return {name.split(".")[2] for name, p in model.named_parameters() if p.requires_grad and "visual" in name}
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint
 from openrecipes.train.loop import TrainingStopped, train
@@ -213,10 +214,11 @@ def test_compiled_blocks_change_no_number(make_recipe, tmp_path):
 def test_compile_wraps_the_blocks_below_the_recompute_boundary(make_recipe):
     # full recompute hooks the layer: both its blocks are compiled; selective hooks the attention block: it stays eager
     for granularity, attention_compiled in (("full", True), ("selective", False)):
-        model, _ = engine.build_model(make_recipe(recompute__granularity=granularity, kernels__compile=True),
-                                      torch.device("cpu"))
+        recipe = make_recipe(recompute__granularity=granularity, kernels__compile=True)
+        model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
         for layer in model.model.layers.values():
             assert (getattr(layer.self_attn, "_compiled_call_impl", None) is not None) == attention_compiled
             assert getattr(layer.mlp, "_compiled_call_impl", None) is not None
-    plain, _ = engine.build_model(make_recipe(recompute__granularity="full"), torch.device("cpu"))
+    plain_recipe = make_recipe(recompute__granularity="full")
+    plain, _ = engine.build_model(plain_recipe, recipe_model_config(plain_recipe), torch.device("cpu"))
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in plain.modules())

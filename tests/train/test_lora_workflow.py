@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.cards.dataset import card_workflow
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
@@ -63,7 +64,7 @@ def test_only_the_adapters_are_trainable(tmp_path: Path) -> None:
     from openrecipes.train import engine
 
     recipe = _recipe(tmp_path / "run")
-    model, _ = engine.build_model(recipe, torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) < 0.2 * sum(

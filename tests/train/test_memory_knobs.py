@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 
 
@@ -17,7 +18,7 @@ def _batch(recipe):
 def _step(recipe, batch):
     """(loss, gradients by name, bytes autograd keeps outside recomputed regions for the backward: each storage
     once, parameters left out)."""
-    model, _ = engine.build_model(recipe, torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     params = {p.data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 
@@ -78,7 +79,7 @@ def test_activation_offload_moves_the_layer_inputs_and_computes_the_same(make_re
     reference = _step(base, batch)
     offloaded = _step(make_recipe(recompute={"granularity": "full"}, offload={"activations": True}), batch)
     _assert_same_numbers(offloaded, reference, "offload.activations")
-    config = engine.model_config(base)
+    config = recipe_model_config(base)
     rows, tokens = batch["input_ids"].shape
     angles = rope_angles(batch["position_ids"], config.head_dim, config.rope_theta)  # the layer's other input
     assert len(hooks) == 1

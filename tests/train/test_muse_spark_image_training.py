@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
@@ -85,7 +86,7 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     from openrecipes.train import engine
 
     whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
-    model, _ = engine.build_model(whole, torch.device("cpu"))
+    model, _ = engine.build_model(whole, recipe_model_config(whole), torch.device("cpu"))
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     towers = {name for name in dict(model.named_parameters()) if name.startswith(TOWER_PREFIXES)}
     assert {n for n in towers if n.startswith(FROZEN)} == towers - trained
@@ -96,7 +97,8 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     shape, params = planner_shape(CONFIG, "tiny"), dict(model.named_parameters())
     assert shape.frozen_encoder_params == sum(params[n].numel() for n in towers)
     assert shape.encoder_projection_params == sum(params[n].numel() for n in towers if n.startswith(PROJECTION))
-    frozen, _ = engine.build_model(_recipe(tmp_path / "frozen", "vision.train_projection=false"), torch.device("cpu"))
+    frozen_recipe = _recipe(tmp_path / "frozen", "vision.train_projection=false")
+    frozen, _ = engine.build_model(frozen_recipe, recipe_model_config(frozen_recipe), torch.device("cpu"))
     assert not any(p.requires_grad for name, p in frozen.named_parameters() if name.startswith(TOWER_PREFIXES))
 
     keys = train_and_resume(whole, cut)
@@ -129,7 +131,7 @@ def test_init_from_a_complete_checkpoint_trains_on_images_with_its_towers(tmp_pa
     assert recipe_model_config(recipe) == CONFIG
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # text-only mode would warn about the tower tensors it skips
-        model, _ = engine.build_model(recipe, torch.device("cpu"))
+        model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     mine = dict(source.named_parameters())
     assert {n for n, _ in model.named_parameters()} == set(mine)
     assert all(torch.equal(p, mine[name]) for name, p in model.named_parameters())

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.checkpoint.hf import save_hf
 from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.muse_spark.model import build_muse_spark
@@ -31,7 +32,8 @@ def test_muse_spark_trains_and_resumes_exactly(make_recipe, tmp_path):
 
 
 def test_fp32_router_and_residual_gates_survive_bf16_training(make_recipe):
-    model, _ = engine.build_model(make_recipe(model="muse-spark-tiny", precision="bf16"), torch.device("cpu"))
+    recipe = make_recipe(model="muse-spark-tiny", precision="bf16")
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     assert dtypes["model.language_model.layers.0.mlp.gate.weight"] == torch.float32
     assert dtypes["model.language_model.layers.0.attn_residual_gate.weight"] == torch.float32

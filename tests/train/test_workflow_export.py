@@ -15,6 +15,7 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.models.common.lora import LoraSpec, apply_lora
 from openrecipes.models.families import family_for_config
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.checkpointing import latest_checkpoint
 from openrecipes.train.loop import train
@@ -24,7 +25,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def _engine_logits(recipe, ckpt: Path, ids: torch.Tensor, *, adapters: bool = True) -> torch.Tensor:
     """The engine's model (with its adapters for a LoRA run) holding the save's weights, in fp32."""
-    config = engine.model_config(recipe)
+    config = recipe_model_config(recipe)
     model = family_for_config(config).build(config, device="cpu", dtype=torch.float32, seed=0)
     if recipe.lora is not None:
         apply_lora(model, LoraSpec.from_recipe(recipe))

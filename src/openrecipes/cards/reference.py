@@ -55,30 +55,33 @@ def price_for_instance(instance: str | None) -> float | None:
     return spec.usd_per_gpu_hour if spec else None
 
 
-def _registered_config(model: str):
-    from openrecipes.models.registry import get_config, names
+def _registered_config(model: str, overrides: dict[str, int] | None = None):
+    """The config of a registered model as a card names it (``resolve_model_config``), None for one the registry
+    does not know."""
+    from openrecipes.models.registry import names
+    from openrecipes.models.resolve import resolve_model_config
 
     name = model.strip().lower().replace(" ", "-")
     name = _MODEL_ALIASES.get(name, name)
-    return get_config(name) if name in names() else None
+    return resolve_model_config(name, overrides=overrides) if name in names() else None
 
 
 def model_active_params(model: str) -> int | None:
     """N of a registered model as a card names it (``card new`` appends ``with key=value, ...`` for the recipe's
-    model_overrides); None when the registry does not know the model or an override is not a whole number."""
-    import dataclasses
-
+    model_overrides); None when the registry does not know the model or an override is not a whole number of a
+    field the config holds."""
     base, _, overrides = model.partition(" with ")
-    config = _registered_config(base)
-    if config is None:
-        return None
     changes: dict[str, int] = {}
     for pair in filter(None, (part.strip() for part in overrides.split(","))):
         key, _, value = pair.partition("=")
-        if not value.strip().lstrip("-").isdigit() or key.strip() not in {f.name for f in dataclasses.fields(config)}:
+        if not value.strip().lstrip("-").isdigit():
             return None
         changes[key.strip()] = int(value)
-    return dataclasses.replace(config, **changes).active_params() if changes else config.active_params()
+    try:
+        config = _registered_config(base, changes)
+    except ValueError:  # a field the config does not hold, or one that is not a whole number
+        return None
+    return config.active_params() if config is not None else None
 
 
 def model_layers(model: str) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -15,44 +14,23 @@ from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
 from openrecipes.models.common.hf_experts import FusedHalf, Part
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.precision import fp32_parameter_names
-from openrecipes.models.families import ModelFamily, family_for_config, family_for_model_type
+from openrecipes.models.families import ModelFamily, family_for_config
+from openrecipes.models.resolve import HF_CONFIG_FILE, config_from_hf_fields, resolve_model_config
 
 
 def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelFamily, Any]:
-    """The family and model config of a checkpoint. ``full=False`` (text-only mode, the default): for a family with
-    that mode (``ModelFamily.text_only``: Muse Spark), the config of the text model alone, without the perception
-    towers; ``full=True``: the whole checkpoint's config, towers included."""
-    source = str(checkpoint.path / "config.json")
-    family = family_for_model_type(checkpoint.config.get("model_type"), source=source)
-    config = family.config_from_hf(checkpoint.config, source)
-    if not full and family.text_only is not None:
-        config = family.text_only(config)
-    return family, config
+    """The family and model config of a checkpoint (``models/resolve.py`` ``config_from_hf_fields``: ``full=False``
+    reads a family with a text-only mode as its text model alone, ``full=True`` the whole checkpoint)."""
+    return config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
 
 
 def recipe_model_config(recipe: Any) -> Any:
     """The model config a recipe (``config/recipe.py``) names, a registry name or an HF directory, with its
-    ``model_overrides`` applied: what ``train`` builds and what a training checkpoint's export describes."""
-    from openrecipes.models.registry import get_config, names
-
-    if recipe.model in names():
-        if recipe.init == "checkpoint":
-            raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {recipe.model!r}")
-        config = get_config(recipe.model)
-    elif Path(recipe.model).is_dir():
-        _, config = read_config(HFCheckpoint(recipe.model), full=recipe_trains_images(recipe))
-    else:
-        raise ValueError(f"model: {recipe.model!r} is neither a registered model ({', '.join(names())}) "
-                         "nor a checkpoint directory")
-    if recipe.model_overrides:
-        known = {f.name for f in dataclasses.fields(config)}
-        unknown = sorted(set(recipe.model_overrides) - known)
-        if unknown:
-            raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
-        for key, value in recipe.model_overrides.items():
-            _check_override(key, value, getattr(config, key))
-        config = dataclasses.replace(config, **recipe.model_overrides)
-    return config
+    ``model_overrides`` applied (``models/resolve.py`` ``resolve_model_config``): what ``train`` builds and what a
+    training checkpoint's export describes. The recipe's rows decide how a directory is read
+    (``recipe_trains_images``)."""
+    return resolve_model_config(recipe.model, overrides=recipe.model_overrides, full=recipe_trains_images(recipe),
+                                from_checkpoint=recipe.init == "checkpoint")
 
 
 def recipe_trains_images(recipe: Any) -> bool:
@@ -66,20 +44,6 @@ def recipe_trains_images(recipe: Any) -> bool:
 
     rows = Path(recipe.data.rows)
     return (rows / MANIFEST_FILE).is_file() and bool(read_manifest(rows).get("images"))
-
-
-_OVERRIDE_TYPES = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"),
-                   (str, (str,), "a string"))
-
-
-def _check_override(key: str, value: Any, default: Any) -> None:
-    """An override must have the type of the value it replaces (an int for a size, a float for a rate, ...)."""
-    for kind, accepted, name in _OVERRIDE_TYPES:
-        if isinstance(default, kind):
-            # a bool is an int to Python, never to a config
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted):
-                raise ValueError(f"model_overrides.{key}: expected {name} (like {default!r}), got {value!r}")
-            return
 
 
 # safetensors dtype codes a weight may have; integers, bools and fp8 would be cast or misread silently

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from openrecipes import __version__
 from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
 from openrecipes.checkpoint.checksums import write_checksums
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, read_json
+from openrecipes.version import __version__
 
 MANIFEST = "openrecipes.json"
 # marks a directory as written by `convert import`, so --overwrite may replace it (and nothing else)

@@ -10,8 +10,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openrecipes.utils import (atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside,
-                               read_json)
+from openrecipes.models.resolve import read_hf_config
+from openrecipes.utils import atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -25,15 +25,7 @@ class HFCheckpoint:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.is_dir():
-            raise FileNotFoundError(f"checkpoint directory {self.path} does not exist")
-        config_path = self.path / "config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(f"{config_path} is missing")
-        self.config: dict = read_json(config_path)
-        if not isinstance(self.config, dict):
-            raise ValueError(f"{config_path}: expected a JSON object of config fields, got a "
-                             f"{type(self.config).__name__}")
+        self.config: dict = read_hf_config(self.path)
         self._handles: dict[str, object] = {}
         self.file_of: dict[str, str] = self._locate_tensors()
 

@@ -46,13 +46,14 @@ def _load(args: argparse.Namespace):
     return recipe.model_copy(update={"layout": with_world_size(recipe.layout, _world_size(args))})
 
 
-def _check_layout(recipe, world_size: int) -> None:
-    """Refuse a layout the job cannot run before any worker starts (one line, naming the field)."""
+def _check_layout(recipe, config, world_size: int) -> None:
+    """Refuse a layout the job cannot run before any worker starts (one line, naming the field); ``config``: the
+    recipe's model config."""
     from openrecipes.config.layout import LayoutError, unsupported_reason
     from openrecipes.config.rundir import rows_directory
-    from openrecipes.train.engine import layout_problems_for, model_config
+    from openrecipes.train.engine import layout_problems_for
 
-    problems = layout_problems_for(recipe, model_config(recipe), world_size=world_size,
+    problems = layout_problems_for(recipe, config, world_size=world_size,
                                    rows=rows_directory(recipe.data.rows, recipe.run_dir))
     if problems:
         raise ValueError(f"{LayoutError(problems[0])} (--nproc x --nnodes = {world_size} processes)")
@@ -61,11 +62,10 @@ def _check_layout(recipe, world_size: int) -> None:
         raise ValueError(reason)
 
 
-def _check_host_memory(recipe, processes: int, available_bytes: int | None = None) -> None:
+def _check_host_memory(recipe, config, processes: int, available_bytes: int | None = None) -> None:
     """Refuse a run whose planned host memory (plan/host.py) exceeds this host's available memory (MemAvailable,
     or ``available_bytes``), naming both."""
     from openrecipes.plan.host import available_host_bytes, check_host_memory, predict_host_memory
-    from openrecipes.train.engine import model_config
 
     if recipe.data.build is not None:
         row_tokens = recipe.data.build.row_tokens
@@ -73,7 +73,7 @@ def _check_host_memory(recipe, processes: int, available_bytes: int | None = Non
         from openrecipes.data.manifest import read_manifest
 
         row_tokens = int(read_manifest(recipe.data.rows)["row_tokens"])
-    prediction = predict_host_memory(recipe, model_config(recipe), row_tokens=row_tokens, processes_per_node=processes)
+    prediction = predict_host_memory(recipe, config, row_tokens=row_tokens, processes_per_node=processes)
     check_host_memory(prediction, available_host_bytes() if available_bytes is None else available_bytes)
 
 
@@ -111,16 +111,19 @@ def run(args: argparse.Namespace) -> int:
 
     from openrecipes.train.run_lock import exit_with_launcher, run_dir_lock
 
+    from openrecipes.checkpoint.hf import recipe_model_config
+
     recipe = _load(args)
+    config = recipe_model_config(recipe)  # once: every check below and the training in this process take it
     if "WORLD_SIZE" in os.environ:  # a training process torchrun started: it ends with its launcher
         exit_with_launcher()
-        return _launch_or_train(args, recipe)
+        return _launch_or_train(args, recipe, config)
     if args.exit_with_parent is not None:
         exit_with_launcher(parent_pid=args.exit_with_parent)
     if args.node_rank != 0:  # the first node's launcher checks, builds the rows and holds the run directory
-        return _launch_or_train(args, recipe)
-    _check_layout(recipe, _world_size(args))  # an impossible layout is refused before anything is written
-    _check_host_memory(recipe, args.nproc)      # and so is a run this host's memory cannot hold
+        return _launch_or_train(args, recipe, config)
+    _check_layout(recipe, config, _world_size(args))  # an impossible layout is refused before anything is written
+    _check_host_memory(recipe, config, args.nproc)      # and so is a run this host's memory cannot hold
     from openrecipes.train.run_inputs import claim_recipe_run_dir
 
     claim_recipe_run_dir(recipe, None if args.resume else args.recipe)  # a directory the run may write, marked
@@ -131,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
 
             build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
         from openrecipes.config.rundir import rows_directory
-        from openrecipes.train.engine import model_config
         from openrecipes.train.images import check_rows_directory
         from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 
@@ -139,12 +141,12 @@ def run(args: argparse.Namespace) -> int:
 
         rows = rows_directory(recipe.data.rows, recipe.run_dir)
         check_rows_files(rows)  # changed or damaged rows: one line here, before any training process starts
-        check_rows_directory(recipe, rows)  # image rows the run can take
-        check_rows_vocabulary(recipe, model_config(recipe), rows)  # and ids the model has
-        return _launch_or_train(args, recipe)
+        check_rows_directory(recipe, config, rows)  # image rows the run can take
+        check_rows_vocabulary(recipe, config, rows)  # and ids the model has
+        return _launch_or_train(args, recipe, config)
 
 
-def _launch_or_train(args: argparse.Namespace, recipe) -> int:
+def _launch_or_train(args: argparse.Namespace, recipe, config) -> int:
     import os
     from pathlib import Path
 
@@ -165,7 +167,8 @@ def _launch_or_train(args: argparse.Namespace, recipe) -> int:
     if os.environ.get("RANK", "0") == "0":  # say where files go before anything is written there
         print(f"openrecipes train: writing to {Path(recipe.run_dir).resolve()}", file=sys.stderr)
     try:
-        run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after)
+        run_dir = train(recipe, command=command, resume=bool(args.resume), stop_after=args.stop_after,
+                        config=config)
     except BaseException as error:
         from openrecipes.train.launch import record_worker_error
 

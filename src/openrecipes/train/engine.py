@@ -21,24 +21,16 @@ from openrecipes.train.chunked_loss import chunked_head
 from openrecipes.train.images import image_inputs, sliced_image_inputs, trainable_modules
 
 
-def model_config(recipe: Recipe) -> Any:
-    """The model config named by the recipe (registry name or HF directory), with its overrides applied."""
-    from openrecipes.checkpoint.hf import recipe_model_config
-
-    return recipe_model_config(recipe)
-
-
-def build_model(recipe: Recipe, device: torch.device, parallel=None) -> tuple[nn.Module, GradientSync]:
-    """The model, on ``device``, with the recipe's kernels, parallelized by ``parallel``'s layout (recompute, and
-    when ``parallel`` spans several ranks pipeline, expert, tensor, context and data parallelism); and the object
-    that accumulates and synchronises its gradients. Runs whose dense weights FSDP2 shards (dp > 1) keep fp32
-    parameters (the sharded masters) and compute in bf16 (``parameter_dtype``); a LoRA run's frozen base stays in the
-    compute dtype (``base_dtype``)."""
+def build_model(recipe: Recipe, config: Any, device: torch.device, parallel=None) -> tuple[nn.Module, GradientSync]:
+    """The model of ``config`` (the recipe's, resolved once by the train entry), on ``device``, with the recipe's
+    kernels, parallelized by ``parallel``'s layout (recompute, and when ``parallel`` spans several ranks pipeline,
+    expert, tensor, context and data parallelism); and the object that accumulates and synchronises its gradients.
+    Runs whose dense weights FSDP2 shards (dp > 1) keep fp32 parameters (the sharded masters) and compute in bf16
+    (``parameter_dtype``); a LoRA run's frozen base stays in the compute dtype (``base_dtype``)."""
     from openrecipes.config.layout import rank_layers
     from openrecipes.models.families import family_for_config
     from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
 
-    config = model_config(recipe)
     distributed = parallel is not None and parallel.distributed
     dtype = base_dtype(recipe, parallel)
     kernels = KernelOptions(attention=recipe.kernels.attention, experts=recipe.kernels.experts,

@@ -36,13 +36,12 @@ def trainable_modules(recipe: Recipe, config: Any) -> tuple[tuple[str, ...], tup
     return towers + projection, ()
 
 
-def check_rows_directory(recipe: Recipe, rows: Path) -> None:
+def check_rows_directory(recipe: Recipe, config: Any, rows: Path) -> None:
     """``check_image_rows`` for a built rows directory (the launcher runs it before any training process starts)."""
     from openrecipes.data.manifest import MANIFEST_FILE, read_manifest
-    from openrecipes.train.engine import model_config
 
     if (rows / MANIFEST_FILE).is_file():
-        check_image_rows(recipe, model_config(recipe), read_manifest(rows).get("images"))
+        check_image_rows(recipe, config, read_manifest(rows).get("images"))
 
 
 def check_image_rows(recipe: Recipe, config: Any, rows: dict[str, Any] | None) -> None:

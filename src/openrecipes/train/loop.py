@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from openrecipes import __version__
+from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
@@ -33,6 +33,7 @@ from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_
                                        RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
+from openrecipes.version import __version__
 
 
 class TrainingStopped(ValueError):
@@ -96,8 +97,9 @@ def _run_info(recipe: Recipe, config, device: torch.device, command: str, world:
 
 
 def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
-          device: torch.device | None = None) -> Path:
-    """Run (or resume) the recipe; returns the run directory."""
+          device: torch.device | None = None, config=None) -> Path:
+    """Run (or resume) the recipe; returns the run directory. ``config``: the recipe's model config when the caller
+    resolved it already (``checkpoint.hf.recipe_model_config``, what `openrecipes train` does once per process)."""
     from openrecipes.data.batching import RowLoader, load_rows
     from openrecipes.config.layout import LayoutError, rows_per_microbatch as layout_rows_per_microbatch
 
@@ -108,7 +110,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     rank, world, default_device = init_distributed(recipe.distributed_timeout_minutes)
     device = device or default_device
     run_dir = Path(recipe.run_dir)
-    config = engine.model_config(recipe)
+    config = recipe_model_config(recipe) if config is None else config
     problems = engine.layout_problems_for(recipe, config, world_size=world,
                                           rows=rows_directory(recipe.data.rows, run_dir))
     if problems:
@@ -134,7 +136,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     dataset = load_rows(_rows_to_train_on(recipe, run_dir))
     row_tokens = dataset.row_tokens
-    check_rows_directory(recipe, _rows_to_train_on(recipe, run_dir))
+    check_rows_directory(recipe, config, _rows_to_train_on(recipe, run_dir))
     check_rows_vocabulary(recipe, config, _rows_to_train_on(recipe, run_dir), int(dataset.input_ids.max()))
     rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
     dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
@@ -152,7 +154,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
 
     clock.mark("setup")
     engine.check_weights_fit(recipe, config, device, parallel)
-    model, grads = engine.build_model(recipe, device, parallel)
+    model, grads = engine.build_model(recipe, config, device, parallel)
     clock.mark("build")
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer

@@ -232,9 +232,11 @@ class Planner:
     """Refusals and predictions for recipes of one model on one target."""
 
     def __init__(self, start: Recipe, target: Target, row_tokens: int, *, image_rows: bool = False) -> None:
-        from openrecipes.train.engine import model_config
+        from openrecipes.models.resolve import resolve_model_config
 
-        self.config = model_config(start)
+        # the config train resolves for this recipe: image rows read a checkpoint directory with its towers
+        self.config = resolve_model_config(start.model, overrides=start.model_overrides, full=image_rows,
+                                           from_checkpoint=start.init == "checkpoint")
         self.shape: ModelShape = model_shape(self.config, name=start.model)
         self.image_rows = image_rows  # the rows hold images
         self.hardware = planner_hardware(target)

@@ -1,0 +1,88 @@
+"""The model config a run names, worked out in one place: a registry name or a Hugging Face checkpoint directory
+(its config.json), with the run's ``model_overrides`` applied and checked field by field. Train, the export of a
+training checkpoint, the tuner and the card checks all ask this module; it takes plain values, not a recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+from openrecipes.models.families import ModelFamily, family_for_model_type
+from openrecipes.utils import read_json
+
+HF_CONFIG_FILE = "config.json"
+
+
+def read_hf_config(directory: str | Path) -> dict:
+    """The fields of a checkpoint directory's config.json; a missing directory or file, or a file that is not a JSON
+    object, is an error naming the path."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+    path = directory / HF_CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    fields = read_json(path)
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields, got a {type(fields).__name__}")
+    return fields
+
+
+def config_from_hf_fields(fields: Mapping[str, Any], source: str, *, full: bool = False) -> tuple[ModelFamily, Any]:
+    """The family and model config of a checkpoint's config.json fields (``source`` names the file in errors).
+    ``full=False`` (text-only mode, the default): for a family with that mode (``ModelFamily.text_only``: Muse Spark),
+    the config of the text model alone, without the perception towers; ``full=True``: the whole checkpoint's config,
+    towers included."""
+    family = family_for_model_type(fields.get("model_type"), source=source)
+    config = family.config_from_hf(dict(fields), source)
+    if not full and family.text_only is not None:
+        config = family.text_only(config)
+    return family, config
+
+
+def resolve_model_config(model: str, *, overrides: Mapping[str, Any] | None = None, full: bool = False,
+                         from_checkpoint: bool = False) -> Any:
+    """The config of ``model`` (a registry name or a checkpoint directory) with ``overrides`` applied. ``full``: a
+    directory is read in full-checkpoint mode (towers kept: the run trains on image rows); ``from_checkpoint``: the
+    run loads the directory's weights (``init: checkpoint``), which a registry name has none of."""
+    from openrecipes.models.registry import get_config, names
+
+    if model in names():
+        if from_checkpoint:
+            raise ValueError(f"init: 'checkpoint' needs model to be a Hugging Face directory, got {model!r}")
+        config = get_config(model)
+    elif Path(model).is_dir():
+        _, config = config_from_hf_fields(read_hf_config(model), str(Path(model) / HF_CONFIG_FILE), full=full)
+    else:
+        raise ValueError(f"model: {model!r} is neither a registered model ({', '.join(names())}) "
+                         "nor a checkpoint directory")
+    return with_overrides(config, overrides or {})
+
+
+def with_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """``config`` with ``overrides`` (``model_overrides``) replacing its fields; an unknown field, or a value of
+    another type than the one it replaces, is an error naming the field."""
+    if not overrides:
+        return config
+    known = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
+    for key, value in overrides.items():
+        _check_override(key, value, getattr(config, key))
+    return dataclasses.replace(config, **overrides)
+
+
+_OVERRIDE_TYPES = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"),
+                   (str, (str,), "a string"))
+
+
+def _check_override(key: str, value: Any, default: Any) -> None:
+    """An override must have the type of the value it replaces (an int for a size, a float for a rate, ...)."""
+    for kind, accepted, name in _OVERRIDE_TYPES:
+        if isinstance(default, kind):
+            # a bool is an int to Python, never to a config
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted):
+                raise ValueError(f"model_overrides.{key}: expected {name} (like {default!r}), got {value!r}")
+            return

@@ -32,8 +32,10 @@ def test_enumeration_prints_a_ranked_table(capsys):
                  "--recompute", "full", "--optimizer", "adam", "--offload-fraction", "0", "--top", "3",
                  "--usd-per-gpu-hour", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "fit" in lines[0] and "at 3 USD/GPU-hour" in lines[1] and len(lines) == 3 + 3
-    assert all(line.split()[-1] in ("openrecipes", "generic") and "$" in line for line in lines[3:])
+    assert "fit" in lines[0] and "at 3 USD/GPU-hour" in lines[1] and len(lines) == 3 + 3 + 1
+    assert all(line.split()[-2] in ("openrecipes", "generic") and line.split()[-1] in ("run", "never", "?")
+               and "$" in line for line in lines[3:6])
+    assert lines[6].startswith("on GPUs")
 
 
 def test_bad_layout_is_a_user_error(capsys):

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from openrecipes.plan.published import engine_name
+
 _LAYOUT_OPTIONS = ("tp", "pp", "pp_first_stage_layers", "pp_last_stage_layers", "cp", "ep", "etp", "dp")
 # The training settings and their defaults, the same in both modes: a setting given is used as given; one left out
 # takes its default when one layout is planned, and a ranking tries each value in its sweep (the default among them).
@@ -74,6 +76,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--recipes", type=Path, default=Path("recipes"),
                    help="card catalog a ranking's top layout is compared with (same model and GPUs; default: "
                         "./recipes, skipped when absent)")
+    p.add_argument("--gpu-runs", type=Path, default=Path("bench/results"),
+                   help="results of bench/engine_speed.py: with this engine's cards under --recipes, the layouts "
+                        "it has run on GPUs; a ranked layout outside them is flagged (default: ./bench/results)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
     from openrecipes.plan.enumerate import engine_for, evaluate, offload_update_for, search
+    from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
     from openrecipes.plan.memory import TrainingSetup
     from openrecipes.plan.shape import model_shape
@@ -131,11 +137,14 @@ def run(args: argparse.Namespace) -> int:
         optimizers=sweep["optimizer"], offloads=sweep["offload_fraction"],
         global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
     top = plans[:args.top]
-    gaps = _published_gaps(args.recipes, shape.name, hw, count, plans)
+    gaps = _published_gaps(args.recipes, shape, hw, count, plans)
+    runs = engine_gpu_runs(args.gpu_runs, args.recipes)
+    ran = [runs.ran(p.layout) if runs.layouts else None for p in top]
     if args.json:
         print(json.dumps({"evaluated": evaluated, "fitting": len(plans),
-                          "ranked": [{**p.to_json(), **_price_json(p, price)} for p in top],
-                          "published_cards": gaps}, indent=2))
+                          "ranked": [{**p.to_json(), **_price_json(p, price), "run_on_gpus_by_this_engine": r}
+                                     for p, r in zip(top, ran)],
+                          "published_cards": gaps, "gpu_runs_searched": runs.searched}, indent=2))
         return 0
     engines = sorted({p.setup.engine for p in top})
     print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated} valid layout settings, "
@@ -143,22 +152,29 @@ def run(args: argparse.Namespace) -> int:
           f"({'; '.join(f'{e}: {_basis(e)}' for e in engines) or _basis(args.engine)})")
     print(_price_line(price))
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
-             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11}"
+             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11} {'on GPUs':<7}"
     print(header)
-    for rank, p in enumerate(top, 1):
+    for rank, (p, r) in enumerate(zip(top, ran), 1):
         usd = _price_json(p, price)["usd_per_million_tokens"]
         print(f"{rank:>3}  {p.layout.label():<32} {p.layout.max_tokens_per_gpu:>7} {p.setup.recompute:<9} "
               f"{p.setup.optimizer:<15} {p.setup.offload_fraction:>4.1f} {p.peak_memory_gib:>8.1f} "
               f"{p.throughput.tokens_per_s_per_gpu:>10.1f} {p.throughput.mfu:>6.1%} "
-              f"{'-' if usd is None else f'${usd:.2f}':>8} {_engine_name(p.setup.engine):<11}")
+              f"{'-' if usd is None else f'${usd:.2f}':>8} {engine_name(p.setup.engine):<11} "
+              f"{'?' if r is None else 'run' if r else 'never':<7}")
+    print(_gpu_runs_line(runs, ran))
     for gap in gaps:
-        if gap["why"]:
-            print(gap["why"])
+        print(gap["why"])
     return 0
 
 
-def _engine_name(engine: str) -> str:
-    return "openrecipes" if engine == "openrecipes" else "generic"
+def _gpu_runs_line(runs: Any, ran: list[bool | None]) -> str:
+    """What the "on GPUs" column means and what it rests on."""
+    if not runs.layouts:
+        where = ", ".join(runs.searched) or "no bench results or cards found (--gpu-runs, --recipes)"
+        return f"on GPUs ?: no record of this engine's GPU runs ({where}); no layout checked"
+    never = sum(1 for r in ran if r is False)
+    return (f"on GPUs: 'never' marks a layout not run on GPUs by this engine ({never} of {len(ran)} shown); its "
+            f"GPU runs ({', '.join(runs.searched)}): {', '.join(runs.labels())}")
 
 
 def _price_json(plan: Any, price: Any) -> dict[str, Any]:
@@ -177,13 +193,12 @@ def _price_line(price: Any) -> str:
     return f"$/1M tokens at {price.usd_per_gpu_hour:g} USD/GPU-hour ({price.source})"
 
 
-def _published_gaps(recipes: Path, model: str, hw: Any, count: int, plans: list[Any]) -> list[dict[str, Any]]:
-    """Each published card for this model and GPUs, with why the ranking's top layout is far from it (or None)."""
-    from openrecipes.plan.published import explain_gap, published_cards
+def _published_gaps(recipes: Path, shape: Any, hw: Any, count: int, plans: list[Any]) -> list[dict[str, Any]]:
+    """Each published card for this model and GPUs beside the planner: its exact recipe predicted against what it
+    measured, and where its layout ranks (``why``: the text)."""
+    from openrecipes.plan.published import compare_card, published_cards
 
-    cards = published_cards(recipes, model, hw.gpu.name, count)
-    return [{"card": str(card.path), "layout": card.label, "tokens_per_s_per_gpu": card.tokens_per_s_per_gpu,
-             "why": explain_gap(card, plans, hw) if plans else None} for card in cards]
+    return [compare_card(card, plans, hw, shape) for card in published_cards(recipes, shape.name, hw.gpu.name, count)]
 
 
 def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) -> None:
@@ -212,7 +227,7 @@ def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) 
     elif reason and asked_engine == "auto":
         print(f"engine: the generic model, as openrecipes train cannot run this layout yet: {reason}")
     else:
-        print(f"engine: {_engine_name(plan.setup.engine)}")
+        print(f"engine: {engine_name(plan.setup.engine)}")
 
 
 def _basis(engine: str) -> str:

@@ -86,9 +86,12 @@ def test_a_link_to_the_folder_seen_through_another_link_is_inside(tmp_path):
 
 
 def _save(directory: Path, value: float) -> None:
+    from openrecipes.checkpoint.checksums import write_checksums
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"w": torch.full((4,), value)}, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+    write_checksums(directory, no_dist=True)  # as every save writes them
 
 
 def _point_storage_at(ckpt: Path, relative_path: str) -> None:
@@ -115,6 +118,7 @@ def planted(tmp_path):
 
 @pytest.mark.parametrize("how", ["climbs", "absolute", "link"])
 def test_a_storage_path_leaving_the_checkpoint_is_refused(planted, how, opened):
+    from openrecipes.checkpoint.checksums import write_checksums
     from openrecipes.checkpoint.safe_load import load_dcp
 
     ckpt, secret = planted
@@ -122,9 +126,10 @@ def test_a_storage_path_leaving_the_checkpoint_is_refused(planted, how, opened):
         (ckpt / "shard.distcp").symlink_to(secret)
     name = {"climbs": "../secret.bin", "absolute": str(secret), "link": "shard.distcp"}[how]
     _point_storage_at(ckpt, name)
+    write_checksums(ckpt, no_dist=True)  # forged to match; a link among the files is refused by that list already
     state = {"w": torch.zeros(4)}
-    with pytest.raises(ValueError, match=rf"{ckpt}/\.metadata: storage_data\['w'\]\.relative_path: "
-                                         rf"'{name}' is not a file name inside"):
+    with pytest.raises(ValueError, match=rf"{ckpt}/(\.metadata: storage_data\['w'\]\.relative_path|checksums\.json: "
+                                         rf"files): '{name}' is not a file name inside"):
         load_dcp(state, ckpt, no_dist=True)
     assert torch.equal(state["w"], torch.zeros(4))
     assert str(secret) not in opened
@@ -317,7 +322,7 @@ def test_a_dataset_file_outside_the_dataset_is_refused(tmp_path, how, opened):
 
 
 def test_latest_naming_a_save_linked_from_elsewhere_is_refused(tmp_path):
-    from openrecipes.train.checkpointing import latest_checkpoint
+    from openrecipes.checkpoint.training_save import latest_checkpoint
 
     outside = tmp_path / "outside" / "step-000001"
     outside.mkdir(parents=True)

@@ -50,16 +50,15 @@ def test_a_missing_shard_and_a_garbled_checksum_file(copy):
     (copy / CHECKSUMS_FILE).write_text("{not json")
     with pytest.raises(ValueError, match=f"{CHECKSUMS_FILE}: damaged checksum file"):
         load_native_state(copy)
-    (copy / CHECKSUMS_FILE).unlink()
-    shard(copy).unlink()
-    with pytest.raises(FileNotFoundError, match=r"__0_0\.distcp"):  # without checksums: still named
+    (copy / CHECKSUMS_FILE).unlink()  # a checkpoint without one is refused: test_load_refusals.py
+    with pytest.raises(FileNotFoundError, match=f"{CHECKSUMS_FILE}: missing from {copy}"):
         load_native_state(copy)
 
 
-def test_an_older_checkpoint_without_checksums_still_loads(copy):
-    (copy / CHECKSUMS_FILE).unlink()
-    state, _ = load_native_state(copy)
-    assert state
+def test_a_missing_shard_is_named(copy):
+    shard(copy).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"__0_0\.distcp: missing \(listed in {CHECKSUMS_FILE}\)"):
+        load_native_state(copy)
 
 
 def test_a_garbled_manifest_is_named(copy):

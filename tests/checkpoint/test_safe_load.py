@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from openrecipes.checkpoint.checksums import write_checksums
 from openrecipes.checkpoint.hf import save_hf
 from openrecipes.checkpoint.native import import_hf, load_native_state
 from openrecipes.checkpoint.safe_load import load_dcp, read_dcp_metadata
@@ -28,10 +29,10 @@ class RunsCode:
 
 
 def plant_metadata(ckpt_dir, marker):
-    """A hostile .metadata; the checksum file goes too (whoever plants one can rewrite it), so the unpickler is
-    what has to refuse it."""
+    """A hostile .metadata; the checksum file is rewritten to match (whoever plants one can hash it), so the
+    unpickler is what has to refuse it."""
     (ckpt_dir / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
-    (ckpt_dir / "checksums.json").unlink(missing_ok=True)
+    write_checksums(ckpt_dir, no_dist=True)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def test_planted_metadata_is_refused_by_convert_export(native_dir, tmp_path, cap
 def test_planted_byte_item_is_refused(tmp_path):
     marker = tmp_path / "ran"
     dcp.save({"lr": RunsCode(marker)}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    write_checksums(tmp_path / "ckpt", no_dist=True)
     with pytest.raises(ValueError, match="'lr': refused or unreadable"):
         load_dcp({"lr": 0.0}, tmp_path / "ckpt", no_dist=True)
     assert not marker.exists()

@@ -3,8 +3,10 @@ silently resumed from (a flipped byte inside a shard still unpickles and loads a
 
 CKPT_DIR/checksums.json: {"format": ..., "algorithm": "sha256", "files": {"__0_0.distcp": {"bytes": N,
 "sha256": "..."}, ".metadata": {...}, ...}}. It is written after every other file of the save and before the
-directory is made complete (renamed into place). A directory without it (written before checksums existed) loads
-with the check skipped.
+directory is made complete (renamed into place), so every checkpoint this tool writes has one: a loader of those
+(``safe_load.load_dcp``) requires it, and a file of the directory it does not list is refused too (added after the
+save, or the list was edited to leave it unchecked). Directories that may come from elsewhere (a PEFT adapter) pass
+``required=False`` and are checked only when they have one.
 
 In a multi-process save each rank hashes the files it wrote (``__RANK_*.distcp``) and rank 0 collects them; at load
 each rank checks a share of the files and every rank raises the same error.
@@ -27,7 +29,8 @@ def _entry(path: Path) -> dict:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def _distributed(no_dist: bool) -> bool:
+def is_distributed(no_dist: bool) -> bool:
+    """Whether a checkpoint is written or read by several processes (``no_dist``: this one alone)."""
     return not no_dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -49,7 +52,7 @@ def write_checksums(directory: str | Path, *, no_dist: bool = False) -> None:
     """Hash the directory's files (collectively when several processes wrote it) and write CHECKSUMS_FILE from
     rank 0. Every rank must call it after its last write."""
     directory = Path(directory)
-    distributed = _distributed(no_dist)
+    distributed = is_distributed(no_dist)
     rank = dist.get_rank() if distributed else 0
     entries = {p.name: _entry(p) for p in _own_files(directory, rank, distributed)}
     if distributed:
@@ -88,22 +91,41 @@ def _problem(directory: Path, name: str, entry: dict) -> str | None:
     return None
 
 
-def verify_checksums(directory: str | Path, *, no_dist: bool = False) -> bool:
-    """Check every file listed in CHECKSUMS_FILE; False when there is none (an older checkpoint: check skipped).
+def _unlisted_problem(directory: Path, files: dict[str, dict], unlisted: tuple[str, ...]) -> str | None:
+    """A file of the directory the checksum file does not list (``unlisted``: names written after it, which carry
+    nothing the load reads, like an overwrite marker)."""
+    extra = sorted(p.name for p in directory.iterdir()
+                   if p.is_file() and p.name not in files and p.name != CHECKSUMS_FILE and p.name not in unlisted)
+    if extra:
+        return (f"{directory / extra[0]}: not listed in {CHECKSUMS_FILE} (added after the save, or the list was "
+                "edited); its content cannot be checked")
+    return None
 
-    A missing, truncated or changed file is a ValueError (FileNotFoundError when missing) naming it, raised on every
-    rank alike. Every rank must call it."""
+
+def verify_checksums(directory: str | Path, *, no_dist: bool = False, required: bool = False,
+                     unlisted: tuple[str, ...] = ()) -> bool:
+    """Check every file listed in CHECKSUMS_FILE, and that it lists every file of the directory but ``unlisted``;
+    False when there is none and ``required`` is False (a directory that may come from elsewhere).
+
+    A missing, truncated, changed or unlisted file, or a missing CHECKSUMS_FILE when ``required``, is a ValueError
+    (FileNotFoundError when missing) naming it, raised on every rank alike. Every rank must call it."""
     directory = Path(directory)
     manifest_path = directory / CHECKSUMS_FILE
-    distributed = _distributed(no_dist)
+    distributed = is_distributed(no_dist)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     problem: str | None = None
     present = manifest_path.is_file()
-    try:
-        files = _read_manifest(manifest_path) if present else {}
-    except ValueError as error:
-        problem = str(error)
-        files = {}
+    files: dict[str, dict] = {}
+    if not present and required:
+        problem = (f"{manifest_path}: missing from {directory}; every checkpoint openrecipes writes has one (its "
+                   "save's last file), so this one was altered or its save never finished")
+    elif present:
+        try:
+            files = _read_manifest(manifest_path)
+            problem = _unlisted_problem(directory, files, unlisted)
+        except ValueError as error:
+            problem = str(error)
+            files = {}
     for index, (name, entry) in enumerate(sorted(files.items())):
         if problem is None and index % world == rank:  # each rank reads a share of the bytes
             problem = _problem(directory, name, entry)
@@ -112,5 +134,6 @@ def verify_checksums(directory: str | Path, *, no_dist: bool = False) -> bool:
         dist.all_gather_object(problems, problem)
         problem = next((p for p in problems if p), None)
     if problem:
-        raise (FileNotFoundError if problem.endswith(f"(listed in {CHECKSUMS_FILE})") else ValueError)(problem)
+        missing = problem.endswith(f"(listed in {CHECKSUMS_FILE})") or not present
+        raise (FileNotFoundError if missing else ValueError)(problem)
     return present

@@ -4,7 +4,9 @@ DCP stores its ``.metadata`` file as a pickle and reads it with ``pickle.load``;
 ``lr``, ``betas``) are pickles read with ``torch.load(weights_only=False)``. Unpickling calls whatever the file
 names, so a planted checkpoint could run a shell command. Here the metadata goes through an unpickler that only
 builds DCP's own metadata classes and the plain torch values they hold, and byte items through
-``torch.load(weights_only=True)``; anything else is refused with a ValueError naming the file.
+``torch.load(weights_only=True)``; anything else is refused with a ValueError naming the file. Every directory read
+here is one this tool wrote, so its checksum file is required (``checksums.py``), and every floating-point tensor
+read must be finite (``finite.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from openrecipes.checkpoint.checksums import verify_checksums
+from openrecipes.checkpoint.checksums import is_distributed, verify_checksums
+from openrecipes.checkpoint.finite import first_nonfinite, nonfinite_message
 from openrecipes.utils import path_inside
 
 METADATA_FILE = ".metadata"
@@ -131,18 +134,20 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[fqn] = obj
 
 
-def load_dcp(state: dict, ckpt_dir: str | Path, *, no_dist: bool = False) -> None:
+def load_dcp(state: dict, ckpt_dir: str | Path, *, no_dist: bool = False, unlisted: tuple[str, ...] = ()) -> None:
     """Fill ``state`` in place from the DCP directory ``ckpt_dir`` without running code from its files, after
-    checking the files against their checksums (when the directory has them).
+    checking the files against their checksums (required: every save writes them; ``unlisted``: files written after
+    them, see ``verify_checksums``), then check that every floating-point tensor read is finite.
 
     Every failure is a ValueError (or FileNotFoundError) naming the directory or file, never DCP's multi-rank
     traceback."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
-    verify_checksums(ckpt_dir, no_dist=no_dist)  # a damaged file is named before any byte of it is used
+    # a damaged file is named before any byte of it is used
+    verify_checksums(ckpt_dir, no_dist=no_dist, required=True, unlisted=unlisted)
     # read once up front: a refusal is then this function's one-line error rather than DCP's rank-local fallback
-    read_dcp_metadata(ckpt_dir / METADATA_FILE)
+    metadata = read_dcp_metadata(ckpt_dir / METADATA_FILE)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
@@ -158,3 +163,22 @@ def load_dcp(state: dict, ckpt_dir: str | Path, *, no_dist: bool = False) -> Non
         raise
     except Exception as error:
         raise ValueError(f"{ckpt_dir}: cannot load checkpoint ({type(error).__name__}: {error})") from None
+    _check_finite(state, ckpt_dir, metadata, no_dist)
+
+
+def _check_finite(state: dict, ckpt_dir: Path, metadata: Metadata, no_dist: bool) -> None:
+    """Refuse a load whose tensors hold NaN or inf, naming the file that stores the first such tensor; each rank
+    checks what it read (a shard of a sharded tensor) and every rank raises the same error."""
+    import torch.distributed as dist
+
+    bad = first_nonfinite(state)
+    if is_distributed(no_dist):
+        found: list = [None] * dist.get_world_size()
+        dist.all_gather_object(found, bad)
+        bad = next((name for name in found if name), None)
+    if bad is None:
+        return
+    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    files = sorted({info.relative_path for index, info in storage.items() if getattr(index, "fqn", None) == bad})
+    source = ckpt_dir / files[0] if len(files) == 1 else ckpt_dir
+    raise ValueError(nonfinite_message(source, bad) + " (a save refuses NaN or inf, so this one was altered)")

@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from openrecipes.checkpoint.finite import require_finite
 from openrecipes.models.resolve import read_hf_config
 from openrecipes.utils import atomic_write_path, atomic_write_text, check_output_dir, guarded_output_dir, path_inside
 
@@ -75,17 +76,19 @@ class HFCheckpoint:
         file_name = self.file_of[key]
         handle = self._open(file_name)
         try:
-            return handle.get_tensor(key)
+            tensor = handle.get_tensor(key)
         except (SafetensorError, OSError, RuntimeError) as error:
             raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
+        return require_finite(tensor, key, self.path / file_name)
 
     def get_slice(self, key: str, *index: slice) -> torch.Tensor:
         """``tensor[index]``, reading only that part of the file (e.g. one half of a fused gate_up_proj)."""
         file_name = self.file_of[key]
         try:
-            return self._open(file_name).get_slice(key)[index]
+            tensor = self._open(file_name).get_slice(key)[index]
         except (SafetensorError, OSError, RuntimeError) as error:
             raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
+        return require_finite(tensor, key, self.path / file_name)
 
     def metadata(self, key: str) -> tuple[tuple[int, ...], str]:
         """Shape and dtype without reading the data."""

@@ -147,3 +147,28 @@ def test_an_impossible_verification_item_fails_naming_its_field(tmp_path, case, 
     edit(_tiny_sft_item(data))
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert field in [p.path for p in load_verification_card(path).problems if p.severity == "error"], case
+
+
+def _with_window_step_times(card: dict[str, Any]) -> dict[str, Any]:
+    """The card's candidate curve given step times over its window that give exactly its headline and spread."""
+    result = card["result"]
+    first, last = result["window"]
+    n = last - first + 1
+    mean = result["window_tokens"] / n / result["tokens_per_s_per_gpu"] / card["gpu"]["count"]
+    ramp = [i - (n - 1) / 2 for i in range(n)]
+    scale = (sum(r * r for r in ramp) / n) ** 0.5
+    times = {first + i: mean * (1 + result["step_time_cv_percent"] / 100 * r / scale) for i, r in enumerate(ramp)}
+    for point in card["curves"]["candidate"]:
+        if point["step"] in times:
+            point["step_time_s"] = times[point["step"]]
+    return card
+
+
+@pytest.mark.parametrize("field, factor", [("result.tokens_per_s_per_gpu", 1.5),
+                                           ("result.step_time_cv_percent", 0.2)])
+def test_the_headline_is_what_the_curves_step_times_give(write_card, field, factor):
+    card = _with_window_step_times(copy.deepcopy(read_card_data(TUNED_CARD)))
+    assert _error_paths(write_card(card, "consistent.yaml")) == []
+    section, key = field.split(".")
+    card[section][key] *= factor
+    assert field in _error_paths(write_card(card)), field

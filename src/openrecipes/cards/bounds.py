@@ -9,7 +9,9 @@ active parameters as the model registry counts them, and hub sources pinned on w
 from __future__ import annotations
 
 import datetime
+import math
 import re
+import statistics
 
 from openrecipes.cards import reference
 from openrecipes.cards.findings import Finding, Loc, half_unit
@@ -81,7 +83,8 @@ def card_peak_bound(card: RecipeCard) -> float | None:
 
 def check_card_bounds(card: RecipeCard, today: datetime.date | None = None) -> list[Finding]:
     out: list[Finding] = []
-    for check in (_peak_override, _gpu_memory, _step_time_cv, _gpu_hours, _active_params, _curves, _steps):
+    for check in (_peak_override, _gpu_memory, _step_time_cv, _gpu_hours, _active_params, _curves, _headline,
+                  _steps):
         out.extend(check(card))
     out.extend(date_findings(card.result.measured, ("result", "measured"), today))
     for index, test in enumerate(card.correctness.component_tests):
@@ -183,6 +186,28 @@ def _curves(card: RecipeCard) -> list[Finding]:
         if value > capacity:
             out.append(Finding(loc=("curves", "memory_phases_gib", phase), message=(
                 f"{value} GiB is above the {capacity:g} GiB of one {card.gpu.type}")))
+    return out
+
+
+def _headline(card: RecipeCard) -> list[Finding]:
+    """The headline against the candidate's curve: when the curve holds the time of every step of the window, the
+    window's tokens over their summed time (what ``measure`` computed) and their spread are the result's figures."""
+    first, last = card.result.window
+    times = {p.step: p.step_time_s for p in (card.curves.candidate if card.curves else None) or []}
+    window = [times.get(step) for step in range(first, last + 1)]
+    if card.result.runs != 1 or any(t is None for t in window):
+        return []
+    out = []
+    computed = card.result.window_tokens / math.fsum(window) / card.gpu.count
+    if abs(card.result.tokens_per_s_per_gpu - computed) > RELATIVE_TOLERANCE * computed:
+        out.append(Finding(loc=("result", "tokens_per_s_per_gpu"), message=(
+            f"{card.result.tokens_per_s_per_gpu} but the candidate's curve gives window_tokens / the window's "
+            f"step times / {card.gpu.count} GPUs = {computed:.6g}")))
+    cv = 100 * statistics.pstdev(window) / statistics.fmean(window)
+    if abs(card.result.step_time_cv_percent - cv) > max(RELATIVE_TOLERANCE * cv, half_unit(card.result.step_time_cv_percent)):
+        out.append(Finding(loc=("result", "step_time_cv_percent"), message=(
+            f"{card.result.step_time_cv_percent} but the candidate's curve gives {cv:.3g} % over steps "
+            f"{first}-{last}")))
     return out
 
 

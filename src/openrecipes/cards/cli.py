@@ -85,6 +85,8 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
                      help="JSON of `openrecipes verify optimizer --json` (repeatable)")
     new.add_argument("--model-name", metavar="NAME", help="model name as published (default: the recipe's model)")
     new.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    new.add_argument("--note", action="append", default=[], metavar="TEXT",
+                     help="a sentence written first in the card's notes (repeatable), e.g. what the run shows")
     new.set_defaults(func=_new)
 
 
@@ -98,7 +100,8 @@ def _new(args: argparse.Namespace) -> int:
         author_url=args.author_url, window=tuple(args.window) if args.window else None, gpu_type=args.gpu,
         gpu_memory_gb=args.gpu_memory_gb, gpus_per_node=args.gpus_per_node, instance=args.instance,
         usd_per_gpu_hour=args.usd_per_gpu_hour, status=args.status,
-        component_tests=tuple(args.component_test), model_name=args.model_name, overwrite=args.overwrite)
+        component_tests=tuple(args.component_test), model_name=args.model_name, overwrite=args.overwrite,
+        notes=tuple(args.note))
     out, problems = new_card(options)
     errors = [p for p in problems if p.severity == "error"]
     for problem in problems:

@@ -4,6 +4,7 @@ one-process run works out its model config once."""
 
 import ast
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -165,6 +166,24 @@ def test_the_cycle_finder_sees_deferred_imports(tmp_path):
                                                 "    from pkg.train import engine\n")
     (package / "train" / "loop.py").write_text("from pkg.train import engine, typed\n")
     assert import_cycles(import_graph(package)) == [frozenset({"pkg.train.engine", "pkg.train.images"})]
+
+
+def test_run_directory_names_have_one_home():
+    """The names of a save's directory (step-NNNNNN) and of a LoRA run's adapter are config/rundir.py's; every other
+    module imports them (a pattern, glob or format of its own would drift apart)."""
+    step_name = re.compile(r"^step-(\*|%0?6d|\\d|$)")
+    home = ROOT / "config" / "rundir.py"
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path == home:
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and step_name.match(node.value):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+                    and node.right.value == "adapter"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} / 'adapter'")
+    assert not found, f"import the names from config/rundir.py: {found}"
 
 
 def test_no_model_module_imports_the_recipe():

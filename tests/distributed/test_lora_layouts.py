@@ -43,7 +43,7 @@ def _adapter(run_dir):
 def _saved_adapters(run_dir):
     """The adapters of the run's last training save, whole, by their training names."""
     from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
-    from openrecipes.checkpoint.training_export import MODEL_PREFIX
+    from openrecipes.checkpoint.training_save import MODEL_PREFIX
 
     (save,) = sorted((Path(run_dir) / "checkpoints").glob("step-*"))
     stored = read_dcp_metadata(save / METADATA_FILE).state_dict_metadata

@@ -55,7 +55,7 @@ def train_and_resume(whole, cut) -> list[str]:
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    from openrecipes.train.checkpointing import latest_checkpoint
+    from openrecipes.checkpoint.training_save import latest_checkpoint
     from openrecipes.train.loop import train
 
     def curve(run_dir):

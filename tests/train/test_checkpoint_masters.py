@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
-from openrecipes.train.checkpointing import load_checkpoint, save_checkpoint
+from openrecipes.checkpoint.training_save import load_checkpoint, save_checkpoint
 
 
 def _trained(dtype: torch.dtype, master: str) -> tuple[nn.Module, MixedPrecisionAdam]:

@@ -3,7 +3,7 @@
 import pytest
 
 from openrecipes.cli import main
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import train
 from tests.checkpoint.test_safe_load import plant_metadata
 
@@ -104,7 +104,7 @@ def test_pruning_keeps_the_new_save_beside_a_leftover_higher_numbered_one(make_r
 
 
 def test_a_save_completed_before_latest_was_written_is_used(make_recipe, monkeypatch, tmp_path):
-    import openrecipes.train.checkpointing as checkpointing
+    from openrecipes.checkpoint import training_save as checkpointing
 
     whole = train(make_recipe(steps=6, checkpoint__every=2, run_dir=str(tmp_path / "whole")), command="t")
     recipe = make_recipe(steps=6, checkpoint__every=2)
@@ -141,7 +141,7 @@ def test_leftover_staging_directories_are_removed_and_nothing_else(short_run, ma
 def test_a_kill_during_the_first_save_leaves_a_run_that_resumes_or_starts_again(make_recipe, monkeypatch):
     from pathlib import Path
 
-    from openrecipes.train import checkpointing
+    from openrecipes.checkpoint import training_save as checkpointing
     from tests.train.test_loop import losses
 
     recipe = make_recipe(steps=2)

@@ -10,7 +10,7 @@ import pytest
 
 from openrecipes.cli import main
 from openrecipes.data.bundled import TOKENIZER
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import train
 
 PLANTED = "export this\n"

@@ -14,7 +14,7 @@ from openrecipes.models.qwen3_moe import build_qwen3_moe
 from openrecipes.models.registry import get_config
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import train
 
 

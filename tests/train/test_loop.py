@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import TrainingStopped, train
 
 
@@ -133,7 +133,7 @@ def test_skip_option_skips_the_update_and_continues(make_recipe, monkeypatch):
 
 
 def test_a_crashed_save_does_not_replace_the_last_good_checkpoint(make_recipe, monkeypatch):
-    import openrecipes.train.checkpointing as checkpointing
+    from openrecipes.checkpoint import training_save as checkpointing
 
     recipe = make_recipe(checkpoint__every=2)
     real_save = checkpointing.dcp.save

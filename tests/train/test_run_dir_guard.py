@@ -11,7 +11,7 @@ from openrecipes.config.recipe import dump_recipe
 from openrecipes.config.rundir import RUN_MARKER, claim_run_dir
 from openrecipes.models.qwen3_moe import build_qwen3_moe
 from openrecipes.models.registry import get_config
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import train
 
 

@@ -17,7 +17,7 @@ from openrecipes.models.common.lora import LoraSpec, apply_lora
 from openrecipes.models.families import family_for_config
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
-from openrecipes.train.checkpointing import latest_checkpoint
+from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

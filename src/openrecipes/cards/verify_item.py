@@ -76,7 +76,8 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
     from openrecipes.cards.dataset import LONG_CONTEXT_ROW_TOKENS, card_workflow, dataset_block, read_rows_manifest
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import (
-        CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, decode_metric, read_metrics, read_run_info, rows_directory,
+        ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, STEP_DIR_GLOB, decode_metric, read_metrics,
+        read_run_info, rows_directory,
     )
     from openrecipes.measure import measure_run_dir
 
@@ -118,8 +119,8 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
     }
     manifest = read_rows_manifest(rows_directory(recipe.data.rows, run_dir))
     _check_workflow(options.workflow, card_workflow(recipe, manifest), lay.cp, run_dir)
-    saves = sorted((run_dir / CHECKPOINTS_DIR).glob("step-*")) if (run_dir / CHECKPOINTS_DIR).is_dir() else []
-    produced = run_dir / "adapter" if recipe.lora is not None else (saves[-1] if saves else None)
+    saves = sorted((run_dir / CHECKPOINTS_DIR).glob(STEP_DIR_GLOB)) if (run_dir / CHECKPOINTS_DIR).is_dir() else []
+    produced = run_dir / ADAPTER_DIR if recipe.lora is not None else (saves[-1] if saves else None)
     checkpoint = _checkpoint(options, produced, default_source=(
         f"{recipe.model} ({recipe.init} init, seed {recipe.seed}); "
         f"the hash is of what the run wrote: {produced.relative_to(run_dir).as_posix() if produced else 'nothing'}"))

@@ -87,7 +87,8 @@ def _import(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from openrecipes.checkpoint.native import MANIFEST, export_hf
-    from openrecipes.checkpoint.training_export import export_training_checkpoint, run_dir_of
+    from openrecipes.checkpoint.training_export import export_training_checkpoint
+    from openrecipes.checkpoint.training_save import run_dir_of
 
     if not (Path(args.ckpt_dir) / MANIFEST).is_file() and run_dir_of(args.ckpt_dir) is not None:
         export_training_checkpoint(args.ckpt_dir, args.hf_dir, max_shard_bytes=int(args.max_shard_gib * 2**30),

@@ -1,6 +1,6 @@
 """A training checkpoint (RUN_DIR/checkpoints/step-NNNNNN) as a Hugging Face directory.
 
-A training save holds ``model``, ``optimizer`` and ``trainer`` state (``train/checkpointing.py``), written under
+A training save holds ``model``, ``optimizer`` and ``trainer`` state (``checkpoint/training_save.py``), written under
 whatever layout the run had; DCP reshards on load, so only the model's tensors are read, whole, in one process.
 What the directory needs besides the weights comes from the run: the model config from ``RUN_DIR/recipe.yaml``
 (registry name or HF directory, with ``model_overrides``), the tokenizer files the rows were built with (the rows'
@@ -18,28 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from openrecipes.checkpoint.hf import hf_tensors_from_native, recipe_model_config
-from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
+from openrecipes.checkpoint.safe_load import METADATA_FILE
 from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER, write_hf_dir
+from openrecipes.checkpoint.training_save import read_model_state, run_dir_of
 from openrecipes.config.rundir import CHECKPOINTS_DIR, RECIPE_FILE, RUN_FILE, read_run_info, rows_directory
 from openrecipes.utils import check_output_dir, path_inside, sha256_file
 
-MODEL_PREFIX = "model."  # the model's part of a training save (its other parts: optimizer., trainer.)
 EXPORT_DTYPES = ("source", "native")
 GENERATION_CONFIG = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-
-
-def run_dir_of(ckpt_dir: str | Path) -> Path | None:
-    """The run directory a training save sits in (``RUN_DIR/checkpoints/step-NNNNNN``), or None when ``ckpt_dir``
-    is not one."""
-    ckpt_dir = Path(ckpt_dir)
-    run_dir = ckpt_dir.parent.parent
-    if ckpt_dir.parent.name != CHECKPOINTS_DIR or not (ckpt_dir / METADATA_FILE).is_file():
-        return None
-    return run_dir if (run_dir / RECIPE_FILE).is_file() else None
 
 
 def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
@@ -76,8 +65,7 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
         from openrecipes.models.common.lora import LoraSpec, apply_lora
 
         apply_lora(model, LoraSpec.from_recipe(recipe))
-    state = _empty_model_state(ckpt_dir, dict(model.named_parameters()))
-    load_dcp({"model": state}, ckpt_dir, no_dist=True)  # checksums checked; its pickles cannot run code
+    state = read_model_state(ckpt_dir, dict(model.named_parameters()))
     if recipe.lora is not None:
         state = _merged_lora_state(model, state)
     if dtypes == "source":
@@ -133,27 +121,6 @@ def _check_run_model(run_dir: Path, config: Any) -> None:
         raise ValueError(f"{run_dir / RUN_FILE}: the run trained a model of {recorded:,} parameters, but "
                          f"{run_dir / RECIPE_FILE} now resolves to one of {config.total_params():,}; the model it "
                          "names has changed since the run")
-
-
-def _empty_model_state(ckpt_dir: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Empty CPU tensors for every model tensor of the save, in the shapes and dtypes the save records (what DCP
-    loads into); the save must hold exactly the model's parameters."""
-    metadata = read_dcp_metadata(ckpt_dir / METADATA_FILE).state_dict_metadata
-    stored = {key.removeprefix(MODEL_PREFIX): item for key, item in metadata.items() if key.startswith(MODEL_PREFIX)}
-    missing = [name for name in expected if name not in stored]
-    unknown = [name for name in stored if name not in expected]
-    if missing or unknown:
-        raise ValueError(f"{ckpt_dir}: the save does not hold this model's parameters (missing: {missing[:3]}, "
-                         f"unknown: {unknown[:3]}); was RUN_DIR/{RECIPE_FILE} edited after the run?")
-    state = {}
-    for name, param in expected.items():
-        item = stored[name]
-        if not isinstance(item, TensorStorageMetadata) or tuple(item.size) != tuple(param.shape):
-            shape = tuple(item.size) if isinstance(item, TensorStorageMetadata) else type(item).__name__
-            raise ValueError(f"{ckpt_dir}: {MODEL_PREFIX}{name} is stored as {shape}, the model has "
-                             f"{tuple(param.shape)}")
-        state[name] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
-    return state
 
 
 def _tokenizer_files(recipe: Any, run_dir: Path) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from openrecipes.utils import atomic_write_text, check_apart_from_inputs, iter_j
 RECIPE_FILE = "recipe.yaml"       # the resolved recipe the run trains
 RUN_FILE = "run.json"             # RunInfo: what ran, where, with which versions
 METRICS_FILE = "metrics.jsonl"    # one JSON line per step
-CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` pointer
+CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` pointer (checkpoint/training_save.py)
+ADAPTER_DIR = "adapter"           # a LoRA run's PEFT adapter, written after its last step
 ROWS_DIR = "rows"                 # rows built at the start of the run (data.build)
 PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
 LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
@@ -28,6 +30,21 @@ INPUTS_FILE = "inputs.json"       # what a fresh start read: sha256 of rows, bas
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
 RUN_MARKER = ".openrecipes-run"   # written when train takes a directory: a populated one without it is not trained into
+
+
+# a save's directory inside CHECKPOINTS_DIR: the step it holds (0-based), six digits or more
+STEP_DIR = re.compile(r"step-\d{6,}")
+STEP_DIR_GLOB = "step-*"
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the save of ``step`` (0-based) inside CHECKPOINTS_DIR."""
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a save directory (named by ``checkpoint_name``) holds."""
+    return int(Path(path).name.removeprefix("step-"))
 
 
 def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:

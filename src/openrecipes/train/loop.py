@@ -23,14 +23,14 @@ from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
 from openrecipes.train.rows_vocabulary import check_rows_vocabulary
-from openrecipes.train.checkpointing import (checkpoint_step, latest_checkpoint, load_checkpoint, remove_stale_staging,
-                                             save_checkpoint)
+from openrecipes.checkpoint.training_save import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
 from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import MemoryTrace, build_peak_and_reset, peak_gib_per_stage, rank_peak_bytes
 from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE, RECIPE_FILE,
-                                       RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo, rows_directory, write_run_info)
+from openrecipes.config.rundir import (ADAPTER_DIR, HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE,
+                                       RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
+                                       checkpoint_step, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
 from openrecipes.version import __version__
@@ -255,7 +255,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 from openrecipes.checkpoint.lora import save_peft_adapter
 
                 with heartbeat.paused():
-                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / "adapter", base_model=recipe.model,
+                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / ADAPTER_DIR, base_model=recipe.model,
                                       write=parallel.rank == 0,
                                       stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
             if debug.stall_at == (rank, step):

@@ -1,6 +1,8 @@
-"""Training checkpoints with torch.distributed.checkpoint, written so a crash never replaces the last good one.
+"""The training checkpoint format: what train saves and resumes from and what ``convert export`` reads
+(checkpoint/training_export.py), torch.distributed.checkpoint directories written so a crash never replaces the last
+good one.
 
-RUN_DIR/checkpoints/step-000012/   one DCP directory per save (model, optimizer, trainer state)
+RUN_DIR/checkpoints/step-000012/   one DCP directory per save: ``model``, ``optimizer`` and ``trainer`` state
 RUN_DIR/checkpoints/latest         the name of the newest complete save, replaced atomically after it is written
 RUN_DIR/checkpoints/history        the names of the saves in the order they were made (one per line, appended)
 
@@ -31,24 +33,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from openrecipes.checkpoint.checksums import write_checksums
-from openrecipes.config.rundir import CHECKPOINTS_DIR
 from openrecipes.checkpoint.safe_load import METADATA_FILE, load_dcp, read_dcp_metadata
+from openrecipes.config.rundir import CHECKPOINTS_DIR, RECIPE_FILE, STEP_DIR, checkpoint_name
 from openrecipes.utils import atomic_write_text
 
 LATEST = "latest"
 HISTORY = "history"
-_STEP_DIR = re.compile(r"step-\d{6,}")          # what save_checkpoint names a complete save
-_STAGING_DIR = re.compile(r"\.step-\d{6,}\.partial")  # and its staging directory
-
-
-def checkpoint_name(step: int) -> str:
-    """The directory name of the save of ``step`` (0-based) inside checkpoints/."""
-    return f"step-{step:06d}"
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step a save directory (named by ``checkpoint_name``) holds."""
-    return int(Path(path).name.removeprefix("step-"))
+_STAGING_DIR = re.compile(rf"\.{STEP_DIR.pattern}\.partial")  # a save's staging directory
+MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"  # the parts of a save
+MODEL_PREFIX = MODEL_KEY + "."  # the model's tensors in a save's metadata
 
 
 def _is_main() -> bool:
@@ -63,9 +56,9 @@ def _barrier() -> None:
 def _state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict:
     options = StateDictOptions(strict=True)
     return {
-        "model": get_model_state_dict(model, options=options),
-        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
-        "trainer": {"step": torch.tensor(step, dtype=torch.int64)},
+        MODEL_KEY: get_model_state_dict(model, options=options),
+        OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer, options=options),
+        TRAINER_KEY: {"step": torch.tensor(step, dtype=torch.int64)},
     }
 
 
@@ -155,8 +148,8 @@ def _save_order(root: Path) -> dict[str, int]:
 def _complete_saves(root: Path, order: dict[str, int]) -> list[Path]:
     """Complete save directories, oldest first in save order; ones ``history`` does not list (written before it
     existed) count as older than every listed one, in step order among themselves."""
-    saves = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
-             and (p / ".metadata").is_file()] if root.is_dir() else []
+    saves = [p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+             and (p / METADATA_FILE).is_file()] if root.is_dir() else []
     return sorted(saves, key=lambda p: (order.get(p.name, -1), p.name))
 
 
@@ -179,11 +172,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     named: Path | None = None
     if pointer.is_file():
         name = pointer.read_text(errors="replace").strip()
-        if not _STEP_DIR.fullmatch(name):
+        if not STEP_DIR.fullmatch(name):
             raise ValueError(f"{pointer} names {name!r}, which is not a checkpoint directory of this run "
                              "(expected step-NNNNNN inside checkpoints/)")
         named = root / name
-        if named.is_symlink() or not (named / ".metadata").is_file():
+        if named.is_symlink() or not (named / METADATA_FILE).is_file():
             raise ValueError(f"{pointer} names {name}, which is not a complete checkpoint")
     order = _save_order(root)
     saves = _complete_saves(root, order)
@@ -203,18 +196,53 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     A save of one kind resumes under a layout of the other: each master is read from where the save keeps it."""
     state = _state(model, optimizer, 0)
     saved = read_dcp_metadata(Path(path) / METADATA_FILE).state_dict_metadata
-    masters = {"model": {}, "optimizer": {"state": {}}}  # a second read: each master from the save's place for it
-    for name, values in state["optimizer"]["state"].items():
-        in_save = f"optimizer.state.{name}.master" in saved
+    masters = {MODEL_KEY: {}, OPTIMIZER_KEY: {"state": {}}}  # a second read: each master from the save's place for it
+    for name, values in state[OPTIMIZER_KEY]["state"].items():
+        in_save = f"{OPTIMIZER_KEY}.state.{name}.master" in saved
         if "master" in values and not in_save:  # the save's parameter is the master
-            masters["model"][name] = values.pop("master")
-        elif "master" not in values and in_save and state["model"][name].dtype == torch.float32:
-            masters["optimizer"]["state"][name] = {"master": state["model"][name]}  # this parameter is the master
+            masters[MODEL_KEY][name] = values.pop("master")
+        elif "master" not in values and in_save and state[MODEL_KEY][name].dtype == torch.float32:
+            masters[OPTIMIZER_KEY]["state"][name] = {"master": state[MODEL_KEY][name]}  # this parameter is the master
     load_dcp(state, path)  # restricted: a checkpoint's pickles cannot run code
-    if masters["model"] or masters["optimizer"]["state"]:
+    if masters[MODEL_KEY] or masters[OPTIMIZER_KEY]["state"]:
         load_dcp(masters, path)
-        for name, master in masters["model"].items():
-            state["optimizer"]["state"][name]["master"] = master
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return int(state["trainer"]["step"])
+        for name, master in masters[MODEL_KEY].items():
+            state[OPTIMIZER_KEY]["state"][name]["master"] = master
+    set_model_state_dict(model, state[MODEL_KEY])
+    set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
+    return int(state[TRAINER_KEY]["step"])
+
+
+def run_dir_of(ckpt_dir: str | Path) -> Path | None:
+    """The run directory a training save sits in (``RUN_DIR/checkpoints/step-NNNNNN``), or None when ``ckpt_dir``
+    is not one."""
+    ckpt_dir = Path(ckpt_dir)
+    run_dir = ckpt_dir.parent.parent
+    if ckpt_dir.parent.name != CHECKPOINTS_DIR or not (ckpt_dir / METADATA_FILE).is_file():
+        return None
+    return run_dir if (run_dir / RECIPE_FILE).is_file() else None
+
+
+def read_model_state(ckpt_dir: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model part of a save, read whole into CPU tensors in the dtypes the save records, whatever layout wrote
+    it (DCP reshards); the save must hold exactly the parameters ``expected`` names, in their shapes (a meta
+    model's ``named_parameters``)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = read_dcp_metadata(ckpt_dir / METADATA_FILE).state_dict_metadata
+    stored = {key.removeprefix(MODEL_PREFIX): item for key, item in metadata.items() if key.startswith(MODEL_PREFIX)}
+    missing = [name for name in expected if name not in stored]
+    unknown = [name for name in stored if name not in expected]
+    if missing or unknown:
+        raise ValueError(f"{ckpt_dir}: the save does not hold this model's parameters (missing: {missing[:3]}, "
+                         f"unknown: {unknown[:3]}); was RUN_DIR/{RECIPE_FILE} edited after the run?")
+    state = {}
+    for name, param in expected.items():
+        item = stored[name]
+        if not isinstance(item, TensorStorageMetadata) or tuple(item.size) != tuple(param.shape):
+            shape = tuple(item.size) if isinstance(item, TensorStorageMetadata) else type(item).__name__
+            raise ValueError(f"{ckpt_dir}: {MODEL_PREFIX}{name} is stored as {shape}, the model has "
+                             f"{tuple(param.shape)}")
+        state[name] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+    load_dcp({MODEL_KEY: state}, ckpt_dir, no_dist=True)  # checksums checked; its pickles cannot run code
+    return state

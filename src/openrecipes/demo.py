@@ -174,7 +174,8 @@ def what_it_shows(measured: dict[str, dict], *, nproc: int, gpus: int) -> str:
     ratio = candidate / reference
     verdict = ("faster" if ratio > 1 else "slower") + f" ({ratio:.2f}x the reference's tokens/s per process)"
     return (f"What the demo shows: a change of layout checked against the reference ({layout} against one process "
-            f"without recompute: convergence, numerics rules, optimizer), not a faster recipe; {where} the candidate measured "
+            f"without recompute: convergence, numerics rules, optimizer), not a faster recipe; {where} the candidate "
+            f"measured "
             f"{verdict}. `openrecipes tune` searches for a faster one.")
 
 

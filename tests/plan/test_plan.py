@@ -79,11 +79,11 @@ def test_search_ranks_only_fitting_layouts():
     tiny = model_shape(get_config("qwen3-moe-tiny"))
     kwargs = dict(max_tokens=[4096], recompute=["none", "full"], optimizers=["adam"], offloads=[0.0],
                   global_batch_tokens=8 * 4096 * 4)
-    everything, evaluated = search(tiny, 8, load_hardware("H100", memory_gib=1e6), **kwargs)
-    assert len(everything) == evaluated > 10
+    everything, evaluated, valid = search(tiny, 8, load_hardware("H100", memory_gib=1e6), **kwargs)
+    assert len(everything) == evaluated == valid > 10  # far below the cap: every valid setting evaluated
     peaks = sorted(p.peak_memory_gib for p in everything)
     capacity = peaks[len(peaks) // 2]
-    plans, evaluated_again = search(tiny, 8, load_hardware("H100", memory_gib=capacity), **kwargs)
+    plans, evaluated_again, _ = search(tiny, 8, load_hardware("H100", memory_gib=capacity), **kwargs)
     assert evaluated_again == evaluated and 0 < len(plans) < evaluated
     assert all(p.fits and p.peak_memory_gib <= capacity for p in plans)
     assert len(plans) == sum(peak <= capacity for peak in peaks)
@@ -94,8 +94,8 @@ def test_search_ranks_only_fitting_layouts():
 def test_plans_say_whether_this_engine_runs_the_layout():
     tiny = model_shape(get_config("qwen3-moe-tiny"))
     hw = load_hardware("H100", memory_gib=1e6)
-    ours, _ = search(tiny, 8, hw, engine="openrecipes", max_tokens=[4096], recompute=["full"], optimizers=["adam"],
-                     offloads=[0.0], global_batch_tokens=8 * 4096 * 4)
+    ours, _, _ = search(tiny, 8, hw, engine="openrecipes", max_tokens=[4096], recompute=["full"], optimizers=["adam"],
+                        offloads=[0.0], global_batch_tokens=8 * 4096 * 4)
     assert ours and all(p.to_json()["openrecipes_runs_it"] for p in ours)
     interleaved = LayoutConfig(pp=2, vpp=2, dp=4, max_tokens_per_gpu=4096)
     plan = evaluate(tiny, interleaved, TrainingSetup(engine="openrecipes", global_batch_tokens=8 * 4096 * 4), hw)

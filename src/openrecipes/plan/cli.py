@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
-    from openrecipes.plan.enumerate import engine_for, evaluate, offload_update_for, search
+    from openrecipes.plan.enumerate import capped_note, engine_for, evaluate, offload_update_for, search
     from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
     from openrecipes.plan.memory import TrainingSetup
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             _print_plan(plan, shape.name, hw.gpu.name, args.engine, price)
         return 0
     sweep = {k: [settings[k]] if k in settings else list(SWEEPS[k]) for k in DEFAULTS}
-    plans, evaluated = search(
+    plans, evaluated, valid = search(
         shape, count, hw, max_tokens=sweep["max_tokens_per_gpu"], recompute=sweep["recompute"],
         optimizers=sweep["optimizer"], offloads=sweep["offload_fraction"],
         global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     runs = engine_gpu_runs(args.gpu_runs, args.recipes)
     ran = [runs.ran(p.layout) if runs.layouts else None for p in top]
     if args.json:
-        print(json.dumps({"evaluated": evaluated, "fitting": len(plans),
+        print(json.dumps({"evaluated": evaluated, "valid": valid, "capped": capped_note(evaluated, valid),
+                          "fitting": len(plans),
                           "ranked": [{**p.to_json(), **_price_json(p, price), "run_on_gpus_by_this_engine": r}
                                      for p, r in zip(top, ran)],
                           "published_cards": gaps, "gpu_runs_searched": runs.searched}, indent=2))
@@ -150,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated} valid layout settings, "
           f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU "
           f"({'; '.join(f'{e}: {_basis(e)}' for e in engines) or _basis(args.engine)})")
+    if capped_note(evaluated, valid):
+        print(capped_note(evaluated, valid))
     print(_price_line(price))
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
              f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11} {'on GPUs':<7}"

@@ -90,31 +90,61 @@ def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: 
                 capacity_gib=hw.gpu.memory_gib)
 
 
+# The most layout settings one ranking evaluates. Each costs a memory model per pipeline stage (about a millisecond
+# on one core), and a large model on a large fleet has hundreds of thousands (Muse Spark on 1,024 GPUs: 350,000, some
+# minutes), more with more layers to split into stages. Past it, every setting of an evenly spaced sample of the
+# layouts is evaluated (each parallelism family keeps its share), and the plan says how many were left out.
+MAX_PLAN_EVALUATIONS = 50_000
+
+
+def _sampled(layouts: list[LayoutConfig], settings: int) -> list[LayoutConfig]:
+    """The layouts whose settings are evaluated: all, or an evenly spaced sample within MAX_PLAN_EVALUATIONS."""
+    keep = max(1, MAX_PLAN_EVALUATIONS // max(1, settings))
+    if len(layouts) <= keep:
+        return layouts
+    return [layouts[i * len(layouts) // keep] for i in range(keep)]
+
+
+def capped_note(evaluated: int, valid: int) -> str | None:
+    """What a plan says when MAX_PLAN_EVALUATIONS cut its enumeration (None when every valid setting was
+    evaluated)."""
+    if evaluated >= valid:
+        return None
+    return (f"evaluated {evaluated:,} of {valid:,} valid layout settings (MAX_PLAN_EVALUATIONS = "
+            f"{MAX_PLAN_EVALUATIONS:,}: every setting of an evenly spaced sample of the layouts); the best layout may "
+            "be among those left out: fix a setting (--max-tokens-per-gpu, --recompute, --optimizer, "
+            "--offload-fraction) to rank fewer in full")
+
+
 def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iterable[int],
            recompute: Iterable[str], optimizers: Iterable[str], offloads: Iterable[float],
            global_batch_tokens: int, max_tp: int = 8, engine: str = "megatron",
-           lora: LoraSetup | None = None) -> tuple[list[Plan], int]:
-    """All valid layouts x training settings; returns (plans that fit, best first; number evaluated). ``engine``
-    ``auto`` predicts each layout with the engine ``engine_for`` picks for it."""
+           lora: LoraSetup | None = None) -> tuple[list[Plan], int, int]:
+    """All valid layouts x training settings, at most MAX_PLAN_EVALUATIONS of them (``capped_note``); returns (plans
+    that fit, best first; number evaluated; number valid). ``engine`` ``auto`` predicts each layout with the engine
+    ``engine_for`` picks for it."""
+    layouts: list[LayoutConfig] = []  # each with its max_tokens_per_gpu
+    for tokens in max_tokens:
+        found = enumerate_layouts(world_size, model=shape.layout_model(), max_tokens_per_gpu=tokens,
+                                  max_tp=min(max_tp, hw.gpu.nvlink_domain))
+        if engine == "openrecipes":  # rank only what this engine can run
+            found = [layout for layout in found if unsupported_reason(layout) is None]
+        layouts += found
+    settings = list(itertools.product(recompute, optimizers, offloads))
     fitting: list[Plan] = []
     evaluated = 0
-    for tokens in max_tokens:
-        layouts = enumerate_layouts(world_size, model=shape.layout_model(), max_tokens_per_gpu=tokens,
-                                    max_tp=min(max_tp, hw.gpu.nvlink_domain))
-        if engine == "openrecipes":  # rank only what this engine can run
-            layouts = [layout for layout in layouts if unsupported_reason(layout) is None]
-        for layout, mode, opt, off in itertools.product(layouts, recompute, optimizers, offloads):
-            chosen = engine_for(layout, engine)
-            setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
-                                  offload_update=offload_update_for(chosen), global_batch_tokens=global_batch_tokens,
-                                  engine=chosen, lora=lora)
-            counts = validate_layout(layout, world_size=world_size, model=shape.layout_model())
-            evaluated += 1
-            stages = stage_memory(shape, layout, counts, setup, hw)
-            if max(s.reserved_gib for s in stages) > hw.gpu.memory_gib:
-                continue  # throughput only for layouts that fit
-            fitting.append(Plan(layout=layout, setup=setup, stage_layers=counts, stages=stages,
-                                throughput=estimate_throughput(shape, layout, counts, setup, hw),
-                                capacity_gib=hw.gpu.memory_gib))
+    for layout, (mode, opt, off) in itertools.product(_sampled(layouts, len(settings)), settings):
+        chosen = engine_for(layout, engine)
+        setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
+                              offload_update=offload_update_for(chosen), global_batch_tokens=global_batch_tokens,
+                              engine=chosen, lora=lora)
+        counts = validate_layout(layout, world_size=world_size, model=shape.layout_model())
+        evaluated += 1
+        stages = stage_memory(shape, layout, counts, setup, hw)
+        if max(s.reserved_gib for s in stages) > hw.gpu.memory_gib:
+            continue  # throughput only for layouts that fit
+        fitting.append(Plan(layout=layout, setup=setup, stage_layers=counts, stages=stages,
+                            throughput=estimate_throughput(shape, layout, counts, setup, hw),
+                            capacity_gib=hw.gpu.memory_gib))
     fitting.sort(key=lambda p: -p.throughput.tokens_per_s_per_gpu)
-    return fitting, evaluated
+    return fitting, evaluated, len(layouts) * len(settings)

@@ -103,8 +103,7 @@ def _merged_lora_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
     saved in), under the base model's names: what a LoRA run exports is the model it trained."""
     from openrecipes.models.common.lora import merge_adapters
 
-    saved = {name.replace(".parametrizations.", ".").removesuffix(".original"): tensor.dtype
-             for name, tensor in state.items() if "lora_" not in name}
+    saved = {name: tensor.dtype for name, tensor in state.items() if "lora_" not in name}
     unexpected = model.load_state_dict({name: t.float() for name, t in state.items()}, strict=False,
                                        assign=True).unexpected_keys
     assert not unexpected, unexpected  # the names were checked against this model's parameters

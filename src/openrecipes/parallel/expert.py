@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from openrecipes.models.common.lora import AddExpertDelta, ExpertAdapter
+from openrecipes.models.common.lora import ExpertAdapter
 from openrecipes.models.common.moe import (
     GroupedExperts,
     Routing,
@@ -149,7 +149,8 @@ class ExpertParallelDispatcher:
         if self.compute_dtype is not None:
             weights = [w.to(self.compute_dtype) for w in weights]
         out = swiglu_experts(PermuteRows.apply(received, index, inverse), counts_SL.sum(0), *weights,
-                             activation=experts.activation, backend=experts.backend)
+                             activation=experts.activation, backend=experts.backend,
+                             low_rank=experts.low_rank(local=_local))
         out = PermuteRows.apply(out, inverse, index)
         if sizes is not None:
             out = _SumToOwners.apply(out, sizes, self.etp_rank, self.etp_group)
@@ -191,28 +192,12 @@ def apply_expert_parallel(moe_blocks: list[nn.Module], expert_mesh, *, expert_we
             etp_group=expert_mesh["etp"].get_group(), etp_size=etp_size, etp_rank=etp_rank)
 
 
-class _LocalExpertDelta(nn.Module):
-    """LoRA's W -> W + s·B_e A_e on this rank's experts (and its 1/etp of their FFN): the local base plus the local
-    factors' delta, handed on as the base's DTensor (one bmm on local tensors; no DTensor dispatch per op)."""
-
-    def __init__(self, delta: AddExpertDelta) -> None:
-        super().__init__()
-        self._adapter, self.part = [delta.adapter], delta.part  # a list: not registered as a submodule
-
-    def forward(self, weight: DTensor) -> DTensor:
-        adapter: ExpertAdapter = self._adapter[0]
-        local = weight.to_local()
-        local = local + adapter.delta(self.part, local.dtype, _local(adapter.lora_A), _local(adapter.lora_B))
-        return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
-                                  stride=weight.stride())
-
-
 _FFN_DIM = 2  # of the factor an ExpertAdapter names ffn_factor
 
 
 def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
     """LoRA under expert parallelism: keep the adapters of this rank's E/ep experts, as DTensors placed like their
-    experts (Replicate over edp, Shard(0) over ep), and add their delta on local tensors. Over etp each adapter is
+    experts (Replicate over edp, Shard(0) over ep), whose local shards the experts read. Over etp each adapter is
     split as its weight: gate/up are column-parallel (each etp rank holds F/etp of their output rows), so B is split
     there and A whole; down is row-parallel (F/etp of its input columns), so A is split there and B whole. The whole
     factor's gradient is then partial over etp (each rank's FFN slice contributes to it) and is summed there
@@ -238,10 +223,6 @@ def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
                 sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), etp_placement],
                                              run_check=False, shape=full.shape, stride=full.stride())
                 setattr(adapter, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
-        if adapters:
-            for parametrizations in experts.parametrizations.values():
-                if isinstance(parametrizations[0], AddExpertDelta):
-                    parametrizations[0] = _LocalExpertDelta(parametrizations[0])
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -6,14 +6,16 @@ Legend: E experts, D hidden (in), O out, F expert FFN width, r rank; scaling s =
   ``latent_up_proj``) gets two child modules, ``lora_A`` (D -> r) and ``lora_B`` (r -> O), and a forward hook that adds
   ``s · lora_B(lora_A(dropout(x)))`` to its output. The base weight keeps its name (``...q_proj.weight``) and the
   adapter's names are PEFT's (``...q_proj.lora_A.weight``), so the Hugging Face export is a prefix.
-- The routed experts (``experts``) get one adapter per expert through ``torch.nn.utils.parametrize``: the grouped
-  weights the expert path reads become ``W_e + s · B_e A_e`` (one batched matmul per projection and forward), so the
-  grouped expert kernels run unchanged. As in transformers' fused layout (and so in PEFT's ``target_parameters``), the
+- The routed experts (``experts``) get one adapter per expert, held by the grouped experts module itself
+  (``GroupedExperts.lora_gate_up`` / ``lora_down``), which adds s · B_e A_e x beside W_e x in its forward
+  (``moe.swiglu_experts``, which says why the update is not merged into W). No weight is reparametrized: every adapted
+  experts module stays one class, so one compiled MoE block serves every layer, and the base weights keep their names
+  (``...experts.gate_proj``). As in transformers' fused layout (and so in PEFT's ``target_parameters``), the
   gate and up projections share one adapter of the fused (E, 2F, D) ``gate_up_proj``: ``lora_gate_up`` holds
   A (E, r, D) and B (E, 2, F, r), gate then up (B's 2F rows in two halves: the FFN width F is a dimension of its own,
-  which expert tensor parallelism shards); ``lora_down`` holds A (E, r, F) and B (E, D, r). The base weights move to
-  ``...experts.parametrizations.{gate,up,down}_proj.original``. Dropout is not defined for a weight delta (PEFT
-  refuses it there too), so expert targets need ``dropout: 0``.
+  which expert tensor parallelism shards); ``lora_down`` holds A (E, r, F) and B (E, D, r). PEFT defines these
+  adapters as a weight delta, where dropout of the input has no place (it refuses it), so expert targets need
+  ``dropout: 0``.
 
 Everything but the adapters is frozen (``requires_grad`` False: no gradients, no optimizer state). A (and per expert
 each A_e) starts as PEFT's default, Kaiming-uniform with a = sqrt(5), each tensor drawn whole on the CPU from a
@@ -33,7 +35,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.functional import linear
-from torch.nn.utils import parametrize
 
 from openrecipes.models.common.init import seeded_uniform
 from openrecipes.models.common.moe import GroupedExperts
@@ -94,30 +95,10 @@ class ExpertAdapter(nn.Module):
         self.scaling = scaling
         self.ffn_factor = ffn_factor
 
-    def delta(self, part: int | None, dtype: torch.dtype, A: torch.Tensor | None = None,
-              B: torch.Tensor | None = None) -> torch.Tensor:
-        """s · B A for the weight ``part`` (None: the only one), in ``dtype`` (the weight's: fp32 adapters on a bf16
-        base add what bf16 ones would), from this module's factors or the given ones."""
-        A = (self.lora_A if A is None else A).to(dtype)
-        B = (self.lora_B if B is None else B).to(dtype)
-        return torch.bmm(B if part is None else B[:, part], A) * self.scaling
-
-
-class AddExpertDelta(nn.Module):
-    """The parametrization W -> W + delta; it refers to its adapter without owning it (the experts module does), so
-    gate and up can share one adapter and every adapter parameter has a single name."""
-
-    def __init__(self, adapter: ExpertAdapter, part: int | None) -> None:
-        super().__init__()
-        self._adapter = [adapter]  # a list: not registered as a submodule
-        self.part = part
-
-    @property
-    def adapter(self) -> ExpertAdapter:
-        return self._adapter[0]
-
-    def forward(self, weight_EOI: torch.Tensor) -> torch.Tensor:
-        return weight_EOI + self.adapter.delta(self.part, weight_EOI.dtype)
+    def delta(self, part: int | None) -> torch.Tensor:
+        """s · B A in fp32 for the weight ``part`` (None: the only one): what merging adds to it."""
+        B = self.lora_B.float()
+        return torch.bmm(B if part is None else B[:, part], self.lora_A.float()) * self.scaling
 
 
 def _adapt_linear(linear: nn.Linear, name: str, spec: LoraSpec, dtype: torch.dtype | None) -> None:
@@ -140,11 +121,6 @@ def _adapt_experts(experts: GroupedExperts, name: str, spec: LoraSpec, dtype: to
     experts.lora_down = ExpertAdapter(E, D, F, spec.rank, spec.scaling, parts=None, ffn_factor="lora_A", **like)
     _kaiming_(experts.lora_gate_up.lora_A, f"{name}.lora_gate_up.lora_A", D, spec.seed)
     _kaiming_(experts.lora_down.lora_A, f"{name}.lora_down.lora_A", F, spec.seed)
-    for weight, adapter, part in (("gate_proj", experts.lora_gate_up, 0), ("up_proj", experts.lora_gate_up, 1),
-                                  ("down_proj", experts.lora_down, None)):
-        # unsafe: skip parametrize's trial forward, which cannot add a whole delta to an expert-parallel shard (the
-        # layout swaps in a delta of its own experts); the delta keeps the weight's shape and dtype by construction
-        parametrize.register_parametrization(experts, weight, AddExpertDelta(adapter, part), unsafe=True)
 
 
 def apply_lora(model: nn.Module, spec: LoraSpec, *, dtype: torch.dtype | None = None) -> list[str]:
@@ -157,8 +133,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, dtype: torch.dtype | None = 
     if unknown:
         raise ValueError(f"lora.targets: unknown target(s) {unknown}; choose among {', '.join(TARGETS)}")
     if EXPERTS in spec.targets and spec.dropout:
-        raise ValueError("lora.dropout must be 0 with the experts target: the expert adapters change the grouped "
-                         "weights, where dropout of the input is not defined")
+        raise ValueError("lora.dropout must be 0 with the experts target: the expert adapters are PEFT's deltas "
+                         "of the grouped weights, where dropout of the input is not defined")
     for param in model.parameters():
         param.requires_grad_(False)
     adapted: list[str] = []
@@ -188,13 +164,15 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def merge_adapters(model: nn.Module) -> None:
     """Fold every adapter into its base weight and remove it, in place: each linear target's weight becomes
-    W + s · B A (summed in fp32, stored in W's dtype), each expert weight its parametrized value W + s · B_e A_e, and
-    the model is left with the base model's parameter names (an export of a LoRA run is the merged model)."""
+    W + s · B A and each expert weight W_e + s · B_e A_e (summed in fp32, stored in W's dtype), and the model is left
+    with the base model's parameters (an export of a LoRA run is the merged model)."""
     for module in list(model.modules()):
-        if isinstance(module, GroupedExperts) and hasattr(module, "lora_gate_up"):
-            for weight in ("gate_proj", "up_proj", "down_proj"):
-                parametrize.remove_parametrizations(module, weight, leave_parametrized=True)
-            del module.lora_gate_up, module.lora_down
+        if isinstance(module, GroupedExperts) and module.lora_gate_up is not None:
+            for weight, adapter, part in (("gate_proj", module.lora_gate_up, 0), ("up_proj", module.lora_gate_up, 1),
+                                          ("down_proj", module.lora_down, None)):
+                base = getattr(module, weight)
+                base.copy_((base.float() + adapter.delta(part)).to(base.dtype))
+            module.lora_gate_up = module.lora_down = None
         elif isinstance(module, nn.Linear) and hasattr(module, "lora_A"):
             delta = module.lora_B.weight.float() @ module.lora_A.weight.float() * module.lora_scaling
             module.weight.copy_((module.weight.float() + delta).to(module.weight.dtype))

@@ -10,6 +10,7 @@ replaces ``LocalTokenDispatcher`` (from ``openrecipes.parallel``) without touchi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -83,9 +84,25 @@ def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch
     return torch.cat([F.linear(piece, weight_EOI[e]) for e, piece in enumerate(pieces)], dim=0)
 
 
+class ExpertLowRank(NamedTuple):
+    """Per-expert rank-r updates added beside the grouped weights: row x of expert e gets s · B_e A_e x on top of
+    W_e x, each factor as its adapter holds it (``common.lora``). The gate and up projections share A, as in
+    transformers' fused gate_up_proj: ``gate_up_A`` (E, r, D), ``gate_up_B`` (E, 2, F, r), gate then up; the down
+    projection has ``down_A`` (E, r, F) and ``down_B`` (E, D, r)."""
+
+    gate_up_A: torch.Tensor
+    gate_up_B: torch.Tensor
+    down_A: torch.Tensor
+    down_B: torch.Tensor
+    scaling: float
+
+
 class GroupedExperts(nn.Module):
     """E gated experts, act(x W_gate) * (x W_up) W_down (SwiGLU with ``silu``); weights stored (E, out, in) like
-    nn.Linear, one tensor per projection. ``activation`` is a name from ``common.activations`` (HF ``hidden_act``)."""
+    nn.Linear, one tensor per projection. ``activation`` is a name from ``common.activations`` (HF ``hidden_act``).
+
+    ``lora_gate_up`` and ``lora_down`` hold per-expert adapters (modules with ``lora_A``, ``lora_B`` and ``scaling``)
+    once ``common.lora`` adds them; every adapted instance stays this one class, so a compiled block serves them all."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: str = "silu",
                  backend: str = "auto") -> None:
@@ -96,27 +113,64 @@ class GroupedExperts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
+        self.lora_gate_up: nn.Module | None = None
+        self.lora_down: nn.Module | None = None
+
+    def low_rank(self, local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> ExpertLowRank | None:
+        """The adapters' factors (each through ``local``: an expert-parallel rank's own shard), None without."""
+        if self.lora_gate_up is None:
+            return None
+        gate_up, down = self.lora_gate_up, self.lora_down
+        return ExpertLowRank(local(gate_up.lora_A), local(gate_up.lora_B), local(down.lora_A), local(down.lora_B),
+                             gate_up.scaling)
 
     def forward(self, x_RD: torch.Tensor, counts_E: torch.Tensor, weights_R: torch.Tensor | None = None) -> torch.Tensor:
         """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
         row's hidden activation. Returns (R, D)."""
         return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R,
-                              activation=self.activation, backend=self.backend)
+                              activation=self.activation, backend=self.backend, low_rank=self.low_rank())
+
+
+def _low_rank_linear(x_RI: torch.Tensor, A_ErI: torch.Tensor, B_EOr: torch.Tensor, scaling: float,
+                     counts_E: torch.Tensor, offsets_E: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """s · B_e A_e x for rows sorted by expert, in the rows' dtype (fp32 adapters on a bf16 base compute as bf16)."""
+    A_ErI, B_EOr = A_ErI.to(x_RI.dtype), B_EOr.to(x_RI.dtype)
+    pad = -A_ErI.shape[1] % (16 // x_RI.element_size())
+    if pad and use_grouped_mm(x_RI, backend):  # grouped_mm needs 16-byte strides: zero ranks up to that, exactly
+        A_ErI, B_EOr = F.pad(A_ErI, (0, 0, 0, pad)), F.pad(B_EOr, (0, pad))
+    low_Rr = grouped_linear(x_RI, A_ErI, counts_E, offsets_E, backend) * scaling
+    return grouped_linear(low_Rr, B_EOr, counts_E, offsets_E, backend)
 
 
 def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
                    down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None, *,
-                   activation: str = "silu", backend: str = "auto") -> torch.Tensor:
+                   activation: str = "silu", backend: str = "auto",
+                   low_rank: ExpertLowRank | None = None) -> torch.Tensor:
     """The gated experts on rows sorted by expert; ``activation`` (a ``common.activations`` name) gates the up
-    projection: SwiGLU for ``silu``, GeGLU for ``gelu``."""
+    projection: SwiGLU for ``silu``, GeGLU for ``gelu``. ``low_rank``: adapters' updates added to each projection.
+
+    An adapted projection computes x W^T + s (x A^T) B^T, not x (W + s B A)^T: the same value up to rounding (within
+    1e-5 of PEFT's merged weights in fp32), in bf16 the update is not rounded away into W's precision, and it
+    costs R·r·(I + O) multiply-adds instead of E·O·I·r with an (E, O, I) merged weight written and kept for the
+    backward per step. The frozen W is read as it is; autograd reaches only A, B and the activations."""
     offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD, backend) else None
     gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets, backend)
     up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets, backend)
+    if low_rank is not None:  # one A for both: gate's and up's updates from one (R, r) product
+        B_E2Fr = low_rank.gate_up_B
+        gate_up_R2F = _low_rank_linear(x_RD, low_rank.gate_up_A, B_E2Fr.flatten(1, 2), low_rank.scaling, counts_E,
+                                       offsets, backend)
+        gate_RF = gate_RF + gate_up_R2F[:, :B_E2Fr.shape[2]]
+        up_RF = up_RF + gate_up_R2F[:, B_E2Fr.shape[2]:]
     hidden_RF = ACTIVATIONS[activation](gate_RF) * up_RF
     if weights_R is not None:
         # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
         hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
-    return grouped_linear(hidden_RF, down_EDF, counts_E, offsets, backend)
+    out_RD = grouped_linear(hidden_RF, down_EDF, counts_E, offsets, backend)
+    if low_rank is not None:
+        out_RD = out_RD + _low_rank_linear(hidden_RF, low_rank.down_A, low_rank.down_B, low_rank.scaling, counts_E,
+                                           offsets, backend)
+    return out_RD
 
 
 class GatherTokenCopies(torch.autograd.Function):

@@ -26,10 +26,14 @@ class ShardingPlan:
 
     ``attention_tp``: tensor-parallel style per attention projection (``colwise``: split the output features by head;
     ``rowwise``: split the input features, output reduce-scattered over the sequence). Every attention module
-    exposes ``head_dim`` and an assignable ``backend`` (a kernel name or a callable: context parallelism's).
+    exposes ``num_heads`` and ``num_kv_heads`` (what tensor parallelism splits), ``head_dim`` and an assignable
+    ``backend`` (a kernel name or a callable: context parallelism's).
     ``experts``: the grouped expert weights (E, ...), split over expert-parallel ranks by their first dimension;
     ``etp`` splits the dimension named for each.
-    ``replicated``: name patterns of the tensors whole on every TP rank (their gradients are summed over it).
+    ``replicated``: name patterns of the tensors whole on every TP rank (their gradients are summed over it): dense
+    MLPs and shared experts among them, which run on each rank's sequence slice like the norms.
+    ``dense_layer``: whether a decoder layer's block at ``moe`` is a dense MLP rather than a MoE block (DeepSeek-V3's
+    first layers); such a layer has no experts, so expert parallelism and expert recompute pass it by.
     """
 
     layers: str                         # the ModuleDict of decoder layers, keyed by global layer index
@@ -37,10 +41,11 @@ class ShardingPlan:
     final_norm: str                     # dropped by every stage but the last
     lm_head: str                        # dropped by every stage but the last
     attention: str                      # within a decoder layer
-    moe: str                            # within a decoder layer: router + experts + token_dispatcher
+    moe: str                            # within a decoder layer: router + experts + token_dispatcher (or a dense MLP)
     attention_tp: dict[str, str]
     experts: dict[str, int]             # within ``moe.experts``: each grouped weight -> the dim of its FFN width
     replicated: tuple[str, ...]
+    dense_layer: Callable[[nn.Module], bool] = lambda layer: False
 
     def decoder_layers(self, model: nn.Module) -> list[nn.Module]:
         return list(model.get_submodule(self.layers).values())
@@ -51,8 +56,22 @@ class ShardingPlan:
     def attention_of(self, layer: nn.Module) -> nn.Module:
         return layer.get_submodule(self.attention)
 
-    def moe_of(self, layer: nn.Module) -> nn.Module:
+    def moe_of(self, layer: nn.Module) -> nn.Module | None:
+        """The layer's MoE block, or None where the layer is dense."""
+        return None if self.dense_layer(layer) else layer.get_submodule(self.moe)
+
+    def feed_forward_of(self, layer: nn.Module) -> nn.Module:
+        """The block after attention: a MoE block or a dense MLP."""
         return layer.get_submodule(self.moe)
+
+    def experts_of(self, layer: nn.Module) -> nn.Module:
+        """What expert recompute checkpoints: the routed experts, or a dense layer's whole MLP."""
+        block = self.moe_of(layer)
+        return self.feed_forward_of(layer) if block is None else block.experts
+
+    def moe_blocks(self, layers: Iterable[nn.Module]) -> list[nn.Module]:
+        """The MoE blocks of ``layers``, in order (dense layers left out)."""
+        return [block for block in map(self.moe_of, layers) if block is not None]
 
     def part(self, model: nn.Module, path: str) -> nn.Module | None:
         """The submodule at ``path``, or None where a pipeline stage dropped it."""

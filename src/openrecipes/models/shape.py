@@ -3,6 +3,11 @@ a family's config class. Each family's declaration (``ModelFamily.planner_shape`
 
 ``expert_in`` is the width experts read and write: the hidden size for Qwen3-MoE, the latent width for Muse Spark
 (whose experts sit between a down and an up projection).
+
+Layers are MoE layers unless ``moe_layers`` says otherwise (DeepSeek-V3's first layers hold a dense MLP of
+``dense_mlp_params``); a MoE layer may hold shared experts every token takes (``shared_expert_params``). Attention is
+described by its per-token widths (``AttentionWidths``), which need not be heads x head_dim for q, k and v alike
+(latent attention: keys wider than values, compressed latents before the head projections).
 """
 
 from __future__ import annotations
@@ -10,6 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from openrecipes.config.layout import LayoutModel
+
+
+@dataclass(kw_only=True, frozen=True)
+class AttentionWidths:
+    """Per-token widths of one attention layer, summed over its heads."""
+
+    query: int       # queries (and each head's score width)
+    key: int         # keys as the attention kernel reads them
+    value: int       # values, and the output projection's input
+    latent: int = 0  # compressed widths the head projections read (MLA: q_lora_rank + kv_lora_rank + the rope key)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -47,19 +62,50 @@ class ModelShape:
     # the part of frozen_encoder_params that projects the encoders' features into the decoder, which this engine
     # trains unless the recipe freezes it (vision.train_projection); the rest (the towers) never trains here
     encoder_projection_params: int = 0
+    # None: q, k and v each heads (kv_heads) x head_dim wide
+    attention_widths: AttentionWidths | None = None
+    # per layer: True = a MoE block, False = a dense MLP; None = every layer a MoE layer
+    moe_layers: tuple[bool, ...] | None = None
+    dense_mlp_params: int = 0       # one dense layer's MLP
+    shared_expert_params: int = 0   # per MoE layer, the shared experts (dense, replicated on TP ranks)
+
+    @property
+    def widths(self) -> AttentionWidths:
+        if self.attention_widths is not None:
+            return self.attention_widths
+        kv = self.kv_heads * self.head_dim
+        return AttentionWidths(query=self.heads * self.head_dim, key=kv, value=kv)
 
     @property
     def q_width(self) -> int:
-        return self.heads * self.head_dim
+        return self.widths.query
 
     @property
     def kv_width(self) -> int:
-        return self.kv_heads * self.head_dim
+        """The mean of the key and value widths, so that 2 x kv_width is what keys and values hold together."""
+        return (self.widths.key + self.widths.value) // 2
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers if self.moe_layers is None else sum(self.moe_layers)
 
     def layout_model(self) -> LayoutModel:
         """The sizes the layout rules check (config/layout.py ``layout_problems``)."""
         return LayoutModel(num_layers=self.num_layers, num_experts=self.num_experts, heads=self.heads,
                            kv_heads=self.kv_heads, expert_ffn=self.expert_ffn)
 
-    def dense_layer_matmul_params(self) -> int:
-        return self.attention_params + self.latent_params + self.router_params
+    @property
+    def moe_layer_fraction(self) -> float:
+        """The share of layers holding routed experts: per-layer expert figures are multiplied by it."""
+        return self.num_moe_layers / self.num_layers
+
+    def feed_forward_dense_params(self) -> float:
+        """Parameters of a layer's feed-forward block outside its routed experts, averaged over the layers (a dense
+        layer holds its MLP, a MoE layer its router and shared experts); whole on every TP rank."""
+        moe = self.num_moe_layers
+        return (moe * (self.router_params + self.shared_expert_params)
+                + (self.num_layers - moe) * self.dense_mlp_params) / self.num_layers
+
+    def dense_layer_matmul_params(self) -> float:
+        """Matmul parameters of a layer outside its routed experts, averaged over the layers."""
+        return self.attention_params + self.latent_params + self.feed_forward_dense_params()

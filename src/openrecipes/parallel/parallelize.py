@@ -71,7 +71,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         from openrecipes.parallel.expert import apply_expert_parallel
 
         mixed = options.compute_dtype if options.compute_dtype != options.parameter_dtype else None
-        apply_expert_parallel([plan.moe_of(layer) for layer in layers], parallel.expert_mesh,
+        apply_expert_parallel(plan.moe_blocks(layers), parallel.expert_mesh,
                               expert_weights=plan.experts, compute_dtype=mixed)
     if next(model.parameters()).is_meta:
         from openrecipes.parallel.init import fill_sharded_seeded_normal_
@@ -86,7 +86,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         if distributed and parallel.expert_mesh is not None:
             from openrecipes.parallel.expert import shard_expert_adapters
 
-            shard_expert_adapters([plan.moe_of(layer) for layer in layers], parallel.expert_mesh)
+            shard_expert_adapters(plan.moe_blocks(layers), parallel.expert_mesh)
     set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
@@ -101,7 +101,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         apply_context_parallel(model, plan, layers, parallel.cp_mesh)
     recomputed = apply_recompute(layers, granularity=options.recompute_granularity, method=options.recompute_method,
                                  num_layers=options.recompute_num_layers, attention_of=plan.attention_of,
-                                 experts_of=lambda layer: plan.moe_of(layer).experts)
+                                 experts_of=plan.experts_of)
     if options.offload_activations:  # after recompute: its hooks go around the checkpoint's
         from openrecipes.parallel.activation_offload import apply_activation_offload
 
@@ -109,7 +109,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
     if options.compile:
         from openrecipes.parallel.compile import apply_compile
 
-        blocks = [block for layer in layers for block in (plan.attention_of(layer), plan.moe_of(layer))]
+        blocks = [block for layer in layers for block in (plan.attention_of(layer), plan.feed_forward_of(layer))]
         # a block holding a recomputed part (the experts, the attention core) stays eager like a recomputed block
         eager = recomputed + [block for block in blocks if any(m in recomputed for m in block.modules())
                               or isinstance(getattr(block, "backend", None), RecomputedAttentionCore)]

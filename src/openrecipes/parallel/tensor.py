@@ -108,10 +108,9 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, layers: list[nn.
     for layer in layers:
         attention = plan.attention_of(layer)
         present = {name: style for name, style in plan.attention_tp.items() if getattr(attention, name) is not None}
-        heads = attention.q_proj.out_features // attention.head_dim
-        kv_heads = attention.k_proj.out_features // attention.head_dim
-        assert not (kv_heads % tp_size or heads % tp_size), ("train checks the layout first (config/layout.py "
-                                                              "layout_problems)")
+        # the attention module says its head counts (ShardingPlan): its projections need not be q/k/v ones
+        assert not (attention.num_kv_heads % tp_size or attention.num_heads % tp_size), (
+            "train checks the layout first (config/layout.py layout_problems)")
         # per-head work (Q/K norms, Muse Spark's output norm and sigmoid output gate) follows the heads' split
         for name, style in present.items():
             setattr(attention, name, _STYLES[style](getattr(attention, name), tp_mesh))

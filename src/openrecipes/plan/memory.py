@@ -115,13 +115,13 @@ def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first:
     # Muse's latent projections are whole on every TP rank (Megatron-Core builds them as "duplicated" linears; our
     # sharding plan lists them as replicated): each rank applies them to its sequence-parallel tokens
     dense = layers * (shape.attention_params / layout.tp + shape.latent_params
-                      + shape.router_params + shape.small_params_per_layer)
+                      + shape.feed_forward_dense_params() + shape.small_params_per_layer)
     vocab_split = layout.tp if engine == "megatron" else 1
     if first:
         dense += shape.embedding_params / vocab_split
     if last:
         dense += shape.lm_head_params / vocab_split + shape.hidden
-    experts = layers * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
+    experts = layers * shape.moe_layer_fraction * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
     return dense, experts
 
 

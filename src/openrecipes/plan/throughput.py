@@ -65,7 +65,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     comm_passes = passes - 1.0  # forward and backward move the same bytes; recompute repeats the forward
 
     dense_fwd = 2 * tok * shape.dense_layer_matmul_params()
-    expert_fwd = 2 * tok * shape.top_k * shape.expert_params * imbalance
+    expert_fwd = 2 * tok * shape.moe_layer_fraction * shape.top_k * shape.expert_params * imbalance
     tp_bytes = 2 * 2 * T * shape.hidden * 2 * (layout.tp - 1) / layout.tp if layout.tp > 1 else 0.0
     ep_bytes = 2 * tok * shape.top_k * shape.expert_in * 2 * (layout.ep - 1) / layout.ep * imbalance
     tp_time = _link_time(tp_bytes, layout.tp, hw)

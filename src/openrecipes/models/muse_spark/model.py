@@ -59,6 +59,7 @@ class MuseSparkAttention(nn.Module):
     def __init__(self, config: MuseSparkConfig, layer_type: str, kernels: KernelOptions) -> None:
         super().__init__()
         self.head_dim = config.head_dim
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.window = config.sliding_window if layer_type == SLIDING else None
         self.pairing = "adjacent" if config.rope_interleaved else "half"
         self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)

@@ -12,6 +12,7 @@ FAMILY_MODULES = (
     "openrecipes.models.qwen3_moe.family",
     "openrecipes.models.muse_spark.family",
     "openrecipes.models.qwen3_vl_moe.family",
+    "openrecipes.models.deepseek_v3.family",
 )
 
 

@@ -1,0 +1,229 @@
+"""DeepSeek-V3 decoder in pure PyTorch. Parameter names follow transformers' DeepseekV3ForCausalLM, except the
+routed experts, which are grouped 3-D tensors (``mlp.experts.{gate,up,down}_proj``).
+
+One layer (pre-norm): h = x + MLA(RMSNorm(x)); out = h + FFN(RMSNorm(h)), where FFN is a dense gated MLP in the
+first ``first_k_dense_replace`` layers and, after them, routed experts plus shared experts (a gated MLP every token
+takes).
+MLA (multi-head latent attention): queries from hidden -> q_lora_rank (RMSNorm) -> heads x (nope + rope) (or one
+projection when q_lora_rank is null); keys and values from hidden -> kv_lora_rank (RMSNorm) -> heads x (nope + v),
+and one rope part of the key shared by every head, taken from the hidden state beside the latent. RoPE rotates the
+rope parts only; scores are over nope + rope, scaled by 1/sqrt(nope + rope).
+Router: sigmoid scores in fp32; choice = scores + e_score_correction_bias; experts come from the topk_group groups
+with the largest sum of their two best choices; the gating weights are the unbiased scores of the chosen experts,
+renormalised (norm_topk_prob) and multiplied by routed_scaling_factor.
+
+Legend: B rows, T tokens per row, D hidden, H heads, E routed experts, K experts per token, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from openrecipes.models.common.activations import ACTIVATIONS
+from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
+from openrecipes.models.common.kernels import KernelOptions
+from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher, Routing, balanced
+from openrecipes.models.common.norms import RMSNorm
+from openrecipes.models.common.rope import apply_rope, rope_angles
+from openrecipes.models.common.router import KeepFP32
+from openrecipes.models.deepseek_v3.config import DeepseekV3Config
+
+# keeps a zero sum of gating weights finite, as transformers' router does
+_NORM_FLOOR = 1e-20
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): the dense layers' MLP and the shared experts."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, activation: str) -> None:
+        super().__init__()
+        self.activation = activation
+        self.gate_proj = nn.Linear(hidden_size, ffn_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, ffn_size, bias=False)
+        self.down_proj = nn.Linear(ffn_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ACTIVATIONS[self.activation](self.gate_proj(x)) * self.up_proj(x))
+
+
+class GroupLimitedRouter(KeepFP32):
+    """``forward(x_TD) -> Routing``; ``weight`` (E, D) fp32, ``e_score_correction_bias`` (E,) fp32 and frozen (it
+    steers the choice only; a frozen parameter so checkpoints carry it like every other tensor)."""
+
+    def __init__(self, config: DeepseekV3Config, *, balanced_routing: bool = False) -> None:
+        super().__init__()
+        self.top_k, self.groups, self.top_groups = config.num_experts_per_tok, config.n_group, config.topk_group
+        self.normalize_top_k, self.scaling = config.norm_topk_prob, config.routed_scaling_factor
+        self.balanced_routing = balanced_routing
+        experts = config.n_routed_experts
+        self.weight = nn.Parameter(torch.empty(experts, config.hidden_size, dtype=torch.float32))
+        self.e_score_correction_bias = nn.Parameter(torch.empty(experts, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x_TD: torch.Tensor) -> Routing:
+        compute = torch.promote_types(self.weight.dtype, torch.float32)
+        scores_TE = torch.sigmoid(F.linear(x_TD.to(compute), self.weight.to(compute)))
+        choice_TE = scores_TE.detach() + self.e_score_correction_bias.detach().to(compute)
+        tokens, experts = choice_TE.shape
+        choice_TGX = choice_TE.view(tokens, self.groups, experts // self.groups)
+        group_scores_TG = choice_TGX.topk(2, dim=-1).values.sum(dim=-1)
+        best_groups_TG = torch.topk(group_scores_TG, self.top_groups, dim=-1).indices
+        kept_TG = torch.zeros_like(group_scores_TG, dtype=torch.bool).scatter_(1, best_groups_TG, True)
+        choice_TE = choice_TGX.masked_fill(~kept_TG[..., None], float("-inf")).view(tokens, experts)
+        experts_TK = torch.topk(choice_TE, self.top_k, dim=-1).indices
+        weights_TK = scores_TE.gather(-1, experts_TK)
+        if self.normalize_top_k:
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + _NORM_FLOOR)
+        weights_TK = weights_TK * self.scaling
+        routing = Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
+        return balanced(routing, experts) if self.balanced_routing else routing
+
+
+class DeepseekV3Moe(nn.Module):
+    """Routed experts plus shared experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module
+    attribute), as in ``SparseMoeBlock``."""
+
+    def __init__(self, config: DeepseekV3Config, kernels: KernelOptions) -> None:
+        super().__init__()
+        self.gate = GroupLimitedRouter(config, balanced_routing=kernels.balanced_routing)
+        self.experts = GroupedExperts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size,
+                                      activation=config.hidden_act, backend=kernels.experts)
+        self.shared_experts = (GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts,
+                                        config.hidden_act) if config.n_shared_experts else None)
+        self.token_dispatcher = LocalTokenDispatcher()
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
+        out = self.token_dispatcher(x_TD, self.gate(x_TD), self.experts).reshape(x_BTD.shape)
+        return out if self.shared_experts is None else out + self.shared_experts(x_BTD)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """The widths tensor parallelism splits are read from ``num_heads`` and ``num_kv_heads`` (keys and values come
+    per head from the latent, so both are H); ``head_dim`` is the query/key width of a head."""
+
+    def __init__(self, config: DeepseekV3Config, kernels: KernelOptions) -> None:
+        super().__init__()
+        d, heads, bias = config.hidden_size, config.num_attention_heads, config.attention_bias
+        self.num_heads = self.num_kv_heads = heads
+        self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.head_dim = config.qk_head_dim
+        self.kv_rank = config.kv_lora_rank
+        self.pairing = "adjacent" if config.rope_interleave else "half"
+        self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)
+        if config.q_lora_rank is None:
+            self.q_proj: nn.Linear | None = nn.Linear(d, heads * self.head_dim, bias=False)
+            self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
+        else:
+            self.q_proj = None
+            self.q_a_proj = nn.Linear(d, config.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, heads * self.head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.kv_rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.kv_rank, heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(heads * self.v_dim, d, bias=bias)
+
+    def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
+        rows, tokens, _ = x_BTD.shape
+        if self.q_proj is not None:
+            q = self.q_proj(x_BTD)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTD)))
+        # heads are inferred (-1) so tensor parallelism can split the head projections without touching this code
+        q_nope, q_rope = q.view(rows, tokens, -1, self.head_dim).transpose(1, 2).split(
+            [self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x_BTD).split([self.kv_rank, self.rope_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(rows, tokens, -1, self.nope_dim + self.v_dim)
+        k_nope, v = kv.transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
+        q_rope = apply_rope(q_rope, angles_BTF, pairing=self.pairing)
+        k_rope = apply_rope(k_rope[:, None], angles_BTF, pairing=self.pairing).expand(-1, k_nope.shape[1], -1, -1)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        k = torch.cat((k_nope, k_rope), dim=-1)
+        out = attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), documents=documents, backend=self.backend)
+        return self.o_proj(out.transpose(1, 2).reshape(rows, tokens, -1))
+
+
+class DeepseekV3DecoderLayer(nn.Module):
+    def __init__(self, config: DeepseekV3Config, index: int, kernels: KernelOptions) -> None:
+        super().__init__()
+        self.dense = not config.is_moe_layer(index)  # the sharding plan reads it (ShardingPlan.dense_layer)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = MultiHeadLatentAttention(config, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = (GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act) if self.dense
+                    else DeepseekV3Moe(config, kernels))
+
+    def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
+        h = x_BTD + self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DeepseekV3Backbone(nn.Module):
+    def __init__(self, config: DeepseekV3Config, kernels: KernelOptions) -> None:
+        super().__init__()
+        # padding_idx: the pad token's row gets no gradient, as in transformers
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size,
+                                                              padding_idx=config.pad_token_id)
+        # a dict keyed by layer index keeps parameter names stable when pipeline stages drop layers
+        self.layers = nn.ModuleDict({str(i): DeepseekV3DecoderLayer(config, i, kernels)
+                                     for i in range(config.num_hidden_layers)})
+        self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    """``forward(input_ids, position_ids=None, documents=None) -> logits (B, T, V)``.
+
+    A pipeline stage may drop ``model.embed_tokens`` (then the input is hidden states) or ``model.norm`` and
+    ``lm_head`` (then the output is hidden states).
+    """
+
+    def __init__(self, config: DeepseekV3Config, kernels: KernelOptions = KernelOptions()) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DeepseekV3Backbone(config, kernels)
+        self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
+        """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk)."""
+        rows, tokens = input_ids.shape[:2]
+        if position_ids is None:
+            position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
+        first = layers is None or layers.start == 0
+        last = layers is None or layers.stop == self.config.num_hidden_layers
+        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
+        angles = rope_angles(position_ids, self.config.qk_rope_head_dim, self.config.rope_theta)
+        chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
+        for layer in chosen:
+            h = layer(h, angles, documents)
+        if self.model.norm is not None and last:
+            h = self.model.norm(h)
+        return self.lm_head(h) if self.lm_head is not None and last else h
+
+    @torch.no_grad()
+    def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:
+        """Matrices ~ N(0, initializer_range), each from its own generator seeded by (seed, name); norms 1, biases
+        and the routers' correction biases 0, the pad token's embedding row 0 (as transformers initialises them)."""
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+                param.zero_()
+            else:
+                fill(param, name, seed=seed, std=self.config.initializer_range)
+        embedding = self.model.embed_tokens
+        if embedding is not None and embedding.padding_idx is not None:
+            embedding.weight[embedding.padding_idx].zero_()
+
+
+def build_deepseek_v3(config: DeepseekV3Config, *, device: str | torch.device = "cpu",
+                      dtype: torch.dtype = torch.float32, seed: int | None = 0,
+                      kernels: KernelOptions = KernelOptions()) -> DeepseekV3ForCausalLM:
+    """Build on the meta device, materialise on ``device``, initialise; ``seed=None`` leaves memory uninitialised.
+    The router weights and correction biases stay fp32 whatever ``dtype`` is (``KeepFP32``)."""
+    return build_on_meta(lambda: DeepseekV3ForCausalLM(config, kernels), device=device, dtype=dtype, seed=seed)

@@ -1,0 +1,121 @@
+"""Native DeepSeek-V3 against transformers' DeepseekV3ForCausalLM: same weights, fp32, CPU; HF weight round trip."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import openrecipes
+from openrecipes.checkpoint.hf import save_hf
+
+transformers = pytest.importorskip("transformers")
+
+# 3 layers (the first dense), 8 routed experts in 2 groups (1 kept), 1 shared expert, hidden 64; value heads
+# narrower than query/key heads
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
+            q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+VARIANTS = {
+    "tiny": {},
+    # one query projection, rotate-half RoPE, no renormalisation, two shared experts, biases
+    "plain_query": dict(q_lora_rank=None, rope_interleave=False, norm_topk_prob=False, n_shared_experts=2,
+                        attention_bias=True, topk_group=2, num_experts_per_tok=3),
+}
+
+
+def make_hf_model(variant: str, seed: int = 0, std: float = 0.08):
+    config = transformers.DeepseekV3Config(**{**TINY, **VARIANTS[variant]})
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV3ForCausalLM(config).float().eval()
+    with torch.no_grad():  # far from uniform routing and attention; a correction bias that changes the choice
+        for name, param in model.named_parameters():
+            param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else std * torch.randn_like(param))
+        for layer in model.model.layers[TINY["first_k_dense_replace"]:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.05 * torch.randn(TINY["n_routed_experts"]))
+    return model
+
+
+def lm_loss(logits, input_ids):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def hf_grad(hf_model, native_name: str, ffn: int):
+    params = dict(hf_model.named_parameters())
+    if native_name.endswith(("experts.gate_proj", "experts.up_proj")):
+        fused = params[native_name.rsplit(".", 1)[0] + ".gate_up_proj"].grad
+        return fused[:, :ffn] if native_name.endswith("gate_proj") else fused[:, ffn:]
+    return params[native_name].grad
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_loss_and_grads_match_transformers(variant, tmp_path):
+    hf_model = make_hf_model(variant)
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path, dtype=torch.float32)
+    assert type(native).__name__ == "DeepseekV3ForCausalLM"
+    assert [layer.dense for layer in native.model.layers.values()] == [True, False, False]
+
+    input_ids = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
+    hf_logits = hf_model(input_ids).logits
+    native_logits = native(input_ids)
+    assert rel_err(native_logits, hf_logits) <= 1e-5
+    hf_loss, native_loss = lm_loss(hf_logits, input_ids), lm_loss(native_logits, input_ids)
+    assert abs(native_loss.item() - hf_loss.item()) / abs(hf_loss.item()) <= 1e-5
+    hf_loss.backward()
+    native_loss.backward()
+
+    checked = 0
+    for name, param in native.named_parameters():
+        if not param.requires_grad:  # the correction bias steers the choice only
+            assert name.endswith("e_score_correction_bias") and param.grad is None
+            continue
+        expected = hf_grad(hf_model, name, TINY["moe_intermediate_size"])
+        if expected.abs().max() == 0:
+            assert param.grad is None or param.grad.abs().max() == 0, name
+            continue
+        assert rel_err(param.grad, expected) <= 1e-5, name
+        checked += 1
+    assert checked >= len([p for p in native.parameters() if p.requires_grad]) - 3
+
+
+def test_routing_differs_without_the_group_limit(tmp_path):
+    """The parity above must be able to fail: a native model that ignores the group limit computes other logits."""
+    hf_model = make_hf_model("tiny")
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path)
+    input_ids = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
+    for layer in list(native.model.layers.values())[1:]:
+        layer.mlp.gate.top_groups = TINY["n_group"]
+    assert rel_err(native(input_ids), hf_model(input_ids).logits) > 1e-3
+
+
+def test_hf_weights_round_trip(tmp_path):
+    hf_model = make_hf_model("tiny")
+    hf_model.save_pretrained(tmp_path / "hf")
+    native = openrecipes.from_hf(tmp_path / "hf")
+    save_hf(native, tmp_path / "out")
+    back = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "out").float().eval()
+    expected, got = hf_model.state_dict(), back.state_dict()
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+    reread = openrecipes.from_hf(tmp_path / "out")
+    for (name, a), (_, b) in zip(native.state_dict().items(), reread.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_scaled_rope_is_refused_naming_the_field(tmp_path):
+    hf_model = make_hf_model("tiny")
+    hf_model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 40.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"rope_scaling\.rope_type='yarn' is not supported"):
+        openrecipes.from_hf(tmp_path)

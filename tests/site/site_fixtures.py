@@ -33,6 +33,14 @@ def copy_seed_cards(recipes: Path) -> Path:
     return recipes
 
 
+def _window_times(mean: float, cv: float, steps: int) -> list[float]:
+    """Step times alternating around ``mean`` whose population CV is ``cv``."""
+    signs = [(-1) ** s for s in range(steps)]
+    centre = sum(signs) / steps
+    spread = (sum((v - centre) ** 2 for v in signs) / steps) ** 0.5
+    return [mean * (1 + cv * (v - centre) / spread) for v in signs]
+
+
 def catalog_with_variant(root: Path) -> Path:
     """The catalog plus an unverified pretrain variant of the Qwen card that has loss curves."""
     recipes = copy_seed_cards(root / "recipes")
@@ -43,11 +51,16 @@ def catalog_with_variant(root: Path) -> Path:
     data["workload"]["dataset"]["build"].update(skipped_invalid={"unknown role": 3, "non-text content part": 1},
                                                 tokens_in_unsupervised_rows=4096)
     step_tokens, gpus = data["workload"]["global_batch"] * data["workload"]["row_tokens"], data["gpu"]["count"]
-    # a step's tokens/s/GPU is its tokens / its time / GPUs (the card checks hold the two to each other)
+    mean = step_tokens / data["result"]["tokens_per_s_per_gpu"] / gpus
+    first, last = data["result"]["window"]
+    times = [mean] * first + _window_times(mean, data["result"]["step_time_cv_percent"] / 100, last - first + 1)
+    # a step's tokens/s/GPU is its tokens / its time / GPUs, and the window's times give the card's headline
+    # tokens/s/GPU and step-time CV (the card checks hold them to each other)
     data["curves"] = {
-        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": step_tokens / (6900.0 + s) / gpus,
-                       "tokens_per_s_per_gpu": 6900.0 + s, "peak_memory_gib": 60.0,
-                       "grad_norm": 2.0 / (1 + s), "lr": 1e-5 * min(1.0, (s + 1) / 5)} for s in range(20)],
+        "candidate": [{"step": s, "loss": 2.0 - 0.05 * s, "step_time_s": time,
+                       "tokens_per_s_per_gpu": step_tokens / time / gpus, "peak_memory_gib": 60.0,
+                       "grad_norm": 2.0 / (1 + s), "lr": 1e-5 * min(1.0, (s + 1) / 5)}
+                      for s, time in enumerate(times)],
         "reference": [{"step": s, "loss": 2.01 - 0.05 * s} for s in range(20)],
         "memory_phases_gib": {"start": 20.5, "forward_peak": 55.0, "backward_peak": 60.0, "optimizer_peak": 31.2},
     }

@@ -253,3 +253,27 @@ def test_workflow_filter_shows_exactly_each_workflows_cards(tmp_path, browser):
             assert page.locator("tr.recipe:visible").count() == total
     finally:
         page.close()
+
+
+def test_engine_and_depth_filters_on_the_published_catalog(tmp_path, browser):
+    build_site(REPO / "recipes", tmp_path / "site")
+    page = browser.new_page()
+    try:
+        with _serve(tmp_path / "site") as url:
+            page.goto(url + "index.html")
+            total = page.locator("tr.recipe").count()
+            page.select_option("#filter-engine", "openrecipes")
+            visible = page.locator("tr.recipe:visible")
+            assert 0 < visible.count() < total and "engine=openrecipes" in page.url
+            assert {row.locator("td.engine").inner_text() for row in visible.all()} == {"openrecipes"}
+            # the seed cards are full depth: with the engine filter on theirs, "reduced depth" matches nothing
+            page.select_option("#filter-engine", "miles/Megatron-LM")
+            assert page.locator('#filter-depth option[value="reduced depth"]').is_disabled()
+            assert all("does not run it" in row.locator("td.card-name").inner_text()
+                       for row in page.locator("tr.recipe:visible").all())
+            page.select_option("#filter-engine", "")
+            page.select_option("#filter-depth", "reduced depth")
+            texts = [row.locator("td.depth").inner_text() for row in page.locator("tr.recipe:visible").all()]
+            assert texts and all(text.startswith("reduced depth: ") for text in texts)
+    finally:
+        page.close()

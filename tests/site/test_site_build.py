@@ -33,10 +33,13 @@ class _Options(HTMLParser):
 
 def _card_values(recipes: Path) -> dict[str, set[str]]:
     values: dict[str, set[str]] = {"model": set(), "gpu": set(), "status": set(), "workflow": set(),
-                                   "modality": set()}
+                                   "modality": set(), "engine": set(), "depth": set()}
     for path in recipes.rglob("*.yaml"):
         data = yaml.safe_load(path.read_text())
         values["model"].add(data["model"])
+        framework = data["stack"]["framework"].split()[0]
+        values["engine"].add(framework if framework == "openrecipes" else f"{framework}/Megatron-LM")
+        values["depth"].add("reduced depth" if "num_hidden_layers=" in data["model"] else "full depth")
         values["gpu"].add(data["gpu"]["type"])
         values["status"].add(data["status"])
         if data["workload"].get("workflow"):

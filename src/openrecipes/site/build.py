@@ -25,8 +25,8 @@ from openrecipes.utils import check_output_dir, guarded_output_dir
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
 SITE_MARKER = ".openrecipes-site"
-FILTER_LABELS = (("model", "Model"), ("gpu", "GPU"), ("status", "Status"), ("workflow", "Workflow"),
-                 ("modality", "Modality"))
+FILTER_LABELS = (("model", "Model"), ("engine", "Engine"), ("depth", "Depth"), ("gpu", "GPU"), ("status", "Status"),
+                 ("workflow", "Workflow"), ("modality", "Modality"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +67,10 @@ def _number(value: float, decimals: int = 2) -> str:
 
 def filter_value(loaded: LoadedCard, key: str) -> str:
     card = loaded.card
+    if key == "engine":
+        return engine_of(loaded)
+    if key == "depth":
+        return depth_of(loaded)[0]
     return {"model": card.model, "gpu": card.gpu.type, "status": card.status,
             "workflow": card.workload.workflow or "", "modality": card.workload.modality}[key]
 
@@ -142,6 +146,26 @@ def other_framework(loaded: LoadedCard) -> str | None:
     return f"{name}/Megatron-LM" if stack.megatron_lm else name
 
 
+def engine_of(loaded: LoadedCard) -> str:
+    """The engine that measured the card: openrecipes, or the other framework (``other_framework``)."""
+    return other_framework(loaded) or "openrecipes"
+
+
+def depth_of(loaded: LoadedCard) -> tuple[str, str]:
+    """(filter value, text) of the model's depth on the card: "full depth" or "reduced depth" (``card new`` names a
+    model with a ``num_hidden_layers`` override "<model> with num_hidden_layers=N"), the text with the layer counts
+    where the registry knows the model."""
+    from openrecipes.cards.reference import model_layers
+
+    base, _, overrides = loaded.card.model.partition(" with ")
+    full = model_layers(base)
+    layers = next((value.strip() for key, _, value in (pair.strip().partition("=") for pair in overrides.split(","))
+                   if key.strip() == "num_hidden_layers" and value.strip().isdigit()), None)
+    if layers is None or (full is not None and int(layers) >= full):
+        return "full depth", f"full depth ({full} layers)" if full else "full depth"
+    return "reduced depth", f"reduced depth: {layers} of {full} layers" if full else f"reduced depth: {layers} layers"
+
+
 def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
     card = loaded.card
     metrics = _metrics(loaded)
@@ -151,7 +175,8 @@ def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
         "workflow": card.workload.workflow or "", "modality": card.workload.modality, "href": href,
         "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
         "tokens": str(metrics["tokens"]), "usd": str(metrics["usd"]), "mfu": str(metrics["mfu"]),
-        "author": card.author.name,
+        "author": card.author.name, "engine": engine_of(loaded), "runnable": other_framework(loaded) is None,
+        "depth": depth_of(loaded)[0], "depth_text": depth_of(loaded)[1],
         # what the sortable numeric columns sort by (empty: no value, sorted last)
         "tokens_sort": repr(card.result.tokens_per_s_per_gpu),
         "usd_sort": "" if card.result.usd_per_million_tokens is None else repr(card.result.usd_per_million_tokens),
@@ -192,6 +217,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
             stage_memory_plot=pipeline_memory_svg(curves) if curves else None,
             tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
             name=loaded.path.stem, other_framework=other_framework(loaded), copy_js=_asset("copy.js"),
+            depth=depth_of(loaded),
         )
         pages[relative.with_suffix(".yaml")] = loaded.text  # the card itself, linked from its page
         rows.append(_index_row(loaded, _href(relative)))

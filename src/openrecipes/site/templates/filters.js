@@ -3,7 +3,9 @@
 // sort order live in the address (?model=...&sort=tokens&order=desc), so a reload or a shared link shows the same
 // view; a value in the address that no card holds is ignored.
 (function () {
-  var keys = ["model", "gpu", "status", "workflow", "modality"];
+  // one filter per select of the form (the site build writes them from FILTER_LABELS)
+  var keys = Array.prototype.map.call(document.querySelectorAll("form.filters select"),
+                                      function (s) { return s.name; });
   var body = document.querySelector("#recipes tbody");
   var rows = Array.prototype.slice.call(body.querySelectorAll("tr.recipe"));
   var headers = Array.prototype.slice.call(document.querySelectorAll("#recipes th[data-key]"));

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from openrecipes.measure import measure_run_dir  # noqa: E402
 from openrecipes.train.loop import train  # noqa: E402
 from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
+from openrecipes.utils import sha256_file  # noqa: E402
 
 MUSE_4L16E = {"num_hidden_layers": 4, "num_experts": 16,
               "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]}
@@ -116,7 +117,10 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
                      schema=pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
                                        ("doc_lens", pa.list_(pa.int32()))]))
     pq.write_table(table, out / "rows.parquet")
-    (out / "manifest.json").write_text(json.dumps({"rows": rows, "row_tokens": row_tokens, "synthetic": True}))
+    # train checks the parquet file against the manifest's hash before it reads a row
+    manifest = {"rows": rows, "row_tokens": row_tokens, "synthetic": True,
+                "parquet_sha256": sha256_file(out / "rows.parquet")}
+    (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
 
@@ -172,7 +176,7 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     result = {"variant": name, **spec, "row_tokens": row_tokens, "wall_s": wall, "measure": measured,
               "step_times_s": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records]}
-    if any("memory_phases_gib" in r for r in records):  # OPENRECIPES_MEMORY_TRACE=1: rank 0's memory per phase
+    if any("memory_phases_gib" in r for r in records):  # --memory-trace: rank 0's memory per phase
         result["memory_phases_gib"] = [r.get("memory_phases_gib") for r in records]
     profile = run_dir / "profile.txt"
     if profile.is_file():

@@ -61,7 +61,7 @@ def _under_excluded_phase(event) -> bool:
     return False
 
 
-def _grouped_linear_without_sync(x_RI, weight_EOI, counts_E, offsets_E=None):
+def _grouped_linear_without_sync(x_RI, weight_EOI, counts_E, offsets_E=None, backend=None):
     """Stands in for ``torch._grouped_mm`` (whose CPU version has no backward for these shapes): every row through
     every expert, then each row's own; a fixed handful of ops and no host sync, like the GPU path, where the
     per-expert CPU loop would issue ops per expert and read the counts back."""
@@ -83,7 +83,7 @@ def worker(layout: str, layers: int, out: str) -> None:
     from openrecipes.config.recipe import recipe_from_dict
     from openrecipes.models.common import moe
     from openrecipes.optim.adam import MixedPrecisionAdam
-    from openrecipes.train import engine, loop
+    from openrecipes.train import loop
 
     spec = LAYOUTS[layout]
     dp = spec.get("dp", 1)
@@ -101,7 +101,7 @@ def worker(layout: str, layers: int, out: str) -> None:
         "optimizer": {"lr": 1e-4, "precision_aware": True, "moment_dtype": "bf16"},
         "precision": "bf16", "steps": PROFILE_STEP + 1, "global_batch": dp, "seed": 0,
         "run_dir": str(workdir / "run"), "checkpoint": {"at_end": False}, "logging": {"progress": False},
-        "debug": {"force_load_balance": True},
+        "debug": {"force_load_balance": True, "profile_step": PROFILE_STEP},
     }
     counts: dict[str, int] = {}
     dispatches = collections.Counter()
@@ -114,7 +114,7 @@ def worker(layout: str, layers: int, out: str) -> None:
                 dispatches["dtensor_ops"] += 1
             return func(*args, **(kwargs or {}))
 
-    def profiled(run_dir, fn):
+    def profiled(run_dir, sort, fn):  # as train/loop.py's _profiled, counting instead of writing a table
         syncs = collections.Counter()
         originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist")}
 
@@ -166,9 +166,8 @@ def worker(layout: str, layers: int, out: str) -> None:
 
     loop.train_step = train_step
     MixedPrecisionAdam.step = _marked(MixedPrecisionAdam.step)
-    engine.grad_norm_and_clip_scale = _marked(engine.grad_norm_and_clip_scale)
+    loop.grad_norm_and_clip_scale = _marked(loop.grad_norm_and_clip_scale)
     moe.grouped_linear = _grouped_linear_without_sync
-    os.environ["OPENRECIPES_PROFILE_STEP"] = str(PROFILE_STEP)
     loop.train(recipe_from_dict(tree), command="bench/op_counts.py")
     import torch.distributed as dist
 

@@ -4,7 +4,7 @@ Reads the `bench/engine_speed.py` results under bench/results (H200), fits each 
 `openrecipes_engine` block from its run (`openrecipes.plan.calibration.FITTED_ON`), and writes the comparison of
 every run (fitted or held out; throughput and training peak memory) as JSON and as a Markdown table.
 
-Usage: python bench/plan_calibration.py [--results bench/results] [--out bench/results/plan-calibration.json]
+Usage: python bench/plan_calibration.py [--results bench/results] [--out bench/logs/plan-calibration.json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _percent(value: float | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=str(ROOT / "bench" / "results"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan-calibration.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "logs" / "plan-calibration.json"))
     args = parser.parse_args()
     hw = load_hardware("H200")
     runs = measured_runs(Path(args.results))

@@ -71,7 +71,6 @@ def main() -> None:
             kind, *rest = name.split("_")
             spec = dict(SPEC, **({"row_tokens": int(rest[-1])} if rest and rest[-1].isdigit() else {}))
             mesh.build_parallel_state = original if kind == "plain" else one_rank_state(kind)
-            os.environ["OPENRECIPES_PROFILE_STEP"] = str(args.steps - 1)  # outside the window (5-18)
             try:
                 results.append(engine_speed.run_variant(name, spec, layers=8, steps=args.steps, workdir=Path(tmp),
                                                         device_type="cuda" if cuda else "cpu"))

@@ -1,5 +1,5 @@
 """The planner's peak memory and tokens/s/GPU (as the tuner sees them, before any refit) for the recipe of each run
-directory given, beside its measured peak: one JSON line per run (bench/gpu_call_2026-12-02_tune18_grid.sh)."""
+directory given, beside its measured peak: one JSON line per run (bench/calls/gpu_call_2026-12-02_tune18_grid.sh)."""
 
 import json
 import sys

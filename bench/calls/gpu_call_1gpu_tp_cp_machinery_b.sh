@@ -1,7 +1,7 @@
 # Second call on nvidia-h200 (still no machine of two GPUs lent): the plain one-GPU run before and after the MoE's
 # bincount (a host sync per layer) went, and rows of 4,096 tokens (about a TP2 or CP2 rank's work on an 8,192-token
 # row) plain and through the TP / CP code paths over a group of one rank, after and before.
-#   cd .wt18 && bash bench/gpu_call_1gpu_tp_cp_machinery_b.sh   (same copy as gpu_call_1gpu_tp_cp_machinery.sh)
+#   cd .wt18 && bash bench/calls/gpu_call_1gpu_tp_cp_machinery_b.sh   (same copy as gpu_call_1gpu_tp_cp_machinery.sh)
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

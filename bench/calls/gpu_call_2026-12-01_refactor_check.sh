@@ -1,7 +1,7 @@
 # One H200, 2026-12-01: after the architecture refactor (parallelize step, composable recompute, kernels chosen at
 # build) and the merged TP/CP, LoRA and tuner work: the CUDA tests, the engine on the peers' workload beside
 # transformers in the same call, and a short tuner run. Run from the repository root with .whl (pydantic and its
-# dependencies for Python 3.12) and .peers (../shared/peers) carried:  bash bench/gpu_call_2026-12-01_refactor_check.sh
+# dependencies for Python 3.12) and .peers (../shared/peers) carried:  bash bench/calls/gpu_call_2026-12-01_refactor_check.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

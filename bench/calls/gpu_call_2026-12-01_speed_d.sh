@@ -1,6 +1,6 @@
 # One H200, 2026-12-01, fourth call: the compiled-block CUDA test with balanced routing, then the tuner from the
 # memory-bound 16-layer hand recipe again, with room for its verification.
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-01_speed_d.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-01_speed_d.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

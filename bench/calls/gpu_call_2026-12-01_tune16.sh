@@ -1,6 +1,6 @@
 # One H200, 2026-12-01: the tuner from the memory-bound 16-layer hand recipe (bench/tune_h200_16l_start.yaml), trials
 # of 12 steps (window 5-11) to fit one call. Run from the repository root with .whl carried:
-#   bash bench/gpu_call_2026-12-01_tune16.sh
+#   bash bench/calls/gpu_call_2026-12-01_tune16.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

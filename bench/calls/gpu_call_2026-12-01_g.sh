@@ -2,7 +2,7 @@
 # in call f), then the tuner's 16-layer memory-bound start with the three one-field changes that make up the winner of
 # call d (offload off; two rows per microbatch; recompute of the first 8 layers only), each measured as a --try trial
 # in the same harness as call d (12 steps, same rows) (issues: tuner, one-GPU speed).
-# Run from the repository root with .whl and h200-rows carried:  bash bench/gpu_call_2026-12-01_g.sh
+# Run from the repository root with .whl and h200-rows carried:  bash bench/calls/gpu_call_2026-12-01_g.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated*.whl .whl/typing_insp*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

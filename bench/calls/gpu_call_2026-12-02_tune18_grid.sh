@@ -1,7 +1,7 @@
 # One H200: the hand grid beside the tuner's 18-layer start (bench/tune_h200_18l_start.yaml): fractional optimizer
 # offload with and without compiled blocks, 12 steps each (the tuner's trials: window 5-11), each run timed from
 # process start to exit, measured, and its peak set beside the planner's prediction (bench/tune18_predicted.py).
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-02_tune18_grid.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-02_tune18_grid.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

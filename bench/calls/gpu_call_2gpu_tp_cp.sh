@@ -1,7 +1,7 @@
 # On nvidia-h200-x2: TP2 (SP) and CP2 before and after the host-overhead work, beside DP2, in one call.
 # Run from a copy of the repository holding src/ (after), before/src + before/bench (the branch point's src with this
 # engine_speed.py), tests/ and .whl/ (pydantic and its three dependencies for Python 3.12):
-#   cd .wt18 && bash bench/gpu_call_2gpu_tp_cp.sh
+#   cd .wt18 && bash bench/calls/gpu_call_2gpu_tp_cp.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

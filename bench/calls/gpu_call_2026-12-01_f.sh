@@ -3,7 +3,7 @@
 # and long-context SFT (32,768-token rows), each written as an item of verification/qwen3-30b-a3b-8l.yaml by
 # `card verify-item` (issues: one-GPU speed, workflows, verification cards).
 # Rows: bench/h200_rows.py + `openrecipes data build` (Qwen3's tokenizer files), carried as h200-rows/.
-# Run from the repository root with .whl and h200-rows carried:  bash bench/gpu_call_2026-12-01_f.sh
+# Run from the repository root with .whl and h200-rows carried:  bash bench/calls/gpu_call_2026-12-01_f.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated*.whl .whl/typing_insp*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

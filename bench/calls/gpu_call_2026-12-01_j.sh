@@ -2,9 +2,9 @@
 # exists: bf16, grouped experts, varlen attention over packed image rows), then the SFT and long-context runs of
 # call f again with their last step saved, so their items carry the save's hash and can be verified (issues: images,
 # verification cards). Each save (about 45 GB with optimizer state) is removed once its item is written.
-# As it ran: both image-text examples trained on the H200 (their last metrics lines in bench/results/2026-12-01-j-*);
+# As it ran: both image-text examples trained on the H200 (their last metrics lines in bench/logs/2026-12-01-j-*);
 # the call's 330 s limit ended it during the first saved run, so no item was written and the items stay unverified.
-# Run from the repository root with .whl and h200-rows carried:  bash bench/gpu_call_2026-12-01_j.sh
+# Run from the repository root with .whl and h200-rows carried:  bash bench/calls/gpu_call_2026-12-01_j.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated*.whl .whl/typing_insp*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -1,6 +1,6 @@
 # One H200: the tuner from the 18-layer memory-bound start (bench/tune_h200_18l_start.yaml) within a 9.4-minute
 # budget that includes verification, one interleaved remeasurement pair and the card; trials of 12 steps.
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-02_tune18_tune.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-02_tune18_tune.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

@@ -1,6 +1,6 @@
 # One H200, 2026-12-01: compiled blocks and offloaded optimizer state streamed through the GPU (issue: one-GPU speed).
 # CUDA tests (new: compiled blocks, streamed offload bitwise), the engine's variants, transformers in the same call.
-# Run from the repository root with .whl (pydantic wheels) and .peers carried:  bash bench/gpu_call_2026-12-01_speed_a.sh
+# Run from the repository root with .whl (pydantic wheels) and .peers carried:  bash bench/calls/gpu_call_2026-12-01_speed_a.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -1,6 +1,6 @@
 # One H200, 2026-12-01, third call: the compiled-block CUDA test against an fp32 oracle, Muse Spark at real widths,
 # offload 1.0 streamed, then the tuner from the memory-bound 16-layer hand recipe (bench/tune_h200_16l_start.yaml).
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-01_speed_c.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-01_speed_c.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

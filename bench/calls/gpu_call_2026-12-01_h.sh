@@ -1,7 +1,7 @@
 # One H200, 2026-12-01, call h: compiled blocks on packed rows (many documents a row; slower than eager in a tuner
 # trial) with torch's recompilation log, beside eager packed rows, and natural routing without recompute (compiled),
 # so every single-GPU compiled variant has its natural-routing figure (issue: one-GPU speed).
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-01_h.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-01_h.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated*.whl .whl/typing_insp*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 # over a group of one rank beside the plain run (bench/tp_cp_machinery_1gpu.py), after and before the change.
 # Run from a copy of the repository holding src/ (after), before/src + before/bench (the branch point's src with this
 # tree's bench scripts), tests/ and .whl/ (pydantic and its three dependencies for Python 3.12):
-#   cd .wt18 && bash bench/gpu_call_1gpu_tp_cp_machinery.sh
+#   cd .wt18 && bash bench/calls/gpu_call_1gpu_tp_cp_machinery.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
 # One H200: the tuner from the 18-layer memory-bound start (bench/tune_h200_18l_start.yaml) within an 8.8-minute
 # budget that includes verification, two interleaved remeasurement pairs and the card; trials of 12 steps. Before
 # it: the GPU tests of the pinned optimizer state.
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-02_tune18_tune3.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-02_tune18_tune3.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 # start (offload 1.0, bench/tune_h200_18l_start.yaml) and the tuner's compiled candidate; how long allocating the
 # offloaded optimizer state takes three ways (bench/pinned_state_alloc.py, 6 of the 18 layers); and where the
 # optimizer component test's time goes on the GPU (cProfile).
-# Run from the repository root with .whl carried:  bash bench/gpu_call_2026-12-02_trial_overhead.sh
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-02_trial_overhead.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

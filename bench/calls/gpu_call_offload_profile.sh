@@ -1,6 +1,6 @@
 # where a DP2-EP2 step with offload 0.5 spends its time (host-side profile of step 3)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/typing_extensions*.whl 2>/dev/null
-export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=16 OPENRECIPES_PROFILE_STEP=3 OPENRECIPES_PROFILE_SORT=cpu_time_total
+export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=16
 python3 - <<'PY'
 import sys, yaml, os
 sys.path.insert(0, "bench")
@@ -13,7 +13,8 @@ tree = {"name": "offload-profile", "model": "qwen3-30b-a3b", "model_overrides": 
         "offload": {"fraction": 0.5}, "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
         "optimizer": {"lr": 1e-5, "precision_aware": True, "moment_dtype": "bf16", "grad_clip": 1.0},
         "precision": "bf16", "steps": 4, "global_batch": 2, "seed": 0, "run_dir": str(out / "run"),
-        "checkpoint": {"at_end": False}, "logging": {"progress": False}, "debug": {"force_load_balance": True}}
+        "checkpoint": {"at_end": False}, "logging": {"progress": False}, "debug": {"force_load_balance": True,
+                                                                   "profile_step": 3, "profile_sort": "cpu_time_total"}}
 Path("/tmp/recipe.yaml").write_text(yaml.safe_dump(tree))
 PY
 timeout 190 python3 -m openrecipes train /tmp/recipe.yaml --nproc 2 2>&1 | tail -3

@@ -2,7 +2,7 @@
 # selective / none x 1 or 2 rows per microbatch) measured as --try trials, then a fresh tuner run from the same start
 # with a third of the grid's trials (2: the start and the planner's first choice), 12-step trials, same rows
 # (issue: tuner). Each tuner run is cut by its time limit once its trials are written (verification is not needed).
-# Run from the repository root with .whl and h200-rows carried:  bash bench/gpu_call_2026-12-01_i.sh
+# Run from the repository root with .whl and h200-rows carried:  bash bench/calls/gpu_call_2026-12-01_i.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/pydantic*.whl .whl/annotated*.whl .whl/typing_insp*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

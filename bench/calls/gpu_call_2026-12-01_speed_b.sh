@@ -1,7 +1,7 @@
 # One H200, 2026-12-01, second call: compiled loss added to kernels.compile; every variant in its own process.
 # CUDA tests, the engine's one-GPU variants (forced and natural routing, recompute modes, offload streamed through the
 # GPU or updated by the CPU, 1 and 8 rows per step, Muse Spark at real widths), transformers in the same call.
-# Run from the repository root with .whl and .peers carried:  bash bench/gpu_call_2026-12-01_speed_b.sh
+# Run from the repository root with .whl and .peers carried:  bash bench/calls/gpu_call_2026-12-01_speed_b.sh
 set -x
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from openrecipes.data.assets.make_conversations import write_jsonl
-from openrecipes.data.build import BuildConfig, build
+from openrecipes.config.recipe import DataBuild
+from openrecipes.data.build import build
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
 from openrecipes.utils import atomic_write_text
 
@@ -41,9 +42,8 @@ def main() -> int:
         write_jsonl(conversations, count, seed=1)
         generate_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        manifest = build(BuildConfig(input=conversations, tokenizer=BUNDLED_TOKENIZER, loss_mask="qwen3",
-                                     row_tokens=args.row_tokens, rows=args.rows, seed=42,
-                                     out=Path(tmp) / "rows"))
+        manifest = build(DataBuild(input=str(conversations), tokenizer=str(BUNDLED_TOKENIZER), loss_mask="qwen3",
+                                   row_tokens=args.row_tokens, rows=args.rows, seed=42), Path(tmp) / "rows")
         build_s = time.perf_counter() - t0
         input_bytes = conversations.stat().st_size
     tokens = manifest["rows"] * manifest["row_tokens"]

@@ -23,7 +23,8 @@ import numpy as np
 
 from openrecipes.data.assets.make_conversations import generate
 from openrecipes.data.assets.make_documents import document_text
-from openrecipes.data.build import BuildConfig, build
+from openrecipes.config.recipe import DataBuild
+from openrecipes.data.build import build
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER, load_tokenizer
 from openrecipes.utils import atomic_write_text
 
@@ -63,8 +64,9 @@ def main() -> int:
             source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
         generate_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        manifest = build(BuildConfig(input=source, tokenizer=BUNDLED_TOKENIZER, format="pretrain", eos_token=EOS,
-                                     row_tokens=args.row_tokens, rows=args.rows, seed=42, out=Path(tmp) / "rows"))
+        manifest = build(DataBuild(input=str(source), tokenizer=str(BUNDLED_TOKENIZER), format="pretrain",
+                                   eos_token=EOS, row_tokens=args.row_tokens, rows=args.rows, seed=42),
+                         Path(tmp) / "rows")
         build_s = time.perf_counter() - t0
     tokens = manifest["rows"] * manifest["row_tokens"]
     result = {

@@ -103,12 +103,11 @@ def test_a_template_running_too_long_is_stopped(tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def built_rows(tmp_path_factory):
-    from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.bundled import ASSETS
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.build import build
 
     out = tmp_path_factory.mktemp("rows") / "tiny"
-    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
-                      row_tokens=64, rows=8, seed=1, out=out, progress=False))
+    build(DataBuild(loss_mask="qwen3", row_tokens=64, rows=8, seed=1), out, progress=False)  # the bundled data
     return out
 
 

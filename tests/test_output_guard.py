@@ -188,7 +188,7 @@ def test_merge_lora_never_replaces_a_directory_holding_its_adapter(hf_dir, adapt
 
 def test_data_build_never_replaces_the_image_processor_it_reads(tmp_path, capsys):
     from openrecipes.data import bundled
-    from openrecipes.data.build import DATA_MARKER
+    from openrecipes.data.packed import DATA_MARKER
 
     rows = tmp_path / "rows"  # an earlier build's output (its marker), where the user keeps the processor
     rows.mkdir()

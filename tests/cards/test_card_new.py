@@ -34,13 +34,12 @@ def _train(rows: Path, run_dir: Path, max_tokens_per_gpu: int) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """A candidate (2 rows per microbatch) and a reference (1 row per microbatch) of the same recipe."""
-    from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.bundled import ASSETS
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.build import build
 
     root = tmp_path_factory.mktemp("card-new")
     rows = root / "rows"
-    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
-                      row_tokens=64, rows=48, seed=1, out=rows, progress=False))
+    build(DataBuild(loss_mask="qwen3", row_tokens=64, rows=48, seed=1), rows, progress=False)  # bundled data
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["verify", "optimizer", "--json", "--hidden", "16", "--experts", "4", "--top-k", "2",
@@ -206,12 +205,11 @@ def test_the_candidate_itself_is_no_reference(runs, tmp_path, capsys, status):
 
 
 def test_a_reference_on_other_rows_is_refused(runs, tmp_path, capsys):
-    from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.bundled import ASSETS
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.build import build
 
     other_rows = tmp_path / "other-rows"
-    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
-                      row_tokens=64, rows=48, seed=2, out=other_rows, progress=False))
+    build(DataBuild(loss_mask="qwen3", row_tokens=64, rows=48, seed=2), other_rows, progress=False)
     other = _copy_run(runs, "ref-other-rows")
     recipe = yaml.safe_load((other / "recipe.yaml").read_text())
     recipe["data"]["rows"] = str(other_rows)

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from openrecipes.data.build import BuildConfig, build
+from openrecipes.config.recipe import DataBuild
+from openrecipes.data.build import build
+from openrecipes.data.packed import BuildJob
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
 
 BUNDLED_CONVERSATIONS = BUNDLED_TOKENIZER.parent / "conversations.jsonl"
@@ -31,26 +33,37 @@ def read_rows(out: Path) -> dict[str, Any]:
     }
 
 
+JOB_OPTIONS = ("name", "skip_invalid", "overwrite", "progress", "chunk_conversations")
+
+
+def build_job(out: Path, **options: Any) -> BuildJob:
+    """A job of the ``DataBuild`` keys in ``options`` (paths as the recipe writes them) and the rest."""
+    spec = {key: str(value) if isinstance(value, Path) else value for key, value in options.items()
+            if key not in JOB_OPTIONS}
+    return BuildJob(spec=DataBuild(**spec), out=out, **{key: options[key] for key in JOB_OPTIONS if key in options})
+
+
 def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
     options: dict[str, Any] = dict(input=BUNDLED_CONVERSATIONS, tokenizer=BUNDLED_TOKENIZER, loss_mask="qwen3",
-                                   row_tokens=256, out=out, progress=False, name="test")
+                                   row_tokens=256, progress=False, name="test")
     options.update(overrides)
-    return build(BuildConfig(**options))
+    job = build_job(out, **options)
+    return build(job.spec, out, **{key: options[key] for key in JOB_OPTIONS if key in options})
 
 
 def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokenizer: Path = BUNDLED_TOKENIZER,
-                           loss_mask: str = "qwen3", chat_template: str | None = None, chat_input: Any = None,
+                           loss_mask: str = "qwen3", chat_template: str | None = None, **reading: Any,
                            ) -> tuple[list[tuple[list[int], np.ndarray]], Any]:
     """(ids, mask) of each record (``{"messages": ..., "tools": ...}``) as the data build makes them, its
-    separator removed; and the tokenizer bundle."""
+    separator removed; and the tokenizer bundle. ``reading``: DataBuild keys of how conversations are read
+    (input_shape, messages_field, role_map, special_tokens_in_text)."""
     import types
 
     from openrecipes.data import build as data_build
     from openrecipes.data.stream import LimitCounter
 
-    config = BuildConfig(input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask, row_tokens=64,
-                         chat_template=chat_template, out=tmp_path / "out", progress=False,
-                         **({"chat_input": chat_input} if chat_input is not None else {}))
+    config = build_job(tmp_path / "out", input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask,
+                       row_tokens=64, chat_template=chat_template, progress=False, **reading)
     bundle, renderer, eos_id, _, _ = data_build._prepare(config)
     source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
                                    iter_records=lambda order: ((i, records[i]) for i in order.tolist()))

@@ -162,17 +162,16 @@ def test_any_tokenizers_added_tokens_are_refused_in_every_field(own_tokenizer):
 
 def test_a_pretraining_document_quoting_an_added_token_keeps_it_as_text(own_tokenizer, tmp_path):
     from openrecipes.data.batching import load_rows
-    from openrecipes.data.build import BuildConfig, build
+    from tests.data.sft_data_helpers import run_build
 
     text = "Ledger: [BALANCE] is <|ref|> and <think> ends here."
     source = tmp_path / "docs.jsonl"
     source.write_text(json.dumps({"text": text}) + "\n")
-    config = dict(input=source, tokenizer=own_tokenizer, format="pretrain", row_tokens=8, eos_token="<|endoftext|>",
-                  progress=False)
-    build(BuildConfig(out=tmp_path / "rows", **config))
+    config = dict(input=source, tokenizer=own_tokenizer, format="pretrain", row_tokens=8, eos_token="<|endoftext|>")
+    run_build(tmp_path / "rows", **config)
     ids = load_rows(tmp_path / "rows").input_ids.reshape(-1).tolist()
     added = {token_id for _, token_id, _ in added_tokens(file_tokenizer(own_tokenizer))} - {
         load_tokenizer(own_tokenizer).token_id("<|endoftext|>")}
     assert ids and not added & set(ids)
     with pytest.raises(ValueError, match=r"docs.jsonl line 1: 'text' contains the added token '\[BALANCE\]'"):
-        build(BuildConfig(out=tmp_path / "refused", chat_input=ChatInput(special_tokens="refuse"), **config))
+        run_build(tmp_path / "refused", special_tokens_in_text="refuse", **config)

@@ -11,11 +11,12 @@ import pytest
 
 from openrecipes.data import manifest as manifest_module
 from openrecipes.data import stream
-from openrecipes.data.build import BuildConfig, _prepare
+from openrecipes.data.build import _prepare
+from openrecipes.data.packed import BuildJob
 from openrecipes.data.sources import normalize
 from openrecipes.data.templates import token_mask
 
-from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, read_rows, run_build, write_jsonl
+from tests.data.sft_data_helpers import BUNDLED_CONVERSATIONS, build_job, read_rows, run_build, write_jsonl
 
 # the rows of the bundled conversations (tests/data/conftest.py's build) before the builder streamed its work
 BUNDLED_ROWS_SHA256 = "a247cc1b0b447dec74e9d20701b25327353b5f2596aa2ea00fd552088edd6dab"  # qwen3 template of Qwen3's own text
@@ -33,12 +34,12 @@ def _long_conversation(chars: int, seed: int) -> dict:
     return {"messages": messages}
 
 
-def _expected_rows(config: BuildConfig, limit: int | None, too_long: str) -> tuple[np.ndarray, np.ndarray, int]:
+def _expected_rows(config: BuildJob, limit: int | None, too_long: str) -> tuple[np.ndarray, np.ndarray, int]:
     """The rows by the plain definition: each conversation encoded whole, limited, followed by the separator."""
     bundle, renderer, eos_id, _, _ = _prepare(config)
     records = [json.loads(line) for line in config.input.read_text().splitlines()]
     ids, mask, over = [], [], 0
-    for index in np.random.default_rng(config.seed).permutation(len(records)).tolist():
+    for index in np.random.default_rng(config.spec.seed).permutation(len(records)).tolist():
         text, spans = renderer.supervised_spans(*normalize(records[index], "", None))
         encoding = bundle.tokenizer.encode(text, add_special_tokens=False)
         conv_ids, conv_mask = list(encoding.ids), token_mask(np.asarray(encoding.offsets), spans).tolist()
@@ -68,8 +69,8 @@ def test_windows_and_token_limit_match_the_plain_definition(tmp_path: Path, monk
     options = dict(input=source, row_tokens=T, max_conversation_tokens=limit, too_long=too_long)
     manifest = run_build(tmp_path / "out", **options)
     rows = read_rows(tmp_path / "out")
-    config = BuildConfig(tokenizer=Path(manifest["tokenizer"]["directory"]), loss_mask="qwen3", out=tmp_path / "x",
-                         **options)
+    config = build_job(tmp_path / "x", tokenizer=Path(manifest["tokenizer"]["directory"]), loss_mask="qwen3",
+                       **options)
     ids_RT, mask_RT, over = _expected_rows(config, limit, too_long)
     assert ids_RT.shape == rows["input_ids"].shape
     np.testing.assert_array_equal(rows["input_ids"], ids_RT)
@@ -157,5 +158,7 @@ def test_the_limit_from_the_cli_and_the_recipe(tmp_path: Path) -> None:
         DataBuild(format="pretrain", row_tokens=128, max_conversation_tokens=100)
     with pytest.raises(ValueError, match="too_long: truncate needs max_conversation_tokens"):
         DataBuild(row_tokens=128, too_long="truncate")
-    with pytest.raises(ValueError, match="--too-long truncate needs --max-conversation-tokens"):
-        run_build(tmp_path / "none", too_long="truncate")
+    args = parser.parse_args(["data", "build", "--row-tokens", "8", "--too-long", "truncate", "--out",
+                              str(tmp_path / "none")])
+    with pytest.raises(ValueError, match="^--too-long: truncate needs --max-conversation-tokens"):
+        args.func(args)  # the flags are checked by the recipe's section, and named as flags

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from openrecipes.data import cli as data_cli
-from openrecipes.data.chat_input import ChatInput
 from openrecipes.data.manifest import rows_sha256_of
 from openrecipes.data.templates import BUILTIN_TEMPLATE_NOTES
 from openrecipes.data.tokenizer import BUNDLED_TOKENIZER
@@ -114,7 +113,7 @@ def test_bad_input_names_file_and_line(tmp_path: Path, line: str, message: str) 
     src = tmp_path / "bad.jsonl"
     src.write_text(json.dumps(GOOD) + "\n" + line + "\n" + json.dumps(GOOD) + "\n")
     with pytest.raises(ValueError) as error:  # special tokens in text: refused when asked
-        run_build(tmp_path / "out", input=src, row_tokens=8, chat_input=ChatInput(special_tokens="refuse"))
+        run_build(tmp_path / "out", input=src, row_tokens=8, special_tokens_in_text="refuse")
     assert str(src) in str(error.value) and message in str(error.value)
     assert not (tmp_path / "out").exists()  # a failed build leaves nothing behind
 
@@ -139,7 +138,7 @@ def test_tokenizer_without_template_and_bad_row_tokens(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has no chat template"):
         run_build(tmp_path / "out", tokenizer=tok_dir)
     for bad in (0, -5):
-        with pytest.raises(ValueError, match="--row-tokens must be positive"):
+        with pytest.raises(ValueError, match="row_tokens"):
             run_build(tmp_path / "out", row_tokens=bad)
     assert not (tmp_path / "out").exists()
 

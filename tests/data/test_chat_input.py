@@ -28,7 +28,9 @@ OPENAI = [{"role": "system", "content": "Be brief."}, {"role": "user", "content"
 
 def tokenize(records, tmp_path, options=ChatInput()):
     """(ids, mask) of each record as the build makes them (EOS removed), and the tokenizer bundle."""
-    tokens, bundle = tokenize_conversations(records, tmp_path, TOKENIZER, chat_input=options)
+    reading = dict(input_shape=options.shape, messages_field=options.messages_field, role_map=dict(options.role_map),
+                   special_tokens_in_text=options.special_tokens)
+    tokens, bundle = tokenize_conversations(records, tmp_path, TOKENIZER, **reading)
     return [(ids, mask.tolist()) for ids, mask in tokens], bundle
 
 

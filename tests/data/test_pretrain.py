@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from openrecipes.data.batching import load_rows
-from openrecipes.data.build import BuildConfig, build
+from openrecipes.data.build import build
 from openrecipes.data.bundled import CONVERSATIONS, DOCUMENTS, TOKENIZER
-from openrecipes.data.chat_input import ChatInput
 from openrecipes.data.manifest import rows_sha256_of
 from openrecipes.data.megatron_indexed import read_indexed
 from openrecipes.data.tokenizer import load_tokenizer
+from tests.data.sft_data_helpers import JOB_OPTIONS, build_job, run_build
 
 EOS = "<|endoftext|>"
 
@@ -26,7 +26,8 @@ def _texts(n: int = 120) -> list[str]:
 def _build(out: Path, input: Path, **kwargs) -> dict:
     options = dict(row_tokens=64, seed=7, eos_token=EOS, progress=False, chunk_conversations=16)
     options.update(kwargs)
-    return build(BuildConfig(input=input, tokenizer=TOKENIZER, format="pretrain", out=out, **options))
+    job = build_job(out, input=input, tokenizer=TOKENIZER, format="pretrain", **options)
+    return build(job.spec, out, **{key: options[key] for key in JOB_OPTIONS if key in options})
 
 
 def _write_jsonl(path: Path, texts: list[str]) -> Path:
@@ -101,7 +102,7 @@ def test_sft_conversations_from_a_saved_dataset(tmp_path: Path) -> None:
     records = [json.loads(line) for line in CONVERSATIONS.read_text().splitlines()[:80]]
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     options = dict(tokenizer=TOKENIZER, loss_mask="qwen3", row_tokens=128, progress=False)
-    reference = build(BuildConfig(input=tmp_path / "c.jsonl", out=tmp_path / "j", **options))
+    reference = run_build(tmp_path / "j", input=tmp_path / "c.jsonl", **options)
     table = pa.Table.from_pylist([{"messages": r["messages"], "metadata": json.dumps(r["metadata"])}
                                   for r in records])
     saved = tmp_path / "saved" / "train"
@@ -110,7 +111,7 @@ def test_sft_conversations_from_a_saved_dataset(tmp_path: Path) -> None:
         writer.write_table(table)
     (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data.arrow"}]}))
     (tmp_path / "saved" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
-    built = build(BuildConfig(input=tmp_path / "saved", out=tmp_path / "s", **options))
+    built = run_build(tmp_path / "s", input=tmp_path / "saved", **options)
     assert built["rows_sha256"] == reference["rows_sha256"]
 
 
@@ -125,9 +126,9 @@ def test_bad_documents(tmp_path: Path) -> None:
     assert manifest["counts"]["documents_invalid"] == 1 and manifest["counts"]["documents_total"] == 41
     forged = _write_jsonl(tmp_path / "forged.jsonl", texts[:5] + [f"early {EOS} end"])
     with pytest.raises(ValueError, match=r"forged.jsonl line 6: 'text' contains the added token"):
-        _build(tmp_path / "o3", forged, chat_input=ChatInput(special_tokens="refuse"))
-    with pytest.raises(ValueError, match="--loss-mask, --chat-template and --template-kwargs apply to --format sft"):
-        _build(tmp_path / "o4", bad, loss_mask="qwen3")
+        _build(tmp_path / "o3", forged, special_tokens_in_text="refuse")
+    with pytest.raises(ValueError, match="loss_mask apply to format sft only"):
+        _build(tmp_path / "o4", bad, loss_mask="muse_spark")
     with pytest.raises(ValueError, match="no token '<nope>'"):
         _build(tmp_path / "o5", forged, eos_token="<nope>")
 

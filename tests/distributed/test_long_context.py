@@ -13,7 +13,8 @@ from pathlib import Path
 
 from openrecipes.data import bundled
 from openrecipes.data.batching import RowLoader, load_rows
-from openrecipes.data.build import BuildConfig, build
+from openrecipes.config.recipe import DataBuild
+from openrecipes.data.build import build
 from tests.distributed.test_layouts import assert_same, metrics
 
 ROW = 4096
@@ -38,9 +39,8 @@ def _rows(tmp_path: Path) -> Path:
     documents = ["\n\n".join(texts[:150]), *texts[150:260]]
     (tmp_path / "documents.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in documents))
     out = tmp_path / "rows"
-    build(BuildConfig(input=tmp_path / "documents.jsonl", tokenizer=bundled.resolve("bundled", bundled.TOKENIZER),
-                      format="pretrain", row_tokens=ROW, rows=2, seed=0, eos_token="<|endoftext|>", out=out,
-                      progress=False))
+    build(DataBuild(input=str(tmp_path / "documents.jsonl"), format="pretrain", row_tokens=ROW, rows=2, seed=0,
+                    eos_token="<|endoftext|>"), out, progress=False)
     loader = RowLoader(dataset=load_rows(out), global_batch=2, dp_rank=0, dp_size=1, rows_per_microbatch=1)
     documents_per_row = sorted(len(batch["cu_seqlens"]) - 1 for batch in loader.microbatches(0))
     assert documents_per_row[0] == 1 and documents_per_row[1] > 10, \

@@ -5,12 +5,11 @@ from openrecipes.config.recipe import recipe_from_dict
 
 @pytest.fixture(scope="session")
 def rows_dir(tmp_path_factory):
-    from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.bundled import ASSETS
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.build import build
 
     out = tmp_path_factory.mktemp("rows") / "tiny"
-    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
-                      row_tokens=64, rows=48, seed=1, out=out, progress=False))
+    build(DataBuild(loss_mask="qwen3", row_tokens=64, rows=48, seed=1), out, progress=False)  # the bundled data
     return out
 
 

@@ -91,8 +91,8 @@ def test_a_performance_field_edited_in_recipe_yaml_is_recorded_once(run):
 
 
 def test_rows_rebuilt_in_place_are_refused(make_recipe, rows_dir, tmp_path):
-    from openrecipes.data.build import BuildConfig, build
-    from openrecipes.data.bundled import ASSETS
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.build import build
 
     rows = tmp_path / "rows"
     shutil.copytree(rows_dir, rows)
@@ -101,8 +101,7 @@ def test_rows_rebuilt_in_place_are_refused(make_recipe, rows_dir, tmp_path):
     start(run_dir, recipe)
     before = sha256_file(rows / ROWS_FILE)
     # the same data.rows, built again with another seed: other rows, a manifest that agrees with them
-    build(BuildConfig(input=ASSETS / "conversations.jsonl", tokenizer=ASSETS / "tokenizer", loss_mask="qwen3",
-                      row_tokens=64, rows=48, seed=2, out=rows, progress=False, overwrite=True))
+    build(DataBuild(loss_mask="qwen3", row_tokens=64, rows=48, seed=2), rows, progress=False, overwrite=True)
     assert sha256_file(rows / ROWS_FILE) != before
     with pytest.raises(ValueError, match=f"rows: {rows} has parquet sha256 [0-9a-f]{{64}}, the run started on {before}"):
         resumed_changes(run_dir, load_recipe(run_dir / RECIPE_FILE))

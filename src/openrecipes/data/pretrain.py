@@ -3,11 +3,11 @@
 Documents are text (a ``text`` field in JSON Lines, a ``text`` column in Parquet or a saved Hugging Face dataset,
 read by sources.py) or already tokenized (a Megatron-LM indexed dataset, megatron_indexed.py). In a seeded
 permutation each document is tokenized and followed by the end-of-document token; the stream is cut into rows of
-exactly ``row_tokens`` by the same packer and writer as SFT rows (build.py: ``pack_rows``), so the manifest and its
+exactly ``row_tokens`` by the same packer and writer as SFT rows (packed.py: ``pack_rows``), so the manifest and its
 hashes are the same.
 
 Every target is supervised except a document's first token: nothing in its own document predicts it, and the
-token before it is the previous document's end (DESIGN.md, "Fixed SFT rows"; the loop's ``loss_weights`` drops
+token before it is the previous document's end (docs/data.md, "Pretraining rows"; the loop's ``loss_weights`` drops
 targets at position 0 as well, so the two agree and ``supervised_tokens`` counts exactly the targets trained on).
 """
 
@@ -20,8 +20,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from openrecipes.data.build import (MANIFEST_FILE, MAX_INVALID_EXAMPLES, BuildConfig, _counts, _output_guard,
-                                    chunked_pieces, file_fields, pack_rows, rows_fields)
+from openrecipes.data.manifest import MANIFEST_FILE
+from openrecipes.data.packed import (MAX_INVALID_EXAMPLES, BuildJob, chunked_pieces, file_fields,
+                                     output_guard, pack_rows, record_counts, rows_fields)
 from openrecipes.data.megatron_indexed import IndexedDocuments, indexed_prefix, read_indexed
 from openrecipes.data.sources import ConversationSource, open_source
 from openrecipes.data.stream import BATCH_CHARS, Piece, encode_windows, is_long
@@ -60,8 +61,8 @@ def _special_tokens_as_text(bundle: TokenizerBundle, policy: str) -> Iterator[No
         bundle.tokenizer.encode_special_tokens = previous
 
 
-def _end_token(config: BuildConfig, bundle: TokenizerBundle) -> tuple[str, int]:
-    eos = config.eos_token or bundle.config_token("eos_token")
+def _end_token(config: BuildJob, bundle: TokenizerBundle) -> tuple[str, int]:
+    eos = config.spec.eos_token or bundle.config_token("eos_token")
     if eos is None:
         raise ValueError(f"--tokenizer: {config.tokenizer} names no eos_token in tokenizer_config.json; pass "
                          "--eos-token to say which token ends a document")
@@ -82,7 +83,7 @@ def _stream(id_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ids, mask, np.repeat(np.arange(lengths.size), lengths), int(lengths.size)
 
 
-def _text_pieces(config: BuildConfig, bundle: TokenizerBundle, eos_id: int, source: ConversationSource,
+def _text_pieces(config: BuildJob, bundle: TokenizerBundle, eos_id: int, source: ConversationSource,
                  order: np.ndarray) -> Iterator[Piece]:
     """Text documents read one at a time in ``order``, encoded in bounded batches, a long one in windows (as SFT
     conversations are: stream.py), each followed by the end token."""
@@ -138,9 +139,9 @@ def _indexed_chunks(documents: IndexedDocuments, eos_id: int, vocab_size: int) -
     return tokenize
 
 
-def build_pretrain(config: BuildConfig) -> dict[str, Any]:
+def build_pretrain(config: BuildJob) -> dict[str, Any]:
     """Build pretraining rows; return the manifest written to ``config.out`` (docs/data.md, "Pretraining rows")."""
-    check_output_dir(config.out, **_output_guard(config))
+    check_output_dir(config.out, **output_guard(config))
     bundle = load_tokenizer(config.tokenizer)
     eos, eos_id = _end_token(config, bundle)
     vocab_size = bundle.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -170,17 +171,17 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
         n_total = len(source)
         pieces = lambda order: _text_pieces(config, bundle, eos_id, source, order)  # noqa: E731
         source_fields = {"description": source.description, "files": [str(f.path) for f in source.files]}
-    order = np.random.default_rng(config.seed).permutation(n_total)
+    order = np.random.default_rng(config.spec.seed).permutation(n_total)
     order = order[~np.isin(order, invalid)]
     if order.size == 0:
         raise ValueError(f"{config.input}: no valid documents")
-    with guarded_output_dir(config.out, **_output_guard(config)) as staging:
+    with guarded_output_dir(config.out, **output_guard(config)) as staging:
         with _special_tokens_as_text(bundle, config.chat_input.special_tokens):
             packed = pack_rows(config, pieces(order), staging)
-        T = config.row_tokens
+        T = config.spec.row_tokens
         manifest = {
             **rows_fields(config, packed.writer),
-            "packing": (f"source documents in a seeded global permutation (numpy default_rng({config.seed})"
+            "packing": (f"source documents in a seeded global permutation (numpy default_rng({config.spec.seed})"
                         f".permutation over all records), each tokenized and followed by {eos!r} (not doubled "
                         f"when a tokenized document already ends with it), concatenated and cut into consecutive "
                         f"{T:,}-token rows; a document cut by a row boundary continues as a new document in the "
@@ -194,7 +195,7 @@ def build_pretrain(config: BuildConfig) -> dict[str, Any]:
                           "vocab_size": vocab_size},
             **file_fields(packed.writer, staging),
             "source": source_fields,
-            "counts": _counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
+            "counts": record_counts(n_total, len(invalid), packed.doc_lengths, packed.used, packed.packer,
                               noun="documents"),
             "invalid_examples": examples,
         }

@@ -189,3 +189,79 @@ def check_parquet_sha256(parquet: Path, manifest: dict[str, Any], manifest_path:
         raise ValueError(f"{parquet}: sha256 {actual} is not the parquet_sha256 {expected} of {manifest_path}; "
                          "the rows changed after the build (build them again)")
     return actual
+
+
+# Beside the manifest of rows a recipe's data.build made (RUN_DIR/rows): the sha256 of each file and directory the
+# build read, recorded once the rows are built. The manifest names the input but holds no hash of it, and a resume
+# reuses the rows it finds, so an input changed since would otherwise go unnoticed: the run would go on training on
+# rows its recipe no longer builds.
+BUILD_INPUTS_FILE = "build_inputs.json"
+BUILD_INPUTS_FORMAT = "openrecipes.build-inputs.v1"
+
+
+def input_sha256(path: Path) -> str:
+    """The sha256 of a file, or of a directory: over each regular file's relative path and sha256, in sorted order
+    (links to directories are not followed)."""
+    import os
+
+    from openrecipes.utils import sha256_file
+
+    if not path.is_dir():
+        return sha256_file(path, chunk_bytes=1 << 24)
+    digest = hashlib.sha256()
+    files = sorted(Path(folder, name) for folder, _, names in os.walk(path) for name in names)
+    for file in (f for f in files if f.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file, chunk_bytes=1 << 24)}\n".encode())
+    return digest.hexdigest()
+
+
+def build_inputs(spec: Any) -> dict[str, Path]:
+    """What a recipe's ``data.build`` (``config.recipe.DataBuild``) reads, by the recipe key naming each: its input,
+    its tokenizer, a chat template file and an image processor."""
+    from openrecipes.data import bundled
+
+    inputs = {"data.build.input": bundled.resolve_input(spec.input, spec.format),
+              "data.build.tokenizer": bundled.resolve_tokenizer(spec.tokenizer)}
+    if spec.chat_template and Path(spec.chat_template).is_file():  # else a built-in template's name
+        inputs["data.build.chat_template"] = Path(spec.chat_template)
+    if spec.image_processor is not None:
+        inputs["data.build.image_processor"] = bundled.resolve(spec.image_processor, bundled.IMAGE_PROCESSOR)
+    return inputs
+
+
+def _recorded_inputs(path: Path) -> dict[str, dict[str, str]]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        inputs = document["inputs"]
+        if document.get("format") != BUILD_INPUTS_FORMAT or not all(
+                isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in inputs.values()):
+            raise ValueError("unexpected content")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: damaged record of the build's inputs ({error})") from None
+    return inputs
+
+
+def check_build_inputs(spec: Any, rows: str | Path) -> None:
+    """Record, or check, what the rows in ``rows`` were built from (``spec``: the recipe's ``data.build``).
+
+    The first call after the build writes BUILD_INPUTS_FILE; every later one (a resume) refuses with a one-line
+    ValueError naming the recipe key and the path of an input whose sha256 is no longer the recorded one. Rows from
+    before the record existed get one now. The build's options are the recipe's, which a resume compares itself."""
+    from openrecipes.utils import atomic_write_text
+
+    rows = Path(rows)
+    record = rows / BUILD_INPUTS_FILE
+    paths = build_inputs(spec)
+    if not record.is_file():
+        hashes = {key: {"path": str(path), "sha256": input_sha256(path)} for key, path in paths.items()}
+        document = {"format": BUILD_INPUTS_FORMAT, "inputs": hashes}
+        atomic_write_text(record, json.dumps(document, indent=2) + "\n")
+        return
+    recorded = _recorded_inputs(record)
+    for key, path in paths.items():
+        before = recorded.get(key, {}).get("sha256")
+        now = input_sha256(path) if path.exists() else None
+        if now != before:
+            raise ValueError(f"{key}: {path} {'has sha256 ' + now if now else 'is missing'}, the rows in {rows} were "
+                             f"built from sha256 {before or '(none recorded)'} ({record}): the input changed since "
+                             "the run started; restore it, or start a new run to train on what it holds now")

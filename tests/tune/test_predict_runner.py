@@ -9,7 +9,8 @@ import pytest
 
 from openrecipes.config.recipe import load_recipe
 from openrecipes.tune.predict import Planner, Prediction, Target, fit_calibration, resolve_target
-from openrecipes.tune.runner import LocalRunner, SlurmRunner, TrialRun, classify_failure
+from openrecipes.tune.runner import LocalRunner, TrialRun, classify_failure
+from openrecipes.tune.slurm_runner import SlurmRunner, slurm_minutes
 
 
 def _prediction(step: float, units: int, tps: float = 1000.0) -> Prediction:
@@ -115,6 +116,9 @@ def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --partition=gpu" in script and str(recipe.resolve()) in script
     assert "-m openrecipes train" in script and "--nproc 8 --nnodes 2" in script
-    assert "#SBATCH --time=10" in script  # the trial's limit of 600 s, in Slurm's minutes
+    # the trial's limit of 600 s, in Slurm's minutes, ending SLURM_ENFORCE_S (60 s) before it, so Slurm's TIMEOUT
+    # comes before the tuner's scancel; a short limit still asks for a minute
+    assert "#SBATCH --time=9" in script and slurm_minutes(179) == "1" and slurm_minutes(180) == "2"
+    assert slurm_minutes(3) == "1"
     with pytest.raises(ValueError, match="whole nodes"):
         SlurmRunner(gpus_per_node=3).script(run)

@@ -5,11 +5,13 @@ left running. Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (t
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
 from openrecipes.train.slurm import cancel, follow, job_state
-from openrecipes.tune.runner import TRAIN_LOG, SlurmRunner, TrialRun
+from openrecipes.tune.runner import TRAIN_LOG, TrialRun
+from openrecipes.tune.slurm_runner import SlurmRunner
 
 from ..slurm_fixtures import POLL_S, slurm_cluster  # noqa: F401 (a fixture)
 from .conftest import write_start
@@ -23,12 +25,14 @@ def runner(monkeypatch) -> SlurmRunner:
     return SlurmRunner(gpus_per_node=1, cpu=True, cpus_per_task=1, poll_s=POLL_S)
 
 
-def _trial(tmp_path, rows_dir, name: str, *, steps: int, timeout_s: float = 240.0, **layout) -> TrialRun:
+def _trial(tmp_path, rows_dir, name: str, *, steps: int, timeout_s: float = 240.0, debug: dict | None = None,
+           **layout) -> TrialRun:
     trial_dir = tmp_path / name
     trial_dir.mkdir()
     # the tuner's starting recipe, made cheap: one worker, two rows a step, nothing recomputed
     recipe = write_start(trial_dir / f"{name}.yaml", rows_dir, steps=steps, layout={**ONE_WORKER, **layout},
-                         global_batch=2, recompute={"granularity": "none"}, run_dir=str(trial_dir / "run"))
+                         global_batch=2, recompute={"granularity": "none"}, run_dir=str(trial_dir / "run"),
+                         **({"debug": debug} if debug else {}))
     return TrialRun(recipe_path=recipe, run_dir=trial_dir / "run", nproc=1, timeout_s=timeout_s,
                     window=(1, steps - 1))
 
@@ -47,7 +51,7 @@ def test_a_trial_runs_as_a_slurm_job_and_is_measured(slurm_cluster, runner, tmp_
     outcome = runner.run(trial)
     assert outcome.ok, (outcome.failure, outcome.detail)
     assert outcome.measured["tokens_per_s_per_gpu"] > 0 and outcome.measured["final_loss"] > 0
-    assert (trial.run_dir.parent / TRAIN_LOG).is_file() and "#SBATCH --time=4" in (
+    assert (trial.run_dir.parent / TRAIN_LOG).is_file() and "#SBATCH --time=3" in (
         trial.run_dir.parent / "trial.sbatch").read_text()
     assert job_state(_job_named("measured")).state == "COMPLETED"
 
@@ -86,6 +90,44 @@ def test_the_trial_limit_and_ctrl_c_cancel_the_job(slurm_cluster, runner, tmp_pa
         runner.run(_trial(tmp_path, rows_dir, "interrupted", steps=100000), tick=_when_running("interrupted", interrupt))
     for name in ("limited", "interrupted"):  # cancelled, not left running unwatched
         assert follow(_job_named(name), poll_s=POLL_S, deadline_s=60).state == "CANCELLED"
+
+
+def _stalled(tmp_path, rows_dir, name: str, timeout_s: float = 240.0) -> TrialRun:
+    """A trial whose one worker hangs after its first step (debug.stall_at), as a stuck job would."""
+    return _trial(tmp_path, rows_dir, name, steps=4, timeout_s=timeout_s, debug={"stall_at": [0, 0]})
+
+
+def test_slurms_own_time_limit_is_a_timeout_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    # a 120 s limit asks Slurm for 1 minute: Slurm ends the job (TIMEOUT) before the tuner would cancel it
+    trial = _stalled(tmp_path, rows_dir, "overtime", timeout_s=120.0)
+    outcome = runner.run(trial)
+    assert "#SBATCH --time=1" in (trial.run_dir.parent / "trial.sbatch").read_text()
+    assert outcome.failure == "timeout" and "TIMEOUT" in outcome.detail, outcome.detail
+    assert 60 <= outcome.wall_s < 120
+
+
+def _node() -> str:
+    return subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.strip()
+
+
+def test_a_node_taken_down_under_a_job_is_a_node_fail_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    def take_down(job_id: str) -> None:
+        subprocess.run(["scontrol", "update", f"nodename={_node()}", "state=down", "reason=test"], check=True,
+                       timeout=30)
+
+    try:
+        outcome = runner.run(_stalled(tmp_path, rows_dir, "downed"), tick=_when_running("downed", take_down))
+    finally:  # the one node back for the other tests
+        subprocess.run(["scontrol", "update", f"nodename={_node()}", "state=resume"], timeout=30)
+        deadline = time.monotonic() + 60
+        while "idle" not in _node_state() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    assert outcome.failure == "node_fail" and "NODE_FAIL" in outcome.detail, (outcome.failure, outcome.detail)
+
+
+def _node_state() -> str:
+    return subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30).stdout
 
 
 def test_tune_refuses_a_node_without_gpus_and_reports_sbatch_errors(slurm_cluster, start_yaml, tmp_path, capsys):

@@ -116,36 +116,53 @@ def job_state(job_id: str) -> JobState | None:
     return JobState(job_id=job_id, state=state) if queued.returncode == 0 and state else None
 
 
-def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None, unreachable_s: float = 120.0,
-           on_change: Callable[[JobState, float], None] | None = None,
-           on_poll: Callable[[float], None] | None = None) -> JobState:
-    """Poll the job until it reaches a final state and return that state. ``on_change(state, elapsed_s)`` hears
-    each new state, ``on_poll(elapsed_s)`` each look. Raises TimeoutError after ``deadline_s`` seconds (the job is left as it is), SlurmError when the
-    controller does not answer for ``unreachable_s`` seconds or forgets the job."""
+def follow_any(deadlines: dict[str, float | None], *, poll_s: float = 2.0, unreachable_s: float = 120.0,
+               on_change: Callable[[JobState, float], None] | None = None,
+               on_poll: Callable[[float], None] | None = None) -> JobState:
+    """Poll the jobs (by id, each with a deadline: a ``time.monotonic()`` instant, or None) until one reaches a final
+    state or passes its deadline, and return that job's last state: final, or not (its deadline passed; the job is
+    left as it is). ``on_change(state, elapsed_s)`` hears each job's new state, ``on_poll(elapsed_s)`` each look.
+    Raises SlurmError when the controller does not answer for ``unreachable_s`` seconds or forgets a job."""
     start = last_answer = time.monotonic()
-    seen: JobState | None = None
+    seen: dict[str, JobState] = {}
     while True:
         now = time.monotonic()
         try:
-            state = job_state(job_id)
+            states = [(job_id, job_state(job_id)) for job_id in deadlines]
             last_answer = now
         except SlurmError:  # a controller restarting or busy: ask again until it has been silent too long
             if now - last_answer > unreachable_s:
                 raise
             time.sleep(poll_s)
             continue
-        if state is None:
-            raise SlurmError(f"the controller knows no job {job_id}")
-        if state != seen and on_change is not None:
-            on_change(state, now - start)
-        seen = state
-        if state.final:
-            return state
-        if deadline_s is not None and now - start > deadline_s:
-            raise TimeoutError(f"job {job_id} is still {state.state} after {deadline_s:.0f} s")
+        for job_id, state in states:
+            if state is None:
+                raise SlurmError(f"the controller knows no job {job_id}")
+            if state != seen.get(job_id) and on_change is not None:
+                on_change(state, now - start)
+            seen[job_id] = state
+        ended = [state for _, state in states if state.final]
+        if ended:
+            return ended[0]
+        late = [seen[job_id] for job_id, deadline in deadlines.items() if deadline is not None and now > deadline]
+        if late:
+            return late[0]
         if on_poll is not None:
             on_poll(now - start)
         time.sleep(poll_s)
+
+
+def follow(job_id: str, *, poll_s: float = 2.0, deadline_s: float | None = None, unreachable_s: float = 120.0,
+           on_change: Callable[[JobState, float], None] | None = None,
+           on_poll: Callable[[float], None] | None = None) -> JobState:
+    """Poll the job until it reaches a final state and return that state (``follow_any`` of one job). Raises
+    TimeoutError after ``deadline_s`` seconds (the job is left as it is)."""
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    state = follow_any({job_id: deadline}, poll_s=poll_s, unreachable_s=unreachable_s, on_change=on_change,
+                       on_poll=on_poll)
+    if not state.final:
+        raise TimeoutError(f"job {job_id} is still {state.state} after {deadline_s:.0f} s")
+    return state
 
 
 def _output_tail(state: JobState, lines: int = 5) -> list[str]:

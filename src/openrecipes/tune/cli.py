@@ -45,13 +45,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--slurm-cpu", action="store_true", help="with --slurm: request no GPUs, the workers "
                         "(GPUS_PER_NODE of them per node) run on CPU")
     parser.add_argument("--slurm-cpus-per-task", type=int, default=16, help="with --slurm: CPUs per node (default 16)")
+    parser.add_argument("--slurm-poll-seconds", type=float, default=5.0,
+                        help="with --slurm: seconds between looks at the trial jobs (default 5)")
+    parser.add_argument("--max-parallel", type=int, default=1, metavar="K",
+                        help="with --slurm: up to K search trials queued or running at once (default 1); the start, "
+                             "the remeasured pairs and the ablations run one at a time (docs/slurm.md)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from openrecipes.train.run_lock import run_dir_lock
     from openrecipes.tune.progress import Progress
-    from openrecipes.tune.runner import LocalRunner, SlurmRunner
+    from openrecipes.tune.runner import LocalRunner
+    from openrecipes.tune.slurm_runner import SlurmRunner
     from openrecipes.tune.search import Search, TuneOptions
 
     options = TuneOptions(start=Path(args.start), out=Path(args.out), gpus=args.gpus, trials=args.trials,
@@ -61,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
                           remeasure=args.remeasure)
     if args.slurm is not None and args.slurm < 1:
         raise ValueError(f"--slurm: GPUS_PER_NODE must be >= 1, got {args.slurm}")
+    if args.max_parallel != 1 and args.slurm is None:
+        raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
+                         "several at once need --slurm")
     runner = (SlurmRunner(gpus_per_node=args.slurm, partition=args.slurm_partition, account=args.slurm_account,
-                          cpu=args.slurm_cpu, cpus_per_task=args.slurm_cpus_per_task) if args.slurm is not None
+                          cpu=args.slurm_cpu, cpus_per_task=args.slurm_cpus_per_task,
+                          poll_s=args.slurm_poll_seconds, max_parallel=args.max_parallel) if args.slurm is not None
               else LocalRunner())
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)

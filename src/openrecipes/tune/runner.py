@@ -1,8 +1,8 @@
 """Trials as real runs: ``openrecipes train`` in its own process (torchrun for several), a time limit, then the
 measurement of ``openrecipes measure``.
 
-``LocalRunner`` runs on this machine. ``SlurmRunner`` submits one sbatch script per trial, the launcher's Slurm
-template (``openrecipes.train.launch.write_sbatch``), for clusters larger than one machine, and follows the job.
+``LocalRunner`` runs on this machine; ``tune.slurm_runner.SlurmRunner`` submits each trial as a Slurm job, for
+clusters larger than one machine.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def measure_trial(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:
             "gpu_type": measured.gpu_type, "gpus": measured.gpus, "final_loss": losses[-1]}
 
 
-def _measured(trial: TrialRun, wall_s: float) -> Outcome:
+def measured_outcome(trial: TrialRun, wall_s: float) -> Outcome:
     """The outcome of a trial whose train process succeeded: its measurement, or why there is none."""
     try:
         measured = measure_trial(trial.run_dir, trial.window)
@@ -155,65 +155,5 @@ class LocalRunner:
         if process.returncode != 0:
             failure, detail = classify_failure(process.returncode, text)
             return Outcome(failure=failure, detail=detail, wall_s=wall)
-        return _measured(trial, wall)
+        return measured_outcome(trial, wall)
 
-
-# a Slurm job's end other than COMPLETED or FAILED, as a trial's failure class
-SLURM_FAILURES = {"TIMEOUT": "timeout", "CANCELLED": "cancelled", "NODE_FAIL": "node_fail",
-                  "PREEMPTED": "preempted", "OUT_OF_MEMORY": "out_of_memory"}
-
-
-def slurm_minutes(timeout_s: float) -> str:
-    """sbatch's --time for a trial limit: whole minutes, rounded up (Slurm enforces it within about a minute)."""
-    return str(max(1, math.ceil(timeout_s / 60)))
-
-
-@dataclass(kw_only=True)
-class SlurmRunner:
-    """Trials as Slurm jobs: one sbatch script per trial (srun + torchrun, the launcher's template), submitted with
-    the trial's time limit and followed to its end; the job's output is the trial's train.log."""
-
-    gpus_per_node: int
-    partition: str | None = None
-    account: str | None = None
-    cpu: bool = False  # workers on CPU: no GPUs requested (a CPU partition, a test cluster)
-    cpus_per_task: int = 16
-    poll_s: float = 5.0
-
-    def script(self, trial: TrialRun) -> Path:
-        from openrecipes.train.launch import write_sbatch
-
-        if trial.nproc % self.gpus_per_node:
-            raise ValueError(f"--nproc: {trial.nproc} processes are not whole nodes of {self.gpus_per_node} GPUs")
-        out = trial.run_dir.parent / "trial.sbatch"
-        return write_sbatch(str(trial.recipe_path), out, nodes=trial.nproc // self.gpus_per_node,
-                            gpus_per_node=self.gpus_per_node, overrides=[], partition=self.partition,
-                            account=self.account, time=slurm_minutes(trial.timeout_s),
-                            cpus_per_task=self.cpus_per_task, cpu=self.cpu)
-
-    def run(self, trial: TrialRun, tick: Callable[[float], None] | None = None) -> Outcome:
-        from openrecipes.train.slurm import cancel, follow, submit
-
-        log_path = trial.run_dir.parent / TRAIN_LOG
-        started = time.monotonic()
-        job_id = submit(self.script(trial), ("--output", str(log_path.resolve())))
-        try:
-            # queued time counts: the trial's limit is wall time, as the local runner's, and ends with the budget
-            state = follow(job_id, poll_s=self.poll_s, deadline_s=trial.timeout_s, on_poll=tick)
-        except TimeoutError:
-            cancel(job_id)
-            return Outcome(failure="timeout", detail=f"job {job_id} cancelled at the trial limit of "
-                                                     f"{trial.timeout_s:.0f} s", wall_s=time.monotonic() - started)
-        except BaseException:  # Ctrl-C, or the controller lost: the job must not run on unwatched
-            cancel(job_id)
-            raise
-        wall = time.monotonic() - started
-        if state.state in SLURM_FAILURES:
-            return Outcome(failure=SLURM_FAILURES[state.state], detail=f"job {job_id} {state.describe()}",
-                           wall_s=wall)
-        if not state.completed:
-            text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-            failure, detail = (classify_failure(state.exit_code or 1, text) if state.state == "FAILED"
-                               else ("crash", f"job {job_id} {state.describe()}"))
-            return Outcome(failure=failure, detail=detail, wall_s=wall)
-        return _measured(trial, wall)

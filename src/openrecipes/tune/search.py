@@ -17,7 +17,6 @@ trial's changes is pruned, so no two trials fail the same way for the same reaso
 
 from __future__ import annotations
 
-import datetime
 import math
 import shlex
 from dataclasses import dataclass, replace
@@ -25,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
-from openrecipes.config.rundir import read_startup, rows_directory
-from openrecipes.tune.journal import Journal, check_settings, prepare_out, run_sha256, settings_sha256, write_pruned
+from openrecipes.config.rundir import rows_directory
+from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
+from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
+from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, trial_record, write_trial_recipe
 from openrecipes.tune.solve import solved_offload, solved_recompute_layers
 from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
@@ -112,6 +113,8 @@ class Search:
         self.pruned: list[dict[str, Any]] = []
         self.trial_index = 0
         self.searching = True  # False once the search is over: only the card is left to reserve time for
+        # several search trials at once (Slurm's --max-parallel); the start, remeasurements and ablations run alone
+        self.in_flight = InFlight(runner, runner.max_parallel if isinstance(runner, SlurmRunner) else 1)
 
     def _rows(self) -> Path:
         """The rows every trial trains on: the start's rows directory, or its data.build built once into OUT."""
@@ -168,11 +171,11 @@ class Search:
 
     def _failed_like(self, candidate: Candidate) -> str | None:
         """Why ``candidate`` would fail as a measured trial did: it makes every change of a trial that failed (other
-        than by memory, which the memory bound covers)."""
+        than by memory, which the memory bound covers, or by the cluster: a lost node, a preemption, a scancel)."""
         items = candidate.changes.items()
         for record in self.journal.records:
             if (record["status"] == "failed" and record["key"] in self.tried and record["changes"]
-                    and record["failure"]["class"] != "out_of_memory"
+                    and record["failure"]["class"] not in ("out_of_memory", *CLUSTER_FAILURES)
                     and all((path, value) in items for path, value in record["changes"].items())):
                 return (f"makes every change of trial {record['index']}, which failed "
                         f"({record['failure']['class']}: {record['failure']['detail'][:160]})")
@@ -232,18 +235,6 @@ class Search:
 
     # ---- trials -----------------------------------------------------------------------------------------------
 
-    def _run_recipe(self, candidate: Candidate, trial_dir: Path) -> Path:
-        """The recipe a trial trains: the candidate, on the shared rows, for the trial's steps, without
-        checkpoints; only performance-only fields besides steps differ from the candidate."""
-        tree = candidate.recipe.model_dump(mode="json")
-        tree.update(name=f"{self.start.name}-{trial_dir.name}", steps=self.options.trial_steps,
-                    run_dir=str((trial_dir / "run").resolve()), data={"rows": str(self.rows.resolve())})
-        tree["checkpoint"] = {"every": None, "keep": 1, "at_end": False}
-        tree["logging"] = {**tree["logging"], "progress": False, "tensorboard": False, "wandb": False}
-        path = trial_dir / "recipe.yaml"
-        path.write_text(dump_recipe(recipe_from_dict(tree, source=str(path))))
-        return path
-
     def _timeout(self, phase: str) -> float:
         """The trial's limit: ``--trial-timeout``, three times the start's time once it was measured (at least two
         minutes), and for a search trial never past the point where the budget's reserve begins (a remeasurement
@@ -261,6 +252,29 @@ class Search:
                   refusal: str | None = None, key: str | None = None) -> dict[str, Any]:
         """Run (or reuse) one trial and record it; ``refusal`` records a layout train would refuse, unrun. A ``key``
         of its own records a repeated measurement of the candidate, which the search and the refit leave aside."""
+        opened = self._open_trial(candidate, prediction, phase, key)
+        if isinstance(opened, dict):
+            return opened
+        outcome = (Outcome(failure="refused_layout", detail=refusal) if refusal
+                   else self.runner.run(opened.run, tick=self.progress.tick))
+        return self._close_trial(opened, outcome)
+
+    def _search_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
+                      refusal: str | None = None) -> None:
+        """A trial of the search: run now, or with several jobs at once (``in_flight``) queued to be collected."""
+        if self.in_flight.max_parallel == 1 or refusal:
+            self.run_trial(candidate, prediction, phase, refusal=refusal)
+        elif not isinstance(opened := self._open_trial(candidate, prediction, phase), dict):
+            self.in_flight.submit(opened.run, opened)
+
+    def _collect(self, *, below: int) -> None:
+        """Record the trials in flight as they end, until fewer than ``below`` are left."""
+        while self.in_flight.count >= max(below, 1):
+            self._close_trial(*self.in_flight.collect(self.progress.tick))
+
+    def _open_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
+                    key: str | None = None) -> dict[str, Any] | OpenTrial:
+        """The trial's record when it is reused, else its folder and recipe, ready to run."""
         index = self.trial_index
         self.trial_index += 1
         key = key or candidate.key
@@ -268,36 +282,25 @@ class Search:
             self.tried[candidate.key] = candidate
         label = describe_changes(candidate.changes)
         calibrated = self.calibration.tokens_per_s_per_gpu(prediction) if prediction else None
+        self.progress.trial_started(index, label, calibrated)
         record = self.journal.find(key)
         if record is not None:
-            self.progress.trial_started(index, label, calibrated)
             self.progress.trial_finished(record, reused=True)
             self._refit()
             return record
-        self.progress.trial_started(index, label, calibrated)
-        trial_dir = self.journal.fresh_trial_dir(index, key)
-        recipe_path = self._run_recipe(candidate, trial_dir)
-        run = TrialRun(recipe_path=recipe_path, run_dir=trial_dir / "run", nproc=self.nproc,
+        # a Slurm job an earlier tuner queued for this trial is followed in its folder, not queued again
+        trial_dir = resumable_trial_dir(self.runner, self.journal.trial_dir(index, key))
+        if trial_dir is None:
+            trial_dir = self.journal.fresh_trial_dir(index, key)
+            write_trial_recipe(candidate, trial_dir, self.start.name, self.options.trial_steps, self.rows)
+        run = TrialRun(recipe_path=trial_dir / TRIAL_RECIPE, run_dir=trial_dir / "run", nproc=self.nproc,
                        timeout_s=self._timeout(phase), window=self.window)
-        outcome = (Outcome(failure="refused_layout", detail=refusal) if refusal
-                   else self.runner.run(run, tick=self.progress.tick))
-        record = {
-            "index": index, "key": key, "phase": phase, "changes": candidate.changes, "label": label,
-            "layout": candidate.recipe.layout.label(),
-            "prediction": None if prediction is None else {**prediction.to_dict(), "calibrated_tokens_per_s_per_gpu":
-                                                          calibrated, "calibration": self.calibration.to_dict()},
-            "status": "ok" if outcome.ok else "failed",
-            "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},
-            "measured": outcome.measured, "wall_s": round(outcome.wall_s, 3),
-            # the trial's cost beyond its steps: what cheaper trials would cut
-            "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - self.options.trial_steps
-                                                                * outcome.measured["step_time_mean_s"]), 3),
-            "startup_s": read_startup(run.run_dir),  # where the overhead goes (train/startup.py)
-            "measured_under": self.journal.measured_under,
-            "run_sha256": run_sha256(run.run_dir) if outcome.ok else None,
-            "run_dir": str(run.run_dir.relative_to(self.out)),
-            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
+        return OpenTrial(index=index, key=key, phase=phase, candidate=candidate, label=label, prediction=prediction,
+                         calibrated=calibrated, calibration=self.calibration.to_dict(), run=run)
+
+    def _close_trial(self, opened: OpenTrial, outcome: Outcome) -> dict[str, Any]:
+        record = trial_record(opened, outcome, out=self.out, trial_steps=self.options.trial_steps,
+                              measured_under=self.journal.measured_under)
         self.journal.append(record)
         self.progress.trial_finished(record, reused=False)
         self._refit()
@@ -399,12 +402,24 @@ class Search:
         if record["status"] != "ok":
             raise ValueError(f"the starting point failed ({record['failure']['class']}: "
                              f"{record['failure']['detail']}); see {self.out / record['run_dir']}/../train.log")
+        with self.in_flight:  # a job in flight is cancelled if the search stops
+            self._search()
+        self.progress.projected_finish(self.reserve_s())
+        self.searching = False
+        write_pruned(self.out, self.pruned)
+        return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
+                            records=[r for r in self.journal.records if r["key"] in self.tried],
+                            candidates=self.tried, pruned=len(self.pruned), calibration=self.calibration,
+                            options=self.options, trial_s=self.progress.elapsed_s())
+
+    def _search(self) -> None:
+        """The trials after the start: the given candidates, the planner's ranking, then around the best."""
         for text in self.options.tries:
             if self._budget_left():
                 given = self._given(text)
                 if given.key not in self.tried:
-                    self.run_trial(given, self._prediction_or_none(given), "given",
-                                   refusal=self.planner.refusal(given.recipe))
+                    self._search_trial(given, self._prediction_or_none(given), "given",
+                                       refusal=self.planner.refusal(given.recipe))
         first = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
         first += self._solved(first)
         ranked = [r for s in dict.fromkeys(first) if (c := self._candidate(s)) and (r := self._rank_one(c))]
@@ -412,10 +427,14 @@ class Search:
                           f"(reasons in {self.out / 'pruned.jsonl'})")
         first_phase = self.trial_index + math.ceil((self.options.trials - self.trial_index) / 2)
         while self.trial_index < self.options.trials:
+            self._collect(below=self.in_flight.max_parallel)  # room for one more
             pool: list[Ranked] = []
             if self.trial_index >= first_phase and (best := self._best()):
                 pool = self._order(self._around(best[0]))
             pool = pool or self._order(ranked)
+            if (not pool or not self._budget_left(pool[0].prediction)) and self.in_flight.count:
+                self._collect(below=self.in_flight.count)  # the next to end refits: then look again
+                continue
             if not pool:
                 self.progress.say("no untried candidate left")
                 break
@@ -425,15 +444,9 @@ class Search:
                                   f"{self.reserve_s(wall):.0f} s would be reserved for verification, "
                                   f"{max(0.0, self.progress.left_s()):.0f} s are left")
                 break
-            self.run_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
-                           else "around-best")
-        self.progress.projected_finish(self.reserve_s())
-        self.searching = False
-        write_pruned(self.out, self.pruned)
-        return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
-                            records=[r for r in self.journal.records if r["key"] in self.tried],
-                            candidates=self.tried, pruned=len(self.pruned), calibration=self.calibration,
-                            options=self.options, trial_s=self.progress.elapsed_s())
+            self._search_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
+                               else "around-best")
+        self._collect(below=1)
 
     def _prediction_or_none(self, candidate: Candidate) -> Prediction | None:
         if self.planner.refusal(candidate.recipe):

@@ -97,6 +97,7 @@ def _stalled(tmp_path, rows_dir, name: str, timeout_s: float = 240.0) -> TrialRu
     return _trial(tmp_path, rows_dir, name, steps=4, timeout_s=timeout_s, debug={"stall_at": [0, 0]})
 
 
+@pytest.mark.slow  # Slurm's shortest time limit is a minute
 def test_slurms_own_time_limit_is_a_timeout_trial(slurm_cluster, runner, tmp_path, rows_dir):
     # a 120 s limit asks Slurm for 1 minute: Slurm ends the job (TIMEOUT) before the tuner would cancel it
     trial = _stalled(tmp_path, rows_dir, "overtime", timeout_s=120.0)

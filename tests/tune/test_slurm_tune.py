@@ -72,6 +72,7 @@ def test_ctrl_c_cancels_the_trials_job(slurm_cluster, one_worker_start, tmp_path
     assert follow(job_id, poll_s=POLL_S, deadline_s=60).state == "CANCELLED"
 
 
+@pytest.mark.slow  # training jobs
 def test_a_rerun_follows_the_job_a_killed_tuner_left_and_reuses_finished_trials(slurm_cluster, one_worker_start,
                                                                                tmp_path):
     from openrecipes.cli import main
@@ -99,6 +100,7 @@ def _run_span(job_id: str) -> tuple[str, str]:
     return fields["StartTime"], fields["EndTime"]
 
 
+@pytest.mark.slow  # a whole tuning run
 def test_max_parallel_runs_search_trials_side_by_side(slurm_cluster, one_worker_start, tmp_path):
     from openrecipes.cli import main
     from openrecipes.tune.journal import Journal

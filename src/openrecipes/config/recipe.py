@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openrecipes.config.hf_names import hf_name_hint
+from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
 from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -195,22 +196,12 @@ class Logging(BaseModel):
 
 class Kernels(BaseModel):
     model_config = _STRICT
-    attention: Literal["auto", "reference", "sdpa", "varlen"] = "auto"
-    experts: Literal["auto", "grouped_mm", "loop"] = "auto"
+    attention: AttentionBackend = "auto"
+    experts: ExpertBackend = "auto"
     # torch.compile of each layer's attention and MoE blocks (fused element-wise work, fewer launches)
     compile: bool = False
     # > 0: the LM head and the loss run this many tokens at a time, never holding all the logits (train/chunked_loss.py)
     loss_chunk_tokens: int = Field(0, ge=0)
-
-
-def backend_runs(kind: str, backend: str, *, cuda: bool, bf16: bool) -> bool:
-    """Whether ``backend`` (of ``kind``: attention or experts) can run on that device and precision: flash varlen
-    attention needs CUDA, grouped_mm needs bf16 on CUDA; the others run anywhere."""
-    if kind == "experts" and backend == "grouped_mm":
-        return cuda and bf16
-    if kind == "attention" and backend == "varlen":
-        return cuda
-    return True
 
 
 class Debug(BaseModel):

@@ -19,13 +19,14 @@ The model is pure PyTorch and declares its parts through its family's sharding p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from openrecipes.config.recipe import Kernels, Recompute
 from openrecipes.models.common.lora import LoraSpec
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.parallel.mesh import ParallelState
@@ -38,10 +39,8 @@ class ParallelizeOptions:
     parameter_dtype: torch.dtype            # of the trained parameters (with lora: the adapters; the base is as built)
     seed: int                               # values of a meta-built model: seeded per tensor name
     stage_layers: Collection[int] | None = None  # this rank's pipeline chunks' decoder layers (None: all)
-    recompute_granularity: str = "none"
-    recompute_method: str = "uniform"
-    recompute_num_layers: int = 1
-    compile: bool = False                   # kernels.compile
+    recompute: Recompute = field(default_factory=Recompute)  # the recipe's section, as it is
+    kernels: Kernels = field(default_factory=Kernels)        # the recipe's section: its compile is applied here
     lora: LoraSpec | None = None            # adapters to train on a frozen base
     offload_activations: bool = False       # decoder layers' saved tensors wait in host memory
     # module paths whose parameters never train (an image model's towers) and ones that do even on a LoRA-frozen base
@@ -99,14 +98,15 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
         from openrecipes.parallel.context import apply_context_parallel
 
         apply_context_parallel(model, plan, layers, parallel.cp_mesh)
-    recomputed = apply_recompute(layers, granularity=options.recompute_granularity, method=options.recompute_method,
-                                 num_layers=options.recompute_num_layers, attention_of=plan.attention_of,
+    recompute = options.recompute
+    recomputed = apply_recompute(layers, granularity=recompute.granularity, method=recompute.method,
+                                 num_layers=recompute.num_layers, attention_of=plan.attention_of,
                                  experts_of=plan.experts_of)
     if options.offload_activations:  # after recompute: its hooks go around the checkpoint's
         from openrecipes.parallel.activation_offload import apply_activation_offload
 
         apply_activation_offload(layers)
-    if options.compile:
+    if options.kernels.compile:
         from openrecipes.parallel.compile import apply_compile
 
         blocks = [block for layer in layers for block in (plan.attention_of(layer), plan.feed_forward_of(layer))]

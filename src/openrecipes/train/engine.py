@@ -57,9 +57,8 @@ def build_model(recipe: Recipe, config: Any, device: torch.device, parallel=None
     grads = parallelize(model, parallel, ParallelizeOptions(
         compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32,
         parameter_dtype=parameter_dtype(recipe, parallel),
-        seed=recipe.seed, stage_layers=stage_layers, recompute_granularity=recipe.recompute.granularity,
-        recompute_method=recipe.recompute.method, recompute_num_layers=recipe.recompute.num_layers,
-        compile=recipe.kernels.compile, lora=lora_spec(recipe) if recipe.lora is not None else None,
+        seed=recipe.seed, stage_layers=stage_layers, recompute=recipe.recompute, kernels=recipe.kernels,
+        lora=lora_spec(recipe) if recipe.lora is not None else None,
         offload_activations=recipe.offload.activations, frozen_modules=frozen, trained_modules=trained))
     return model, grads
 

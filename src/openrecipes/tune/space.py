@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 from openrecipes.config.layout import (LayoutConfig, LayoutModel, LayoutWorkload, ParallelSizes, compile_problem,
                                       divisors, enumerate_layouts, layout_problems, pipeline_microbatch_problems)
 from openrecipes.config.layout import rows_per_microbatch
-from openrecipes.config.recipe import Kernels, Offload, Recipe, backend_runs, recipe_from_dict
+from openrecipes.config.kernel_names import backend_runs
+from openrecipes.config.recipe import Kernels, Offload, Recipe, recipe_from_dict
 from openrecipes.config.numerics import PERFORMANCE, classify
 from openrecipes.verify.rules import compare_recipes
 

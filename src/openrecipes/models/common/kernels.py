@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTENTION_BACKENDS = ("auto", "reference", "sdpa", "varlen")
-EXPERT_BACKENDS = ("auto", "grouped_mm", "loop")
+from openrecipes.config.kernel_names import ATTENTION_BACKENDS, EXPERT_BACKENDS
 
 
 @dataclass(frozen=True, kw_only=True)

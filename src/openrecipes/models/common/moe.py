@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openrecipes.config.kernel_names import backend_runs
 from openrecipes.models.common.activations import ACTIVATIONS, check_activation
-from openrecipes.config.recipe import backend_runs
 from openrecipes.models.common.kernels import KernelOptions
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,7 +98,7 @@ def _run_info(recipe: Recipe, config, device: torch.device, command: str, world:
 
 
 def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
-          device: torch.device | None = None, config=None) -> Path:
+          device: torch.device | None = None, config: Any = None) -> Path:
     """Run (or resume) the recipe; returns the run directory. ``config``: the recipe's model config when the caller
     resolved it already (``checkpoint.hf.recipe_model_config``, what `openrecipes train` does once per process)."""
     from openrecipes.data.batching import RowLoader, load_rows

@@ -114,6 +114,7 @@ def test_card_validates_and_carries_measure_convergence_and_the_run(runs, tmp_pa
     assert [p.tokens_per_s_per_gpu for p in card.curves.candidate] == pytest.approx(
         [r["tokens"] / r["step_time_s"] / 1 for r in records])
     assert all(p.peak_memory_gib is None for p in card.curves.candidate) and card.curves.memory_phases_gib is None
+    assert [(p.grad_norm, p.lr) for p in card.curves.candidate] == [(r["grad_norm"], r["lr"]) for r in records]
     # the resolved recipe is the card's own field, not pasted into the notes
     assert card.recipe == (runs["cand"] / "recipe.yaml").read_text() and "recipe.yaml" not in (card.notes or "")
 
@@ -121,7 +122,8 @@ def test_card_validates_and_carries_measure_convergence_and_the_run(runs, tmp_pa
 
     site = build_site(tmp_path / "recipes", tmp_path / "site")
     html = (site.out / site.pages[0]).read_text()
-    assert html.count("<polyline") == 4 and 'data-points="6"' in html  # loss (both arms), step time, tokens/s
+    # loss (both arms), step time, tokens/s, gradient norm, learning rate
+    assert html.count("<polyline") == 6 and 'data-points="6"' in html
     assert 'id="curve-step-time-s"' in html and 'id="recipe-yaml"' in html
 
 

@@ -8,12 +8,14 @@ import torch
 
 from openrecipes.config.layout import LayoutConfig
 from openrecipes.models.common.lora import LINEAR_TARGETS, LoraSpec, apply_lora
+from openrecipes.models.common.moe import ExpertLowRank, swiglu_experts
 from openrecipes.models.families import family_for_config
 from openrecipes.models.registry import get_config
 from openrecipes.plan.enumerate import evaluate
 from openrecipes.plan.hardware import load_hardware
 from openrecipes.plan.lora import LoraSetup, adapter_params
-from openrecipes.plan.memory import TrainingSetup, sharded_elements, stage_memory, stage_params
+from openrecipes.plan.memory import (TrainingSetup, layer_activation_bytes, sharded_elements, stage_memory,
+                                     stage_params)
 from openrecipes.plan.shape import model_shape
 
 GIB = 1024 ** 3
@@ -113,7 +115,7 @@ def test_lora_predictions_move_the_right_way():
         full, a, e, w = peak(recompute), peak(recompute, attention), peak(recompute, experts), peak(recompute, wider)
         assert a.allocated_gib < e.allocated_gib < w.allocated_gib < full.allocated_gib
         assert a.parts_gib["optimizer"] < e.parts_gib["optimizer"] < w.parts_gib["optimizer"]
-    # frozen experts without adapters drop their routed inputs; expert adapters keep them and the merged weights
+    # frozen experts without adapters drop their routed inputs; expert adapters keep them
     none_full, none_attention, none_experts = peak("none"), peak("none", attention), peak("none", experts)
     assert none_attention.parts_gib["activations"] < none_full.parts_gib["activations"]
     assert none_experts.parts_gib["activations"] > none_full.parts_gib["activations"]
@@ -125,3 +127,44 @@ def test_lora_setup_errors():
     shape = model_shape(get_config("qwen3-moe-tiny"))
     with pytest.raises(ValueError, match="no latent projections"):
         adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64), LoraSetup(rank=4, targets=LINEAR_TARGETS), 1)
+
+
+def _saved_elements_per_copy(low_rank, dims):
+    """Elements per routed copy that the experts save for the backward (distinct storages, parameters excluded)."""
+    E, D, F, R = dims
+    torch.manual_seed(0)
+    frozen = [torch.randn(E, F, D), torch.randn(E, F, D), torch.randn(E, D, F)]
+    params = {t.untyped_storage().data_ptr() for t in frozen + list(low_rank[:4] if low_rank else [])}
+    x, weights = torch.randn(R, D, requires_grad=True), torch.rand(R, requires_grad=True)
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        swiglu_experts(x, torch.tensor([R // E] * E), *frozen, weights, backend="loop", low_rank=low_rank)
+    return total / R
+
+
+def test_expert_adapter_activations_are_what_the_engine_saves():
+    """The planner's extra bytes per routed copy for expert adapters (over adapters on attention alone) equal what
+    the engine's experts save in addition when they carry adapters."""
+    E, D, F, R, r = 4, 64, 48, 40, 8
+    adapters = ExpertLowRank(torch.randn(E, r, D, requires_grad=True), torch.randn(E, 2, F, r, requires_grad=True),
+                             torch.randn(E, r, F, requires_grad=True), torch.randn(E, D, r, requires_grad=True), 2.0)
+    measured = _saved_elements_per_copy(adapters, (E, D, F, R)) - _saved_elements_per_copy(None, (E, D, F, R))
+
+    shape = replace(model_shape(get_config("qwen3-moe-tiny")), expert_in=D, expert_ffn=F)
+    layout = LayoutConfig(max_tokens_per_gpu=256)
+    copies = layout.max_tokens_per_gpu * shape.top_k * load_hardware("H200").memory.moe_token_imbalance
+    def planned(targets):
+        return layer_activation_bytes(shape, layout, "none", load_hardware("H200").memory.moe_token_imbalance,
+                                      LoraSetup(rank=r, targets=targets))
+
+    planned_bf16_bytes = (planned((*ATTENTION, "experts")) - planned(ATTENTION)) / copies
+    assert planned_bf16_bytes / 2 == pytest.approx(measured) == D + F + 2 * r

@@ -4,8 +4,10 @@ The base is frozen: its parameters stay, in bf16 (this engine keeps no fp32 mast
 either), but it has no gradients and no optimizer state. The adapters train: parameters, gradients and optimizer state
 as any trained weight. Activations: frozen experts without adapters need not keep the routed expert inputs (those
 serve only the experts' weight gradients); expert adapters keep them. Every linear adapter keeps its rank-r product
-A·x for B's gradient. This engine adds the expert adapters to the grouped weights (W + s·B A, so the grouped kernels
-run unchanged): each layer's merged local expert weights (bf16) live from its forward to its backward.
+A·x for B's gradient. This engine adds the expert adapters beside the grouped GEMMs (x W^T + s·(x A^T) B^T,
+models/common/moe.py): no merged weight exists; each routed copy keeps for the adapters' gradients what frozen
+experts without adapters drop, the expert input (gate/up's A) and the gated hidden (down's A), and the two rank-r
+products x A^T and h A^T (B's), all bf16.
 
 Adapter sizes per rank follow the engine's split (parallel/tensor.py): a column-parallel projection's B and a
 row-parallel projection's A split by TP, the other factor whole; latent projections whole; expert adapters with
@@ -63,8 +65,10 @@ def rank_product_bytes_per_token(shape: ModelShape, layout: LayoutConfig, lora: 
     return 2.0 * lora.rank * sum(1 for t in lora.targets if t in _linear_adapters(shape, layout))
 
 
-def merged_expert_bytes(shape: ModelShape, layout: LayoutConfig, lora: LoraSetup) -> float:
-    """This engine, per layer and microbatch: the bf16 merged weights of the local experts kept for the backward."""
+def expert_adapter_bytes_per_copy(shape: ModelShape, layout: LayoutConfig, lora: LoraSetup) -> float:
+    """Bytes per routed token copy and layer that expert adapters keep beyond frozen experts without adapters, less
+    the expert input (``layer_activation_bytes`` counts it as any trained expert's): the gated hidden (down's A
+    reads it) and the two rank-r products (bf16); zero without expert adapters."""
     if not lora.experts:
         return 0.0
-    return 2.0 * shape.num_experts / layout.ep * shape.expert_params / layout.etp
+    return 2.0 * shape.expert_ffn / layout.etp + 2.0 * 2 * lora.rank

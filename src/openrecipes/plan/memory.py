@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.plan.hardware import Hardware
-from openrecipes.plan.lora import LoraSetup, adapter_params, merged_expert_bytes, rank_product_bytes_per_token
+from openrecipes.plan.lora import (LoraSetup, adapter_params, expert_adapter_bytes_per_copy,
+                                  rank_product_bytes_per_token)
 from openrecipes.plan.shape import ModelShape
 
 GIB = 1024 ** 3
@@ -168,6 +169,8 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
     adapters = 0.0
     if lora is not None:
         adapters = tokens * rank_product_bytes_per_token(shape, layout, lora)
+        if recompute != "experts":  # recomputed experts rebuild what their adapters read with the rest
+            per_copy += expert_adapter_bytes_per_copy(shape, layout, lora)
         if not lora.experts:
             per_copy -= 2 * shape.expert_in
     copies = tokens / layout.tp * shape.top_k * layout.etp * imbalance
@@ -210,13 +213,6 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
     working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
     kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
-    if lora is not None and setup.engine == "openrecipes":  # merged expert weights, kept for each layer's backward
-        merged = merged_expert_bytes(shape, layout, lora)
-        kept_per_layer += merged
-        if setup.recompute == "full":
-            working += merged
-        else:
-            stored_per_layer += merged
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1

@@ -1,6 +1,8 @@
 """Every verb registers, and `--help` works on every verb and sub-verb."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -106,3 +108,14 @@ def test_one_spelling_of_the_gpu_across_verbs():
     args = build_parser().parse_args(["card", "new", "RUN", "--reference", "R", "--out", "o.yaml", "--author", "a",
                                       "--gpu-type", "h200"])
     assert args.gpu == "h200"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["train", "--help"], ["plan", "--help"]])
+def test_help_and_version_import_no_torch(argv):
+    """Every verb registers without torch (it loads inside the verb that runs), so --help and --version answer
+    in well under a second instead of the seconds torch's import takes."""
+    code = ("import sys\nfrom openrecipes.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'pyarrow', 'transformers') if m in sys.modules)\n"
+            "print('HEAVY', heavy, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in result.stderr, result.stderr[-2000:]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from openrecipes.config.hf_names import hf_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
+from openrecipes.config.recompute_names import RecomputeGranularity
 from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -94,9 +95,7 @@ class Recompute(BaseModel):
     """What each decoder layer recomputes in the backward, and which layers (parallel/recompute.py)."""
 
     model_config = _STRICT
-    # full: the whole layer; selective: the attention block; attention_core: the attention kernel alone;
-    # experts: the routed experts alone
-    granularity: Literal["none", "selective", "full", "attention_core", "experts"] = "none"
+    granularity: RecomputeGranularity = "none"
     method: Literal["uniform", "block"] = "uniform"  # uniform: every layer; block: the first num_layers layers
     num_layers: int = Field(1, ge=1)
 

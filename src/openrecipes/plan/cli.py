@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from openrecipes.plan.published import engine_name
 
 _LAYOUT_OPTIONS = ("tp", "pp", "pp_first_stage_layers", "pp_last_stage_layers", "cp", "ep", "etp", "dp")
 # The training settings and their defaults, the same in both modes: a setting given is used as given; one left out
@@ -28,7 +27,7 @@ def _setting_help(name: str, what: str) -> str:
 
 def register(subparsers: Any) -> None:
     from openrecipes.config.hardware import add_gpus_option
-    from openrecipes.plan.memory import RECOMPUTE_MODES
+    from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
 
     p = subparsers.add_parser("plan", help="predict memory and throughput of a layout, or rank layouts",
                               description=__doc__ + " Any layout flag plans that one layout; none ranks every layout "
@@ -47,7 +46,7 @@ def register(subparsers: Any) -> None:
                                                                           "microbatch"))
     p.add_argument("--rows-per-microbatch", type=int,
                    help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
-    p.add_argument("--recompute", choices=RECOMPUTE_MODES,
+    p.add_argument("--recompute", choices=RECOMPUTE_GRANULARITIES,
                    help=_setting_help("recompute", "activation recompute (attention_core and experts: one layout "
                                       "only)"))
     p.add_argument("--optimizer", choices=SWEEPS["optimizer"], help=_setting_help("optimizer", "optimizer state"))
@@ -92,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
     from openrecipes.plan.memory import TrainingSetup
+    from openrecipes.plan.published import engine_name
     from openrecipes.plan.shape import model_shape
 
     count, gpu_type = parse_gpus(args.gpus)
@@ -206,6 +206,7 @@ def _published_gaps(recipes: Path, shape: Any, hw: Any, count: int, plans: list[
 
 def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) -> None:
     from openrecipes.config.layout import unsupported_reason
+    from openrecipes.plan.published import engine_name
 
     t = plan.throughput
     print(f"{model} on {plan.layout.world_size}x{gpu}: {plan.layout.label()}, {plan.layout.max_tokens_per_gpu} "

@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
+from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import (LoraSetup, adapter_params, expert_adapter_bytes_per_copy,
                                   rank_product_bytes_per_token)
 from openrecipes.plan.shape import ModelShape
 
 GIB = 1024 ** 3
-RECOMPUTE_MODES = ("none", "selective", "full", "attention_core", "experts")
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 ENGINES = ("megatron", "openrecipes")
@@ -72,8 +72,8 @@ class TrainingSetup:
         return self.optimizer_state_bytes if self.optimizer_state_bytes is not None else OPTIMIZERS[self.optimizer]
 
     def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute: {self.recompute!r} is not one of {', '.join(RECOMPUTE_MODES)}")
+        if self.recompute not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"recompute: {self.recompute!r} is not one of {', '.join(RECOMPUTE_GRANULARITIES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if not 0.0 <= self.offload_fraction <= 1.0:

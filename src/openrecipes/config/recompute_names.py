@@ -1,0 +1,12 @@
+"""The recompute granularities, as plain names: the recipe (config/recipe.py: ``Recompute``), the planner and the
+command line read one list without importing pydantic or torch.
+
+none: keep every activation; selective: the attention block; full: the whole layer; attention_core: the attention
+kernel alone; experts: the routed experts alone."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+RecomputeGranularity = Literal["none", "selective", "full", "attention_core", "experts"]
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = get_args(RecomputeGranularity)

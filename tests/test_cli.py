@@ -61,7 +61,7 @@ def test_every_verb_and_flag_is_described_with_its_default():
             continue
         name = "/".join(item.option_strings) or item.dest
         assert item.help, f"{' '.join(path)} {name}: no help"
-        shown = item.default not in (None, False, [], ())
+        shown = item.default not in (None, False, [], (), argparse.SUPPRESS)
         if shown:  # what --help prints for it names the default
             rendered = HelpFormatter(prog="x")._get_help_string(item) % {"default": item.default}
             assert "default" in rendered.lower(), f"{' '.join(path)} {name}: default {item.default!r} not shown"

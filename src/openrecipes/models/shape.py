@@ -55,7 +55,7 @@ class ModelShape:
     small_params_per_layer: int  # norms and residual gates, replicated
     embedding_params: int
     lm_head_params: int
-    active_params: int  # N of DESIGN.md
+    active_params: int  # N: active parameters per token, without the input embedding and all norms (docs/measure.md)
     # other-modality encoders (vision, audio) that a trainer instantiating the whole published model holds frozen on
     # the first pipeline stage: bf16 parameters without gradients or optimizer state; 0 where there are none
     frozen_encoder_params: int = 0

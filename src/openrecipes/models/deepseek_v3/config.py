@@ -122,7 +122,7 @@ class DeepseekV3Config:
     def num_moe_layers(self) -> int:
         return max(self.num_hidden_layers - self.first_k_dense_replace, 0)
 
-    # ---- parameter counts (DESIGN.md: N excludes the input embedding and all norms) ----
+    # ---- parameter counts (docs/measure.md: N excludes the input embedding and all norms) ----
     def attention_params(self) -> int:
         """Projections of one layer: the head-split ones (q or q_b, kv_b, o) and the latent ones (q_a, kv_a)."""
         return self.attention_head_params() + self.attention_latent_params()

@@ -154,7 +154,7 @@ class MuseSparkConfig:
     def full_attention_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == FULL]
 
-    # ---- parameter counts (DESIGN.md: N excludes the input embedding and all norms) ----
+    # ---- parameter counts (docs/measure.md: N excludes the input embedding and all norms) ----
     def attention_params(self) -> int:
         """q, k, v, o projections and the output gate (no biases)."""
         q = self.hidden_size * self.num_attention_heads * self.head_dim

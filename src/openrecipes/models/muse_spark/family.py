@@ -51,7 +51,7 @@ def _encoder_params(config: MuseSparkConfig) -> int:
 
 
 NAMED_CONFIGS = {
-    # Muse Spark Open: the DESIGN.md architecture (published facts plus documented derived sizes).
+    # Muse Spark Open: the published architecture, with the sizes derived from it (docs/muse_spark.md).
     "muse-spark-open-816b-a42b": lambda: MuseSparkConfig(),
     # CPU-sized Muse Spark: mixed layer types (layers 1 and 3 full), latent experts, small window.
     "muse-spark-tiny": lambda: MuseSparkConfig(

@@ -88,7 +88,7 @@ class Qwen3MoeConfig:
     def num_kv_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
-    # ---- parameter counts (DESIGN.md: N excludes the input embedding and all norms) ----
+    # ---- parameter counts (docs/measure.md: N excludes the input embedding and all norms) ----
     def attention_params(self) -> int:
         q = self.hidden_size * self.num_attention_heads * self.head_dim
         kv = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim

@@ -202,10 +202,12 @@ def check_settings(out: Path, settings: dict[str, Any]) -> None:
 
 
 def prepare_out(out: Path, start_path: Path) -> None:
-    """Create ``out`` or reuse one an earlier ``openrecipes tune`` wrote (it carries MARKER)."""
+    """Create ``out`` or reuse one an earlier ``openrecipes tune`` wrote (it carries MARKER). A marked directory
+    is held to the same rules as a new one (not a link, not the working directory or above it, apart from the
+    start recipe): a marker file does not make any directory one the tuner may fill."""
     from openrecipes.utils import check_output_dir
 
-    if not (out / MARKER).is_file():
-        check_output_dir(out, marker=MARKER, writer="openrecipes tune", overwrite=False, inputs=[start_path])
+    check_output_dir(out, marker=MARKER, writer="openrecipes tune", overwrite=(out / MARKER).is_file(),
+                     inputs=[start_path])
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by openrecipes tune; rerunning the same command reuses its trials\n")

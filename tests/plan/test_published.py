@@ -88,7 +88,7 @@ def test_layouts_this_engine_ran_on_gpus_come_from_bench_results_and_its_own_car
 
 
 def test_the_ranking_flags_layouts_not_run_on_gpus_and_prints_the_exact_comparison(capsys, tmp_path):
-    assert main(QWEN_ARGS + ["--recipes", str(CATALOG), "--gpu-runs", str(RESULTS), "--json"]) == 0
+    assert main(QWEN_ARGS + ["--recipes", str(CATALOG), "--bench-results", str(RESULTS), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     runs = engine_gpu_runs(RESULTS, CATALOG)
     assert [r["run_on_gpus_by_this_engine"] for r in out["ranked"]] == [
@@ -96,13 +96,13 @@ def test_the_ranking_flags_layouts_not_run_on_gpus_and_prints_the_exact_comparis
         for r in out["ranked"]]
     [card] = out["published_cards"]
     assert card["exact_recipe"]["engine"] == "megatron" and card["layout_rank"] >= 1
-    assert main(QWEN_ARGS + ["--recipes", str(CATALOG), "--gpu-runs", str(RESULTS)]) == 0
+    assert main(QWEN_ARGS + ["--recipes", str(CATALOG), "--bench-results", str(RESULTS)]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
     assert lines[2].split()[-1] == "GPUs" and all(line.split()[-1] in ("run", "never") for line in lines[3:6])
     assert "'never' marks a layout not run on GPUs by this engine" in text
     assert "its exact recipe (TP1 PP1 EP8 DP8, 16,384 tokens/GPU" in text and "against measured" in text
     # no record of this engine's runs: nothing is claimed either way
-    assert main(QWEN_ARGS + ["--recipes", str(tmp_path), "--gpu-runs", str(tmp_path / "absent")]) == 0
+    assert main(QWEN_ARGS + ["--recipes", str(tmp_path), "--bench-results", str(tmp_path / "absent")]) == 0
     text = capsys.readouterr().out
     assert "no record of this engine's GPU runs" in text and " never" not in text

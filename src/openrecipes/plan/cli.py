@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--recipes", type=Path, default=Path("recipes"),
                    help="card catalog a ranking's top layout is compared with (same model and GPUs; default: "
                         "./recipes, skipped when absent)")
-    p.add_argument("--gpu-runs", type=Path, default=Path("bench/results"),
+    p.add_argument("--bench-results", type=Path, default=Path("bench/results"),
                    help="results of bench/engine_speed.py: with this engine's cards under --recipes, the layouts "
                         "it has run on GPUs; a ranked layout outside them is flagged (default: ./bench/results)")
     p.add_argument("--top", type=int, default=10, help="rows of the ranking to show")
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         global_batch_tokens=args.global_batch_tokens, engine=args.engine, lora=lora)
     top = plans[:args.top]
     gaps = _published_gaps(args.recipes, shape, hw, count, plans)
-    runs = engine_gpu_runs(args.gpu_runs, args.recipes)
+    runs = engine_gpu_runs(args.bench_results, args.recipes)
     ran = [runs.ran(p.layout) if runs.layouts else None for p in top]
     if args.json:
         print(json.dumps({"evaluated": evaluated, "valid": valid, "capped": capped_note(evaluated, valid),
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
 def _gpu_runs_line(runs: Any, ran: list[bool | None]) -> str:
     """What the "on GPUs" column means and what it rests on."""
     if not runs.layouts:
-        where = ", ".join(runs.searched) or "no bench results or cards found (--gpu-runs, --recipes)"
+        where = ", ".join(runs.searched) or "no bench results or cards found (--bench-results, --recipes)"
         return f"on GPUs ?: no record of this engine's GPU runs ({where}); no layout checked"
     never = sum(1 for r in ran if r is False)
     return (f"on GPUs: 'never' marks a layout not run on GPUs by this engine ({never} of {len(ran)} shown); its "

@@ -192,8 +192,8 @@ HOSTILE = {
     "int-tensor": (_with(add={Q_A: torch.zeros(3, 32, dtype=torch.int32)}), "is I32; LoRA factors must be"),
     "bool-tensor": (_with(add={Q_A: torch.zeros(3, 32, dtype=torch.bool)}), "is BOOL"),
     "fp8-tensor": (_with(add={Q_A: torch.zeros(3, 32).to(torch.float8_e4m3fn)}), "is F8_E4M3"),
-    "nan-tensor": (_with(add={Q_A: torch.full((3, 32), math.nan)}), "q_proj.lora_A.weight' holds NaN or infinite"),
-    "inf-tensor": (_with(add={Q_B: torch.full((32, 3), math.inf)}), "holds NaN or infinite"),
+    "nan-tensor": (_with(add={Q_A: torch.full((3, 32), math.nan)}), "q_proj.lora_A.weight' holds NaN or inf"),
+    "inf-tensor": (_with(add={Q_B: torch.full((32, 3), math.inf)}), "holds NaN or inf"),
     # safetensors headers
     "header-short-file": (_weights_bytes(b"\x01\x02"), "shorter than the 8-byte header length"),
     "header-length-past-end": (_weights_bytes(_raw_safetensors({}, b"", length=10**6)), "runs past the end"),

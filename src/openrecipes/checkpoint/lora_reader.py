@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from openrecipes.checkpoint.finite import require_finite
 from openrecipes.checkpoint.safetensors_header import TORCH_FLOAT_DTYPES, read_header, read_tensor
 
 PREFIX = "base_model.model."
@@ -239,11 +240,7 @@ def read_adapter_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         if entry.dtype not in TORCH_FLOAT_DTYPES:
             raise ValueError(f"{path}: tensor {key!r} is {entry.dtype}; LoRA factors must be one of "
                              f"{', '.join(TORCH_FLOAT_DTYPES)}")
-    tensors = {key: read_tensor(path, key, entry) for key, entry in entries.items()}
-    for key, tensor in tensors.items():
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"{path}: tensor {key!r} holds NaN or infinite values")
-    return tensors
+    return {key: require_finite(read_tensor(path, key, entry), key, path) for key, entry in entries.items()}
 
 
 def _rank_error(path: Path, config: AdapterConfig, key: str, A: torch.Tensor, B: torch.Tensor, r: int,

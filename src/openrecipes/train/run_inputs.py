@@ -11,7 +11,7 @@ from openrecipes.config.rundir import claim_run_dir
 
 def named_run_inputs(recipe: Any) -> dict[str, Path]:
     """The files and directories the run of ``recipe`` reads (the recipe file aside), by the recipe key naming each."""
-    from openrecipes.data import bundled
+    from openrecipes.data.manifest import build_inputs
     from openrecipes.models.registry import names
 
     inputs: dict[str, Path] = {}
@@ -19,14 +19,8 @@ def named_run_inputs(recipe: Any) -> dict[str, Path]:
         inputs["model"] = Path(recipe.model)
     if recipe.data.rows is not None:
         inputs["data.rows"] = Path(recipe.data.rows)
-    spec = recipe.data.build
-    if spec is not None:
-        inputs["data.build.input"] = bundled.resolve_input(spec.input, spec.format)
-        inputs["data.build.tokenizer"] = bundled.resolve_tokenizer(spec.tokenizer)
-        if spec.image_processor is not None:
-            inputs["data.build.image_processor"] = bundled.resolve(spec.image_processor, bundled.IMAGE_PROCESSOR)
-        if spec.chat_template and Path(spec.chat_template).is_file():  # else a built-in template's name
-            inputs["data.build.chat_template"] = Path(spec.chat_template)
+    if recipe.data.build is not None:
+        inputs.update(build_inputs(recipe.data.build))
     return inputs
 
 

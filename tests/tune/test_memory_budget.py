@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from openrecipes.cards.validate import validate_file
-from openrecipes.tune.predict import MEMORY_MARGIN, OUT_OF_MEMORY_TOLERANCE
+from openrecipes.tune.predict import MEMORY_MARGIN, OUT_OF_MEMORY_TOLERANCE, Calibration
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.publish import publish
 from openrecipes.tune.remeasure import ablate, remeasure
@@ -197,3 +197,23 @@ def test_a_gain_inside_the_noise_is_no_faster_recipe(start_yaml, tmp_path, monke
     remeasured = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()
                   if json.loads(line)["phase"] == "remeasure"]
     assert len(remeasured) == 4  # start, winner, start, winner
+
+
+class PeakRunner(SyntheticRunner):
+    """The synthetic runner whose trials report a measured peak memory, as GPU trials do."""
+
+    def run(self, trial, tick=None) -> Outcome:
+        outcome = super().run(trial, tick)
+        outcome.measured = {**outcome.measured, "peak_memory_gib": 12.5}
+        return outcome
+
+
+def test_each_trial_records_and_prints_the_peak_the_search_expected(start_yaml, tmp_path):
+    search = _search(start_yaml, tmp_path / "out", PeakRunner())
+    candidate = search.candidate_or_none(start_settings(search.start, search.facts))
+    prediction = search.prediction_if_fits(candidate)
+    record = search.run_trial(candidate, prediction, "start")
+    expected = record["prediction"]["calibrated_peak_gib"]
+    assert expected == pytest.approx(Calibration().peak_gib(prediction))  # the first trial: no refit yet
+    line = search.progress.stream.getvalue().splitlines()[-1]
+    assert f"peak 12.5 GiB (predicted {expected:.1f}, {100 * (expected / 12.5 - 1):+.1f} %)" in line, line

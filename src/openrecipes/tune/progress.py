@@ -78,7 +78,7 @@ class Progress:
                 self.start_tps = tps
             if self.best is None or tps > self.best[0]:
                 self.best = (tps, record["label"])
-            result = f"{tps:,.1f} tokens/s/GPU"
+            result = f"{tps:,.1f} tokens/s/GPU" + _memory_text(measured, record.get("prediction"))
         else:
             result = f"FAILED ({record['failure']['class']}: {record['failure']['detail'][:120]})"
         how = "reused from trials.jsonl" if reused else f"{record.get('wall_s', 0):.0f} s"
@@ -95,3 +95,14 @@ class Progress:
 
     def left_s(self) -> float:
         return self.budget_s - self.elapsed_s()
+
+
+def _memory_text(measured: dict, prediction: dict | None) -> str:
+    """The trial's peak memory beside the one the search expected for it, when both are known."""
+    peak = measured.get("peak_memory_gib")
+    expected = (prediction or {}).get("calibrated_peak_gib")
+    if not peak:
+        return ""
+    if not expected:
+        return f", peak {peak:.1f} GiB"
+    return f", peak {peak:.1f} GiB (predicted {expected:.1f}, {100 * (expected / peak - 1):+.1f} %)"

@@ -29,6 +29,7 @@ class OpenTrial:
     label: str
     prediction: Prediction | None
     calibrated: float | None  # the prediction under the refit it was ranked with
+    calibrated_peak_gib: float | None  # the peak memory the search expected, under that refit
     calibration: dict[str, Any]  # that refit
     run: TrialRun
 
@@ -41,7 +42,8 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
         "index": opened.index, "key": opened.key, "phase": opened.phase, "changes": candidate.changes,
         "label": opened.label, "layout": candidate.recipe.layout.label(),
         "prediction": None if prediction is None else {**prediction.to_dict(), "calibrated_tokens_per_s_per_gpu":
-                                                      opened.calibrated, "calibration": opened.calibration},
+                                                      opened.calibrated, "calibrated_peak_gib": opened.calibrated_peak_gib,
+                                                      "calibration": opened.calibration},
         "status": "ok" if outcome.ok else "failed",
         "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},
         "measured": outcome.measured, "wall_s": round(outcome.wall_s, 3),

@@ -281,3 +281,14 @@ def test_every_family_declares_the_whole_contract():
                 assert isinstance(getattr(factory(), family.aux_loss.request_key), bool)
         config_dict = family.config_to_hf(config)
         assert config_dict["model_type"] in family.model_types
+
+
+def test_every_run_has_a_parallel_state():
+    """One process has a state too (parallel.mesh.single_process): no function takes None for it or guards it."""
+    import re
+
+    none_state = re.compile(r"\bparallel(?:_state)?\s*(?:is None|is not None|=\s*None|:\s*[\w.]+\s*\|\s*None)")
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                 for path in sorted(ROOT.rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if none_state.search(line)]
+    assert offenders == [], "\n".join(offenders)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from openrecipes.cli import main
+from openrecipes.parallel.mesh import single_process
 
 
 def _run(capsys, *argv):
@@ -66,7 +67,7 @@ def test_weights_that_cannot_fit_are_refused_before_allocating():
             "steps": 1, "global_batch": 1, "model_overrides": {"num_experts": 1_000_000_000}}
     recipe = recipe_from_dict(tree)
     with pytest.raises(ValueError, match=r"model_overrides: [\d,]+ parameters need"):
-        check_weights_fit(recipe, recipe_model_config(recipe), torch.device("cpu"))
+        check_weights_fit(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
 
 
 def _conversation(tmp_path, record):

@@ -68,8 +68,8 @@ def main(spec: Path) -> None:
     build_model, optimizer_class = engine.build_model, loop.MixedPrecisionAdam
     current: list[_Record] = []
 
-    def recording_model(recipe, config, device, parallel=None):
-        model, grads = build_model(recipe, config, device, parallel)
+    def recording_model(recipe, config, parallel):
+        model, grads = build_model(recipe, config, parallel)
         record = _Record(Path(recipe.run_dir))
         current[:] = [record]
         record.add(**_parameters(model))

@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 from openrecipes.models.common.lora import LoraSpec
 from openrecipes.models.qwen3_moe.family import FAMILY
 from openrecipes.config.recipe import Kernels
+from openrecipes.parallel.mesh import single_process
 from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
 
 LAYERS = 12  # past Dynamo's default recompile limit (8)
@@ -25,7 +26,7 @@ def test_compiled_lora_layers_compile_each_block_once(monkeypatch) -> None:
     config = dataclasses.replace(FAMILY.named_configs["qwen3-moe-tiny"](), num_hidden_layers=LAYERS)
     model = FAMILY.build(config, device="cpu", dtype=torch.float32, seed=0)
     spec = LoraSpec(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "experts"))
-    parallelize(model, None, ParallelizeOptions(compute_dtype=torch.float32, parameter_dtype=torch.float32, seed=0,
+    parallelize(model, single_process(torch.device("cpu")), ParallelizeOptions(compute_dtype=torch.float32, parameter_dtype=torch.float32, seed=0,
                                                 kernels=Kernels(compile=True), lora=spec))
     torch._dynamo.reset()
     counters.clear()

@@ -8,6 +8,7 @@ from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import recipe_from_dict
 from openrecipes.plan.host import available_host_bytes, check_host_memory, predict_host_memory
 from openrecipes.plan.memory import GIB
+from openrecipes.parallel.mesh import single_process
 
 
 def _recipe(**sections):
@@ -27,7 +28,7 @@ def test_offloaded_optimizer_state_is_what_the_optimizer_keeps_on_the_host():
     from openrecipes.train import engine
 
     recipe = _recipe(offload={"fraction": 1.0})
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     optimizer = MixedPrecisionAdam(list(model.parameters()), AdamConfig(master="fp32", offload_fraction=1.0))
     held = sum(t.numel() * t.element_size() for state in optimizer.state.values() for name, t in state.items()
                if name != "step")

@@ -9,6 +9,7 @@ from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.loop import train
+from openrecipes.parallel.mesh import single_process
 
 
 def records(run_dir):
@@ -31,7 +32,7 @@ def test_step_objective_is_cross_entropy_plus_the_mean_of_the_rows_aux_loss(make
     recipe = make_recipe(steps=1, moe__aux_loss_coef=coef, optimizer__grad_clip=None)
     logged = records(train(recipe, command="t"))[0]
 
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     loader = RowLoader(dataset=load_rows(recipe.data.rows), global_batch=4, dp_rank=0, dp_size=1,
                        rows_per_microbatch=4)
     (batch,) = loader.microbatches(0)

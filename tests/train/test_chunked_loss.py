@@ -8,6 +8,7 @@ from openrecipes.models.muse_spark.model import soft_cap
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.train.chunked_loss import linear_cross_entropy
+from openrecipes.parallel.mesh import single_process
 
 
 def _reference(h, weight, targets, weights, softcap):
@@ -76,7 +77,7 @@ def test_model_step_matches_the_logits_path(make_recipe, model):
     for chunk in (0, 48):
         recipe = make_recipe(model=model, kernels__loss_chunk_tokens=chunk)
         torch.manual_seed(0)
-        built, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+        built, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
         loader = RowLoader(dataset=load_rows(recipe.data.rows), global_batch=2, dp_rank=0, dp_size=1,
                            rows_per_microbatch=2)
         # the first step whose rows hold a document boundary and unsupervised tokens (packed, masked)

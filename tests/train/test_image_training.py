@@ -14,6 +14,7 @@ from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.train.loop import train
+from openrecipes.parallel.mesh import single_process
 from tests.train.image_reference import example_recipe, per_conversation_loss, train_and_resume
 from tests.train.workflow_card import workflow_card
 
@@ -85,7 +86,7 @@ def test_packed_image_rows_give_the_direct_forward_loss(tmp_path: Path) -> None:
 def _trainable(recipe) -> set[str]:
     from openrecipes.train import engine
 
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     return {name.split(".")[2] for name, p in model.named_parameters() if p.requires_grad and "visual" in name}
 
 

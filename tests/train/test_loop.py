@@ -10,6 +10,7 @@ from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
 from openrecipes.checkpoint.training_save import latest_checkpoint
 from openrecipes.train.loop import TrainingStopped, train
+from openrecipes.parallel.mesh import single_process
 
 
 def losses(run_dir):
@@ -215,10 +216,10 @@ def test_compile_wraps_the_blocks_below_the_recompute_boundary(make_recipe):
     # full recompute hooks the layer: both its blocks are compiled; selective hooks the attention block: it stays eager
     for granularity, attention_compiled in (("full", True), ("selective", False)):
         recipe = make_recipe(recompute__granularity=granularity, kernels__compile=True)
-        model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+        model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
         for layer in model.model.layers.values():
             assert (getattr(layer.self_attn, "_compiled_call_impl", None) is not None) == attention_compiled
             assert getattr(layer.mlp, "_compiled_call_impl", None) is not None
     plain_recipe = make_recipe(recompute__granularity="full")
-    plain, _ = engine.build_model(plain_recipe, recipe_model_config(plain_recipe), torch.device("cpu"))
+    plain, _ = engine.build_model(plain_recipe, recipe_model_config(plain_recipe), single_process(torch.device("cpu")))
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in plain.modules())

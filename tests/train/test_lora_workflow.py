@@ -14,6 +14,7 @@ from openrecipes.config.recipe import load_recipe
 from openrecipes.config.rundir import rows_directory
 from openrecipes.data.build import build_recipe_rows
 from openrecipes.train.loop import train
+from openrecipes.parallel.mesh import single_process
 from tests.train.workflow_card import workflow_card
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-lora.yaml"
@@ -64,7 +65,7 @@ def test_only_the_adapters_are_trainable(tmp_path: Path) -> None:
     from openrecipes.train import engine
 
     recipe = _recipe(tmp_path / "run")
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) < 0.2 * sum(

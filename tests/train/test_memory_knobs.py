@@ -5,6 +5,7 @@ import torch
 
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.train import engine
+from openrecipes.parallel.mesh import single_process
 
 
 def _batch(recipe):
@@ -18,7 +19,7 @@ def _batch(recipe):
 def _step(recipe, batch):
     """(loss, gradients by name, bytes autograd keeps outside recomputed regions for the backward: each storage
     once, parameters left out)."""
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     params = {p.data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 

@@ -17,6 +17,7 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.models.muse_spark.hf import TOWER_PREFIXES
 from openrecipes.models.registry import get_config
 from openrecipes.train.loop import train
+from openrecipes.parallel.mesh import single_process
 from tests.train.image_reference import example_recipe, per_conversation_loss, train_and_resume
 
 pytest.importorskip("PIL")
@@ -86,7 +87,7 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     from openrecipes.train import engine
 
     whole, cut = _recipe(tmp_path / "whole"), _recipe(tmp_path / "cut")
-    model, _ = engine.build_model(whole, recipe_model_config(whole), torch.device("cpu"))
+    model, _ = engine.build_model(whole, recipe_model_config(whole), single_process(torch.device("cpu")))
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     towers = {name for name in dict(model.named_parameters()) if name.startswith(TOWER_PREFIXES)}
     assert {n for n in towers if n.startswith(FROZEN)} == towers - trained
@@ -98,7 +99,7 @@ def test_example_trains_with_frozen_towers_and_resumes_bitwise(tmp_path: Path) -
     assert shape.frozen_encoder_params == sum(params[n].numel() for n in towers)
     assert shape.encoder_projection_params == sum(params[n].numel() for n in towers if n.startswith(PROJECTION))
     frozen_recipe = _recipe(tmp_path / "frozen", "vision.train_projection=false")
-    frozen, _ = engine.build_model(frozen_recipe, recipe_model_config(frozen_recipe), torch.device("cpu"))
+    frozen, _ = engine.build_model(frozen_recipe, recipe_model_config(frozen_recipe), single_process(torch.device("cpu")))
     assert not any(p.requires_grad for name, p in frozen.named_parameters() if name.startswith(TOWER_PREFIXES))
 
     keys = train_and_resume(whole, cut)
@@ -131,7 +132,7 @@ def test_init_from_a_complete_checkpoint_trains_on_images_with_its_towers(tmp_pa
     assert recipe_model_config(recipe) == CONFIG
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # text-only mode would warn about the tower tensors it skips
-        model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+        model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     mine = dict(source.named_parameters())
     assert {n for n, _ in model.named_parameters()} == set(mine)
     assert all(torch.equal(p, mine[name]) for name, p in model.named_parameters())

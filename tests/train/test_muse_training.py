@@ -14,6 +14,7 @@ from openrecipes.models.muse_spark.model import build_muse_spark
 from openrecipes.models.registry import get_config
 from openrecipes.train import engine
 from openrecipes.train.loop import train
+from openrecipes.parallel.mesh import single_process
 
 
 def losses(run_dir):
@@ -33,7 +34,7 @@ def test_muse_spark_trains_and_resumes_exactly(make_recipe, tmp_path):
 
 def test_fp32_router_and_residual_gates_survive_bf16_training(make_recipe):
     recipe = make_recipe(model="muse-spark-tiny", precision="bf16")
-    model, _ = engine.build_model(recipe, recipe_model_config(recipe), torch.device("cpu"))
+    model, _ = engine.build_model(recipe, recipe_model_config(recipe), single_process(torch.device("cpu")))
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     assert dtypes["model.language_model.layers.0.mlp.gate.weight"] == torch.float32
     assert dtypes["model.language_model.layers.0.attn_residual_gate.weight"] == torch.float32

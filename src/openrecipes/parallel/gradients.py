@@ -23,7 +23,7 @@ class GradientSync:
     it as it reads), which saves a full pass over the gradients.
     """
 
-    def __init__(self, model: nn.Module, parallel: Any = None, *, tp_sharded_names: frozenset[str] = frozenset(),
+    def __init__(self, model: nn.Module, parallel: Any, *, tp_sharded_names: frozenset[str] = frozenset(),
                  fp32_accumulation: bool = False) -> None:
         self.model, self.parallel = model, parallel
         self.tp_sharded_names = tp_sharded_names  # by name: FSDP later replaces the parameter objects
@@ -35,10 +35,10 @@ class GradientSync:
         # (TP's shards too over CP: the cp ranks hold the same shard). Built after the accumulators, so their hooks
         # read the step's whole gradient.
         self.replicated_sums: list[ReplicatedGradSum] = []
-        if parallel is not None and parallel.tp_size > 1:
+        if parallel.tp_size > 1:
             self.replicated_sums.append(ReplicatedGradSum(model, self.replicated_parameters,
                                                           parallel.tp_mesh.get_group()))
-        if parallel is not None and parallel.cp_size > 1:
+        if parallel.cp_size > 1:
             self.replicated_sums.append(ReplicatedGradSum(
                 model, lambda: self.replicated_parameters(include_tp_shards=True), parallel.cp_mesh.get_group()))
 
@@ -84,8 +84,6 @@ class GradientSync:
         """Sum what the backward left partial: expert gradients over edp (and a LoRA expert adapter's factor that is
         whole over etp over etp), replicated weights over TP and CP."""
         parallel = self.parallel
-        if parallel is None:
-            return
         if parallel.expert_mesh is not None:
             from openrecipes.parallel.expert import all_reduce_expert_grads
 

@@ -61,6 +61,12 @@ def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.dev
     return 0, 1, device
 
 
+def single_process(device: torch.device) -> ParallelState:
+    """The layout of one process: every size 1, no mesh. Functions take a state always, never None."""
+    return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1, dense_mesh=None,
+                         expert_mesh=None)
+
+
 def build_parallel_state(layout: LayoutConfig, device: torch.device) -> ParallelState:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -68,8 +74,7 @@ def build_parallel_state(layout: LayoutConfig, device: torch.device) -> Parallel
     if reason:
         raise ValueError(reason)
     if world == 1:
-        return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1,
-                             dense_mesh=None, expert_mesh=None)
+        return single_process(device)
     root = init_device_mesh(device.type, (layout.pp, layout.dp, layout.cp, layout.tp),
                             mesh_dim_names=("pp", "dp", "cp", "tp"))
     expert = None

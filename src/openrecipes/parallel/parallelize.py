@@ -49,12 +49,12 @@ class ParallelizeOptions:
     trained_modules: tuple[str, ...] = ()
 
 
-def parallelize(model: nn.Module, parallel: ParallelState | None, options: ParallelizeOptions) -> GradientSync:
+def parallelize(model: nn.Module, parallel: ParallelState, options: ParallelizeOptions) -> GradientSync:
     """Apply ``parallel``'s layout to ``model`` in place (see the module docstring for the order)."""
     from openrecipes.models.families import family_for_model
 
     plan = family_for_model(model).sharding
-    distributed = parallel is not None and parallel.distributed
+    distributed = parallel.distributed
     if distributed and parallel.pp_size > 1:
         from openrecipes.parallel.pipeline import prune_to_stage
 
@@ -75,7 +75,7 @@ def parallelize(model: nn.Module, parallel: ParallelState | None, options: Paral
     if next(model.parameters()).is_meta:
         from openrecipes.parallel.init import fill_sharded_seeded_normal_
 
-        model.to_empty(device=parallel.device if parallel is not None else torch.device("cpu"))
+        model.to_empty(device=parallel.device)
         model.init_weights(seed=options.seed, fill=fill_sharded_seeded_normal_)  # the whole model's values, sliced
     if options.lora is not None:
         # after materialising: the base keeps its own names and values; the adapters draw theirs by name

@@ -17,12 +17,13 @@ from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.router_loss import RouterStatistics
 from openrecipes.parallel.gradients import GradientSync
+from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train.chunked_loss import chunked_head
 from openrecipes.train.images import image_inputs, sliced_image_inputs, trainable_modules
 
 
-def build_model(recipe: Recipe, config: Any, device: torch.device, parallel=None) -> tuple[nn.Module, GradientSync]:
-    """The model of ``config`` (the recipe's, resolved once by the train entry), on ``device``, with the recipe's
+def build_model(recipe: Recipe, config: Any, parallel: ParallelState) -> tuple[nn.Module, GradientSync]:
+    """The model of ``config`` (the recipe's, resolved once by the train entry), on ``parallel.device``, with the recipe's
     kernels, parallelized by ``parallel``'s layout (recompute, and when ``parallel`` spans several ranks pipeline,
     expert, tensor, context and data parallelism); and the object that accumulates and synchronises its gradients.
     Runs whose dense weights FSDP2 shards (dp > 1) keep fp32 parameters (the sharded masters) and compute in bf16
@@ -31,7 +32,7 @@ def build_model(recipe: Recipe, config: Any, device: torch.device, parallel=None
     from openrecipes.models.families import family_for_config
     from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
 
-    distributed = parallel is not None and parallel.distributed
+    device, distributed = parallel.device, parallel.distributed
     dtype = base_dtype(recipe, parallel)
     kernels = KernelOptions(attention=recipe.kernels.attention, experts=recipe.kernels.experts,
                             balanced_routing=recipe.debug.force_load_balance)
@@ -70,12 +71,12 @@ def lora_spec(recipe: Recipe):
     return LoraSpec.from_recipe(recipe)
 
 
-def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, parallel=None) -> None:
+def check_weights_fit(recipe: Recipe, config: Any, parallel: ParallelState) -> None:
     """Refuse a model whose weights alone cannot fit this rank's memory (an override of a size by mistake, say)
     before trying to allocate them. A lower bound: gradients, optimizer state and activations come on top."""
-    distributed = parallel is not None and parallel.distributed
+    device = parallel.device
     bytes_per_param = torch.finfo(base_dtype(recipe, parallel)).bits // 8
-    ranks = parallel.world_size if distributed else 1  # sharded by the layout at best
+    ranks = parallel.world_size  # sharded by the layout at best
     needed = config.total_params() * bytes_per_param / ranks
     if device.type == "cuda":
         available = torch.cuda.get_device_properties(device).total_memory
@@ -90,13 +91,13 @@ def check_weights_fit(recipe: Recipe, config: Any, device: torch.device, paralle
                          "whole footprint)")
 
 
-def fsdp_shards(parallel=None) -> bool:
+def fsdp_shards(parallel: ParallelState) -> bool:
     """Whether FSDP2 shards this run's dense weights: several data-parallel ranks (``parallel.dense_mesh``). TP, CP,
     PP and EP without dp leave the weights to their own modules: nothing gathers (and casts) them for compute."""
-    return parallel is not None and parallel.distributed and parallel.dense_mesh is not None
+    return parallel.distributed and parallel.dense_mesh is not None
 
 
-def parameter_dtype(recipe: Recipe, parallel=None) -> torch.dtype:
+def parameter_dtype(recipe: Recipe, parallel: ParallelState) -> torch.dtype:
     """How trained parameters are stored. Without FSDP2 (one process, or several with dp = 1): in the compute dtype,
     the optimizer keeping the fp32 masters, since nothing would cast fp32 weights to bf16 for the forward (the dense
     layers would silently compute in fp32 and meet bf16 experts). With FSDP2: fp32 masters it shards and gathers in
@@ -108,7 +109,7 @@ def parameter_dtype(recipe: Recipe, parallel=None) -> torch.dtype:
     return torch.bfloat16
 
 
-def base_dtype(recipe: Recipe, parallel=None) -> torch.dtype:
+def base_dtype(recipe: Recipe, parallel: ParallelState) -> torch.dtype:
     """How the model's own weights are stored: as trained parameters, except under LoRA, where the base is frozen
     (no gradients, no optimizer state, so no master to keep) and stays in the compute dtype under any layout; only
     the adapters are ``parameter_dtype``'s (fp32 masters under FSDP2). Modules the model pins to fp32 stay fp32

@@ -20,6 +20,7 @@ from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
+from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train import engine
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
@@ -154,8 +155,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             print(warning, file=sys.stderr, flush=True)
 
     clock.mark("setup")
-    engine.check_weights_fit(recipe, config, device, parallel)
-    model, grads = engine.build_model(recipe, config, device, parallel)
+    engine.check_weights_fit(recipe, config, parallel)
+    model, grads = engine.build_model(recipe, config, parallel)
     clock.mark("build")
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     opt = recipe.optimizer
@@ -308,12 +309,12 @@ def _finished(run_dir: Path, steps: int) -> bool:
     return saved is not None and checkpoint_step(saved) >= steps - 1
 
 
-def _sequence_slices(parallel) -> tuple:
+def _sequence_slices(parallel: ParallelState) -> tuple:
     """(context slice, this rank's slice) of a (B, T, ...) tensor, each None where it is the whole: context
     parallelism cuts a row into cp contiguous chunks, tensor (sequence) parallelism each chunk into tp parts."""
     from openrecipes.parallel.tensor import local_sequence_slice
 
-    if parallel is None or max(parallel.tp_size, parallel.cp_size) == 1:
+    if max(parallel.tp_size, parallel.cp_size) == 1:
         return None, None
     cp_slice = (lambda t: local_sequence_slice(t, parallel.cp_mesh)) if parallel.cp_size > 1 else None
     if parallel.tp_size == 1:
@@ -336,7 +337,7 @@ def _profiled(run_dir: Path, sort: str | None, fn):
 
 
 def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, grads: GradientSync,
-               parallel=None, pipeline=None) -> dict:
+               parallel: ParallelState, pipeline=None) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
@@ -344,7 +345,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
-    if parallel is not None and parallel.dense_mesh is not None:  # data-parallel ranks hold different rows
+    if parallel.dense_mesh is not None:  # data-parallel ranks hold different rows
         dist.all_reduce(counts, group=parallel.dense_mesh.get_group())
     supervised, sum_doc_len_sq = counts.tolist()
     if supervised == 0:
@@ -381,7 +382,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
     grad_norm, clip_scale = grad_norm_and_clip_scale(
         grads.gradients(), recipe.optimizer.grad_clip,
-        stage_group=parallel.pp_group if parallel is not None and parallel.pp_size > 1 else None)
+        stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -401,7 +402,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)
         record["peak_memory_gib"], record["peak_reserved_gib"] = (peaks / 2**30).tolist()
-    if parallel is not None and parallel.pp_size > 1:
+    if parallel.pp_size > 1:
         record[PEAK_MEMORY_PER_STAGE] = peak_gib_per_stage(
             rank_peak_bytes(device, trace.peak_allocated() if device.type == "cuda" else None),
             parallel.pp_rank, parallel.pp_size, device)

@@ -46,8 +46,38 @@ def test_lora_example_trains_adapters_and_resumes_bitwise(tmp_path: Path) -> Non
     config = json.loads((tmp_path / "whole" / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     assert card_workflow(whole, {"workflow": "sft"}) == "lora"
+    _peft_loads_the_adapter_alone(tmp_path / "whole", tmp_path)
     card = workflow_card(tmp_path / "cut", tmp_path / "whole", tmp_path / "recipes", (1, 3)).card
     assert card.workload.workflow == "lora"
+
+
+def _peft_loads_the_adapter_alone(run_dir: Path, tmp_path: Path) -> None:
+    """A registry model's adapter names the base exported beside it: peft's auto class loads base and adapter from
+    the adapter directory alone, and computes the logits of the run's merged export."""
+    import os
+
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import Qwen3MoeForCausalLM
+
+    from openrecipes.checkpoint.training_export import export_training_checkpoint
+    from openrecipes.checkpoint.training_save import latest_checkpoint
+
+    config = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((run_dir / "base").resolve())
+    merged_dir = export_training_checkpoint(latest_checkpoint(run_dir), tmp_path / "merged")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    here = os.getcwd()
+    os.chdir(elsewhere)
+    try:
+        peft_model = AutoPeftModelForCausalLM.from_pretrained(run_dir / "adapter", torch_dtype=torch.float32).eval()
+    finally:
+        os.chdir(here)
+    merged = Qwen3MoeForCausalLM.from_pretrained(merged_dir, torch_dtype=torch.float32).eval()
+    ids = torch.randint(0, merged.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_lora_recipe_errors() -> None:

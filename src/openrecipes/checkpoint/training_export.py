@@ -33,16 +33,19 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int = 5 * 2**30,
                                overwrite: bool = False, dtypes: str = "source",
-                               expert_layout: str | None = None) -> Path:
+                               expert_layout: str | None = None, lora: str = "merged") -> Path:
     """Write the model of the training save ``ckpt_dir`` as a Hugging Face directory ``hf_dir``; returns it.
 
     ``dtypes="source"``: each tensor in the dtype the recipe trains it in (a bf16 recipe: bf16, except the tensors
     the model pins to fp32), whatever the layout stored (data-parallel runs keep fp32 masters); ``"native"``: the
-    dtypes the save holds. ``expert_layout``: "fused" or "per_expert" (None: the family's default).
+    dtypes the save holds. ``expert_layout``: "fused" or "per_expert" (None: the family's default). ``lora`` (a LoRA
+    run's save): "merged", the model it trained (base + s·BA); "base", the frozen base alone.
     """
     from openrecipes.config.recipe import load_recipe
     from openrecipes.models.families import family_for_config
 
+    if lora not in ("merged", "base"):
+        raise ValueError(f"lora must be 'merged' or 'base', got {lora!r}")
     if dtypes not in EXPORT_DTYPES:
         raise ValueError(f"dtypes must be one of {EXPORT_DTYPES}, got {dtypes!r}")
     ckpt_dir = Path(ckpt_dir)
@@ -67,6 +70,8 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
         apply_lora(model, LoraSpec.from_recipe(recipe))
     state = read_model_state(ckpt_dir, dict(model.named_parameters()))
     if recipe.lora is not None:
+        if lora == "base":  # B = 0 adds exactly nothing: the merge then returns the base under the base's names
+            state = {name: torch.zeros_like(t) if "lora_B" in name else t for name, t in state.items()}
         state = _merged_lora_state(model, state)
     if dtypes == "source":
         state = {name: tensor.to(expected[name].dtype) for name, tensor in state.items()}

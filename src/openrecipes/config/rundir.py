@@ -27,6 +27,9 @@ PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.p
 LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
 RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the step it took effect and the changes
 INPUTS_FILE = "inputs.json"       # what a fresh start read: sha256 of rows, base config.json, resolved recipe
+# a LoRA run of a registry model: its frozen base as a Hugging Face directory, which the adapter names, so PEFT
+# loads base and adapter from the adapter alone (an HF base directory is named as it is)
+BASE_EXPORT_DIR = "base"
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
 RUN_MARKER = ".openrecipes-run"   # written when train takes a directory: a populated one without it is not trained into

@@ -22,6 +22,7 @@ from openrecipes.models.common.precision import check_fp32_parameters
 from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
 from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train import engine
+from openrecipes.train.exports import adapter_base, export_hf, exports_base
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
 from openrecipes.train.rows_vocabulary import check_rows_vocabulary
@@ -30,8 +31,8 @@ from openrecipes.train.metrics import MetricsStream, truncate_after
 from openrecipes.train.stage_memory import MemoryTrace, build_peak_and_reset, peak_gib_per_stage, rank_peak_bytes
 from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
-from openrecipes.config.rundir import (ADAPTER_DIR, HF_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE, PROFILE_FILE,
-                                       RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
+from openrecipes.config.rundir import (ADAPTER_DIR, BASE_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE,
+                                       PROFILE_FILE, RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
                                        checkpoint_step, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.utils import atomic_write_text
@@ -257,7 +258,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 from openrecipes.checkpoint.lora import save_peft_adapter
 
                 with heartbeat.paused():
-                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / ADAPTER_DIR, base_model=recipe.model,
+                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / ADAPTER_DIR,
+                                      base_model=adapter_base(recipe, run_dir),
                                       write=parallel.rank == 0,
                                       stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
             if debug.stall_at == (rank, step):
@@ -267,18 +269,10 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         gc.enable()
         metrics.close()
     if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
-        _export_hf(run_dir)
+        export_hf(run_dir)
+    if exports_base(recipe) and last == recipe.steps - 1 and rank == 0:
+        export_hf(run_dir, BASE_EXPORT_DIR, lora="base")
     return run_dir
-
-
-def _export_hf(run_dir: Path) -> None:
-    """checkpoint.export_hf: the save of the last step as a Hugging Face directory, RUN_DIR/hf (replacing an earlier
-    export of this run). Rank 0 alone reads the save whole; the other ranks have finished."""
-    from openrecipes.checkpoint.training_export import export_training_checkpoint
-
-    saved = latest_checkpoint(run_dir)
-    out = export_training_checkpoint(saved, run_dir / HF_EXPORT_DIR, overwrite=True)
-    print(f"openrecipes train: exported {saved.name} to {out} (Hugging Face)", file=sys.stderr, flush=True)
 
 
 def _saved_message(saved: Path, run_dir: Path, *, finished: bool) -> str:

@@ -292,3 +292,18 @@ def test_every_run_has_a_parallel_state():
                  for path in sorted(ROOT.rglob("*.py"))
                  for number, line in enumerate(path.read_text().splitlines(), 1) if none_state.search(line)]
     assert offenders == [], "\n".join(offenders)
+
+
+def test_mfu_is_computed_in_one_place():
+    """6 · N (FLOPs per active parameter per token) is written once, in measure/metrics.py; plan/, cards/ and the
+    tuner call its functions."""
+    import re
+
+    formula = re.compile(r"\b6(?:\.0)?\s*\*\s*[\w.()\[\]\"']*(?:active|param|n_active)", re.IGNORECASE)
+    home = ROOT / "measure" / "metrics.py"
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                 for path in sorted(ROOT.rglob("*.py")) if path != home
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if formula.search(line.split("#")[0])]
+    assert offenders == [], "\n".join(offenders)
+    assert formula.search(home.read_text())  # the check sees the formula where it lives

@@ -1,5 +1,6 @@
-"""The tuner's --out: a directory an earlier run marked is reused, but a marker file makes no directory one the
-tuner may fill (apart from its start recipe, never a link, never the working directory)."""
+"""What the tuner refuses before anything runs: an --out a marker file does not make fillable (apart from its start
+recipe, never a link, never the working directory; a directory an earlier run marked is reused), and --max-parallel
+outside Slurm or below 1."""
 
 import os
 
@@ -43,3 +44,17 @@ def test_a_marked_link_or_working_directory_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(here)
     with pytest.raises(ValueError, match="current directory"):
         prepare_out(here, start)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-parallel", "2"], "--max-parallel 2: trials run one at a time on this machine"),
+    (["--max-parallel", "0", "--slurm", "1"], "--max-parallel: K must be >= 1, got 0"),
+])
+def test_max_parallel_is_refused_before_anything_runs(tmp_path, capsys, argv, message):
+    from openrecipes.cli import main
+
+    start = tmp_path / "start.yaml"
+    start.write_text("name: x\n")
+    assert main(["tune", str(start), "--gpus", "cpu", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

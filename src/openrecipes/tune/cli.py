@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                           remeasure=args.remeasure)
     if args.slurm is not None and args.slurm < 1:
         raise ValueError(f"--slurm: GPUS_PER_NODE must be >= 1, got {args.slurm}")
+    if args.max_parallel < 1:
+        raise ValueError(f"--max-parallel: K must be >= 1, got {args.max_parallel}")
     if args.max_parallel != 1 and args.slurm is None:
         raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
                          "several at once need --slurm")

@@ -217,3 +217,23 @@ def test_each_trial_records_and_prints_the_peak_the_search_expected(start_yaml, 
     assert expected == pytest.approx(Calibration().peak_gib(prediction))  # the first trial: no refit yet
     line = search.progress.stream.getvalue().splitlines()[-1]
     assert f"peak 12.5 GiB (predicted {expected:.1f}, {100 * (expected / 12.5 - 1):+.1f} %)" in line, line
+
+
+class LostNodeRunner(SyntheticRunner):
+    """The synthetic runner whose trials with debug.fail_at end as Slurm's lost node does."""
+
+    def run(self, trial, tick=None) -> Outcome:
+        outcome = super().run(trial, tick)
+        if outcome.failure == "crash":
+            return Outcome(failure="node_fail", detail="job 7: NODE_FAIL", wall_s=outcome.wall_s)
+        return outcome
+
+
+def test_a_cluster_failure_prunes_nothing(start_yaml, tmp_path):
+    """A node lost under a trial says nothing of its recipe: candidates making its changes stay in the search."""
+    search = _search(start_yaml, tmp_path / "out", LostNodeRunner(), trials=2)
+    search.options.tries = ("kernels.attention=sdpa debug.fail_at=[1,3]",)
+    search.run()
+    lost = search.tried[next(k for k in search.tried if k != "start")]
+    assert search.journal.find(lost.key)["failure"]["class"] == "node_fail"
+    assert search._failed_like(replace(lost, changes={**lost.changes, "layout.rows_per_microbatch": 2})) is None

@@ -154,15 +154,21 @@ def run(args: argparse.Namespace) -> int:
 
     checks = {"convergence": conv_status, "numerics rules": rules_status, "optimizer component test": optimizer_status,
               "recipe card": card_status, "verification item": item_status, "site": site_status}
-    summary = {"device": where, "steps": args.steps, "seconds": round(time.perf_counter() - started, 1),
-               "runs": {name: {k: measured[name].get(k) for k in ("tokens_per_s_per_gpu", "step_time_cv", "gpus")}
-                        for name in measured},
-               "final_loss": {name: _last_loss(runs / name) for name in ("reference", "candidate")},
-               "checks": {name: "pass" if status == 0 else "FAIL" for name, status in checks.items()},
-               "what_it_shows": shows}
+    summary = _summary(where, args.steps, round(time.perf_counter() - started, 1), measured, runs, checks, shows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out, card)
     return 0 if all(status == 0 for status in checks.values()) else 1
+
+
+def _summary(where: str, steps: int, seconds: float, measured: dict[str, dict], runs: Path, checks: dict[str, int],
+             shows: str) -> dict:
+    """summary.json: both runs' numbers and final losses, each check's verdict, and what the demo shows."""
+    return {"device": where, "steps": steps, "seconds": seconds,
+            "runs": {name: {k: measured[name].get(k) for k in ("tokens_per_s_per_gpu", "step_time_cv", "gpus")}
+                     for name in measured},
+            "final_loss": {name: _last_loss(runs / name) for name in ("reference", "candidate")},
+            "checks": {name: "pass" if status == 0 else "FAIL" for name, status in checks.items()},
+            "what_it_shows": shows}
 
 
 def what_it_shows(measured: dict[str, dict], *, nproc: int, gpus: int) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import rows_directory
+from openrecipes.tune import budget
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
@@ -41,11 +42,6 @@ from openrecipes.verify.rules import compare_recipes
 
 ROWS_DIR = "rows"
 TWO_KNOB_SEEDS = 4  # one-knob neighbours that seed two-knob moves
-# verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
-# (the component test took 11.6 s on two CPU cores; on one H200 210 s at the full CUDA shape, which the tuner no
-# longer runs (tune/verification.py TUNER_COMPONENT_TEST); 60 s holds its eighth of the expert weights)
-VERIFY_FIXED_S = {"cpu": 30.0, "gpu": 60.0}
-CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 
 
 @dataclass(kw_only=True)
@@ -337,35 +333,26 @@ class Search:
         if start is None:
             return 0.0
         if not self.searching:
-            return CARD_S
+            return budget.CARD_S
         best = self._best()
         best_wall = self._measured(best[0].key)["wall_s"] if best and best[0].key != "start" else 0.0
         winner_wall = max(best_wall, next_wall_s)
         if not winner_wall:
-            return CARD_S  # nothing but the start was measured: nothing to remeasure
-        # one remeasured pair is the least an honest gain needs; more are taken after the search as time allows
-        return min(1, self.options.remeasure) * (start["wall_s"] + winner_wall) + self._verify_fixed_s()
-
-    def _verify_fixed_s(self) -> float:
-        return VERIFY_FIXED_S["cpu" if self.target.is_cpu else "gpu"]
+            return budget.CARD_S  # nothing but the start was measured: nothing to remeasure
+        return budget.pairs_reserve_s(start["wall_s"], winner_wall, self.options.remeasure, self.target.is_cpu)
 
     def remeasure_pairs(self, winner: dict[str, Any]) -> int:
-        """How many (start, winner) pairs to measure again: as many as ``--remeasure`` asks that the time left
-        holds after the rest of verification, and at least one."""
+        """``budget.remeasure_pairs`` for this search's start and ``winner``."""
         pair = self._measured("start")["wall_s"] + winner["wall_s"]
-        fits = int((self.progress.left_s() - self._verify_fixed_s()) // max(pair, 1e-9))
-        return max(min(1, self.options.remeasure), min(self.options.remeasure, fits))
+        return budget.remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
 
     def estimated_wall_s(self, prediction: Prediction | None) -> float:
-        """A trial's expected wall time: the start's cost before and around its steps plus the predicted steps."""
+        """A trial's expected wall time (``budget.estimated_wall_s``); 0 before the start was measured."""
         start = self._measured("start")
         if start is None:
             return 0.0
-        steps = self.options.trial_steps
-        fixed = max(0.0, start["wall_s"] - steps * start["measured"]["step_time_mean_s"])
-        if prediction is None:
-            return start["wall_s"]
-        return fixed + steps * self.calibration.step_time_s(prediction)
+        step_time = self.calibration.step_time_s(prediction) if prediction is not None else None
+        return budget.estimated_wall_s(start, self.options.trial_steps, step_time)
 
     def within_budget(self, prediction: Prediction | None = None) -> bool:
         wall = self.estimated_wall_s(prediction)

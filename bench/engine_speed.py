@@ -7,6 +7,7 @@ Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-18; p
   accum8_bal   8 single-document rows per step (8 microbatches of 1 row, gradient accumulation), balanced
   dp2_bal      two GPUs, FSDP2 data parallel, one packed row per GPU per step (fp32 masters sharded)
   dp2ep2_bal   two GPUs, expert parallel 2 inside DP2 (all-to-all dispatch)
+  *_lora       rank-16 LoRA on q/k/v/o and every routed expert, frozen bf16 base; lora48: all 48 layers
   *_pa_*       the precision-aware optimizer sharded by FSDP2 (bf16 params + int16 remainders, bf16 moments);
                _off: half of the optimizer on the CPU; tp2 / cp2: two GPUs share each row; dp4*, tp2dp2ep4: 4 GPUs
 Recipe: bf16, full recompute (uniform, 1 layer) unless the variant says otherwise, precision-aware Adam (int16 remainders, bf16 moments; the
@@ -83,11 +84,19 @@ VARIANTS = {
                           overrides=MUSE_4L16E),
     "muse4l16e_bal_c": dict(packed=False, rows_per_step=1, balanced=True, model="muse-spark-open-816b-a42b",
                             overrides=MUSE_4L16E, compile=True),
+    # LoRA rank 16 on q/k/v/o and every routed expert of a frozen bf16 base, beside full fine-tuning at the same shape
+    "single_bal_c_lora": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True),
+    "single_bal_c_none_lora": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="none",
+                                   lora=True),
+    # all 48 layers of Qwen3-30B-A3B under LoRA, compiled (one compiled block class for every layer)
+    "lora48_bal_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48, steps=12),
     # the 8-GPU seed layout's settings on 4 GPUs: all 48 layers, EP4 DP4, 16,384 tokens per GPU (2 rows)
     "seed48_dp4ep4_pa_bal": dict(packed=True, rows_per_step=8, rows_per_microbatch=2, balanced=True, nproc=4,
                                  ep=4, precision_aware=True, layers=48),
 }
 
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
 
 PROFILED = ("muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
@@ -149,7 +158,9 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
                       "moment_dtype": "bf16" if spec.get("precision_aware", nproc == 1) else "fp32"},
         "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
-        "logging": {"progress": True}, "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
+        "logging": {"progress": True},
+        **({"lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS}} if spec.get("lora") else {}),
+        "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
                         "profile_step": steps - 1 if name in PROFILED else None},
     }
     run_dir = Path(tree["run_dir"])

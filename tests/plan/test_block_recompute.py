@@ -29,9 +29,11 @@ def test_block_recompute_lies_between_none_and_every_layer():
     peaks = [none.peak_memory_gib] + [b.peak_memory_gib for b in blocks]
     steps = [none.throughput.step_time_s] + [b.throughput.step_time_s for b in blocks] + [full.throughput.step_time_s]
     assert all(a > b for a, b in zip(peaks, peaks[1:])), peaks  # each recomputed layer frees memory
-    # all but one layer: the last layer's activations are freed before the first ones are recomputed, so the peak is
-    # within one layer's input (16 MiB at 8,192 tokens) of recomputing every layer
-    assert abs(peaks[-1] - full.peak_memory_gib) < 0.05
+    # all but one layer, two microbatches: the loss of the second runs beside the gradient accumulators and the one
+    # layer left out keeps every activation then, so the peak is that layer's activations (an eighth of what no
+    # recompute keeps over recomputing every layer) above recomputing every layer
+    one_layer = (none.peak_memory_gib - full.peak_memory_gib) / LAYERS
+    assert abs(peaks[-1] - full.peak_memory_gib - one_layer) < 0.05 * one_layer
     assert all(a < b for a, b in zip(steps, steps[1:])), steps  # and costs a forward
     every = _plan("full", "block", LAYERS)
     same = abs(every.peak_memory_gib - full.peak_memory_gib) < 1e-9

@@ -42,6 +42,13 @@ ENGINES = ("megatron", "openrecipes")
 # fp32 log-softmax (4 B) are alive together for a moment, 6 B stay for the backward. 8 B is fitted to the memory
 # phases of our DP2-EP2 and DP4-EP4 runs (both rise 15.4 GiB above the resident state; docs/plan.md).
 OPENRECIPES_LOGITS_BYTES = 8
+# Compiled blocks (kernels.compile) fuse the LM head's output into the loss: bytes per logits element alive at the
+# loss, measured on one H200 (8 layers at Qwen3-30B-A3B widths, 1 and 4 rows of 8,192 tokens per microbatch; the
+# memory-knob calls in BENCHMARKS.md)
+OPENRECIPES_COMPILED_LOGITS_BYTES = 1.0
+# Compiled blocks also save fewer tensors for the backward of the layers they keep (fused elementwise work): the share
+# of the eager activations a layer without full recompute keeps, from the same measurements
+OPENRECIPES_COMPILED_ACTIVATION_SHARE = 0.85
 # A training process's own host memory besides what it offloads (Python, torch and CUDA libraries, the rows it reads):
 # an allowance. A CPU process of the tiny model peaks near 0.3 GiB (measured); a CUDA process's host side is not
 # measured here. The offloaded state dominates whenever host memory is short.
@@ -61,6 +68,7 @@ class TrainingSetup:
     train_projection: bool = True  # this engine: an image model's projection trains (its towers never do)
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
+    compiled: bool = False  # kernels.compile: this engine's compiled blocks and fused loss
     # recompute applies to the first this many layers of each stage, the rest keep every activation (the block
     # method); None: every layer (uniform)
     recompute_layers: int | None = None
@@ -206,11 +214,14 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     tokens = layout.max_tokens_per_gpu
     h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
     lora = setup.lora
+    compiled = setup.compiled and setup.engine == "openrecipes"
     full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance, lora)
     if setup.recompute == "full":
         stored_per_layer = 2 * shape.hidden * h_tokens  # the checkpointed layer input
     else:
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
+        if compiled:
+            stored_per_layer *= OPENRECIPES_COMPILED_ACTIVATION_SHARE
     working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
     kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
     stages = []
@@ -237,8 +248,10 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP); the chunked
             # loss holds one chunk's and an fp32 accumulator of the head's weight gradient
             logit_tokens = min(tokens, setup.loss_chunk_tokens) if setup.loss_chunk_tokens else tokens
-            logits = logit_tokens * shape.vocab / layout.tp * (
-                OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4)
+            per_element = OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4
+            if compiled and not setup.loss_chunk_tokens:
+                per_element = OPENRECIPES_COMPILED_LOGITS_BYTES
+            logits = logit_tokens * shape.vocab / layout.tp * per_element
             if setup.loss_chunk_tokens:
                 logits += 4 * shape.lm_head_params / layout.tp
             transient = max(stage_working, logits)
@@ -249,6 +262,9 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             if layout.pp == 1 and m == 1:
                 buffers, transient = _openrecipes_peak_moment(transient, stage_working, weights["grads"] * GIB,
                                                               mem.fixed_overhead_gib * GIB)
+            elif layout.pp == 1:
+                # several microbatches: from the second on, the loss runs beside every gradient accumulator
+                transient = max(transient, stage_working)
             else:
                 # gradients exist only from the backward on (they are freed after each step), when the logits are
                 # already gone: the peak is the larger of the two, not their sum

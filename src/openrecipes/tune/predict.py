@@ -14,10 +14,9 @@ candidate's step time is the eager one divided by ``compile_speedup``, a prior f
 measured effect) that the refit replaces once eager and compiled trials were both measured.
 
 Memory is corrected by an offset: the mean of measured peak minus predicted allocated memory of the trials that
-measured one (GPUs), the planner's error being mostly a fixed amount (the measured table in BENCHMARKS.md). Compiled
-blocks fuse the loss and hold less than eager ones: a compiled candidate's offset is the eager one less
-``compiled_saving_bytes`` per logits element, a prior from the measured grid that the refit replaces once both kinds
-were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to need
+measured one (GPUs), the planner's error being mostly a fixed amount (the measured table in BENCHMARKS.md). The
+planner models compiled blocks' fused loss; what compiled candidates still differ by is a residual of
+``compiled_saving_bytes`` per logits element, fitted once both kinds were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to need
 as much memory or more is refused ("above a measured out-of-memory").
 """
 
@@ -43,10 +42,11 @@ CPU = "cpu"
 # measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
 # recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
 COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170}
-# bytes per logits element (last-stage tokens x vocabulary) that compiled blocks hold less than eager ones at the
-# peak: the 18-layer grid on one H200 (BENCHMARKS.md) measured eager runs 7.8 GiB above the planner and compiled ones
-# 1.8 GiB below it, 9.6 GiB apart at 8,192 x 151,936 logits
-COMPILED_SAVING_BYTES_PRIOR = {"H200": 8.3}
+# bytes per logits element (last-stage tokens x vocabulary) that compiled blocks hold less than eager ones at the peak
+# beyond what the planner already models (plan/memory.py counts the fused loss and the fewer saved tensors of compiled
+# blocks, from the memory-knob measurements on one H200): no residual is known, so no target has a prior; the refit
+# fits one once eager and compiled trials were both measured
+COMPILED_SAVING_BYTES_PRIOR: dict[str, float] = {}
 # the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
 MEMORY_MARGIN = 0.05
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two

@@ -148,6 +148,11 @@ class Calibration:
     def peak_gib(self, p: Prediction) -> float:
         return p.peak_reserved_gib + self.offset_gib(p)
 
+    def allocated_gib(self, p: Prediction) -> float:
+        """The peak allocated memory expected (what a trial measures), where ``peak_gib`` adds the allocator's
+        reserve that must fit the device."""
+        return p.allocated_gib + self.offset_gib(p)
+
     def above_out_of_memory(self, p: Prediction) -> bool:
         return (self.out_of_memory_gib is not None
                 and p.peak_reserved_gib >= self.out_of_memory_gib * (1.0 - OUT_OF_MEMORY_TOLERANCE))

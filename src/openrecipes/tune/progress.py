@@ -100,7 +100,8 @@ class Progress:
 def _memory_text(measured: dict, prediction: dict | None) -> str:
     """The trial's peak memory beside the one the search expected for it, when both are known."""
     peak = measured.get("peak_memory_gib")
-    expected = (prediction or {}).get("calibrated_peak_gib")
+    # allocated against allocated: the measured peak is torch's peak allocated memory
+    expected = (prediction or {}).get("calibrated_allocated_gib")
     if not peak:
         return ""
     if not expected:

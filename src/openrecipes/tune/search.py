@@ -293,7 +293,8 @@ class Search:
                        timeout_s=self._timeout(phase), window=self.window)
         return OpenTrial(index=index, key=key, phase=phase, candidate=candidate, label=label, prediction=prediction,
                          calibrated=calibrated, calibration=self.calibration.to_dict(), run=run,
-                         calibrated_peak_gib=self.calibration.peak_gib(prediction) if prediction else None)
+                         calibrated_peak_gib=self.calibration.peak_gib(prediction) if prediction else None,
+                         calibrated_allocated_gib=self.calibration.allocated_gib(prediction) if prediction else None)
 
     def _close_trial(self, opened: OpenTrial, outcome: Outcome) -> dict[str, Any]:
         record = trial_record(opened, outcome, out=self.out, trial_steps=self.options.trial_steps,

@@ -29,7 +29,8 @@ class OpenTrial:
     label: str
     prediction: Prediction | None
     calibrated: float | None  # the prediction under the refit it was ranked with
-    calibrated_peak_gib: float | None  # the peak memory the search expected, under that refit
+    calibrated_peak_gib: float | None  # the peak reserved memory the search expected, under that refit
+    calibrated_allocated_gib: float | None  # the peak allocated memory it expected (what the trial measures)
     calibration: dict[str, Any]  # that refit
     run: TrialRun
 
@@ -43,6 +44,7 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
         "label": opened.label, "layout": candidate.recipe.layout.label(),
         "prediction": None if prediction is None else {**prediction.to_dict(), "calibrated_tokens_per_s_per_gpu":
                                                       opened.calibrated, "calibrated_peak_gib": opened.calibrated_peak_gib,
+                                                      "calibrated_allocated_gib": opened.calibrated_allocated_gib,
                                                       "calibration": opened.calibration},
         "status": "ok" if outcome.ok else "failed",
         "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},

@@ -11,17 +11,7 @@ TORCH_LOGS=recompiles timeout 330 python3 bench/engine_speed.py --out $OUT/engin
 grep -E "RESULT|Recompil|recompile|cache_size_limit|Error" /tmp/engine_lora.log | cut -c1-300 | sort | uniq -c | head -40 | tee $OUT/engine_lora_log.txt
 timeout 120 python3 .peers/hf_peft_bench.py --balanced --out $OUT/peft.jsonl > /tmp/peft.log 2>&1; tail -3 /tmp/peft.log
 [ -f tune-rows/manifest.json ] || source bench/tune18_rows.sh
-base="--set model_overrides.num_hidden_layers=8 --set offload.fraction=0 --set steps=3 --set recompute.granularity=full"
-while read -r name sets; do
-  start=$(date +%s)
-  [ $((start - T0)) -gt 520 ] && { echo "skipped $name: the call's time is spent"; continue; }
-  timeout 90 python3 -m openrecipes train bench/tune_h200_18l_start.yaml $base $sets --set run_dir=runs/mem-$name \
-    > /tmp/mem-$name.log 2>&1
-  rc=$?
-  peak=$(python3 -c "import json; print(max((json.loads(l).get('peak_memory_gib') or 0) for l in open('runs/mem-$name/metrics.jsonl')))" 2>/dev/null || echo null)
-  echo "{\"variant\": \"$name\", \"sets\": \"$sets\", \"exit\": $rc, \"wall_s\": $(( $(date +%s) - start )), \"measured_peak_gib\": $peak}" >> $OUT/memory_knobs2_measured.jsonl
-  [ $rc = 0 ] || tail -2 /tmp/mem-$name.log
-done <<'VARIANTS'
+source bench/memory_knob_runs.sh $OUT/memory_knobs2_measured.jsonl 520 90 <<'VARIANTS'
 full-r2 --set layout.rows_per_microbatch=2 --set layout.max_tokens_per_gpu=16384
 none-r2 --set recompute.granularity=none --set layout.rows_per_microbatch=2 --set layout.max_tokens_per_gpu=16384
 full-r4 --set layout.rows_per_microbatch=4 --set layout.max_tokens_per_gpu=32768

@@ -8,17 +8,7 @@ T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 [ -f tune-rows/manifest.json ] || source bench/tune18_rows.sh
-base="--set model_overrides.num_hidden_layers=8 --set offload.fraction=0 --set steps=3 --set recompute.granularity=full"
-while read -r name sets; do
-  start=$(date +%s)
-  [ $((start - T0)) -gt 500 ] && { echo "skipped $name: the call's time is spent"; continue; }
-  timeout 120 python3 -m openrecipes train bench/tune_h200_18l_start.yaml $base $sets --set run_dir=runs/mem-$name \
-    > /tmp/mem-$name.log 2>&1
-  rc=$?
-  peak=$(python3 -c "import json; print(max((json.loads(l).get('peak_memory_gib') or 0) for l in open('runs/mem-$name/metrics.jsonl')))" 2>/dev/null || echo null)
-  echo "{\"variant\": \"$name\", \"sets\": \"$sets\", \"exit\": $rc, \"wall_s\": $(( $(date +%s) - start )), \"measured_peak_gib\": $peak}" >> $OUT/memory_knobs_measured.jsonl
-  [ $rc = 0 ] || tail -3 /tmp/mem-$name.log
-done <<'VARIANTS'
+source bench/memory_knob_runs.sh $OUT/memory_knobs_measured.jsonl 500 120 <<'VARIANTS'
 full-r1
 none-r1 --set recompute.granularity=none
 selective-r1 --set recompute.granularity=selective

@@ -14,8 +14,9 @@ from openrecipes.tune.predict import Planner, Target
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = json.loads((ROOT / "bench/results/2026-12-02-memory-knobs-h200.json").read_text())
 TARGET = 0.05
-# where the planner is known to miss by more than the target (BENCHMARKS.md says why): the eager unchunked loss of
-# several rows per microbatch holds more per logits element than of one row
+# where the planner is known to miss by more than the target (BENCHMARKS.md): the eager unchunked loss of several
+# rows per microbatch holds more per logits element than of one row (full-r2, full-r4, under-predicted), and the
+# chunked loss without recompute holds less than predicted (chunk2048-none-r2)
 KNOWN_MISSES = {"full-r4": 0.16, "full-r2": 0.07, "chunk2048-none-r2": 0.09}
 
 

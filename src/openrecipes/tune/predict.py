@@ -15,9 +15,10 @@ measured effect) that the refit replaces once eager and compiled trials were bot
 
 Memory is corrected by an offset: the mean of measured peak minus predicted allocated memory of the trials that
 measured one (GPUs), the planner's error being mostly a fixed amount (the measured table in BENCHMARKS.md). The
-planner models compiled blocks' fused loss; what compiled candidates still differ by is a residual of
-``compiled_saving_bytes`` per logits element, fitted once both kinds were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to need
-as much memory or more is refused ("above a measured out-of-memory").
+planner models compiled blocks' fused loss and their fewer saved tensors (plan/memory.py), so no prior is kept; what
+compiled candidates still differ by is a residual of ``compiled_saving_bytes`` per logits element, fitted once both
+kinds were measured. An out-of-memory trial is a measurement too: it bounds its region, every candidate predicted to
+need as much memory or more is refused ("above a measured out-of-memory").
 """
 
 from __future__ import annotations
@@ -42,11 +43,6 @@ CPU = "cpu"
 # measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
 # recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
 COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170}
-# bytes per logits element (last-stage tokens x vocabulary) that compiled blocks hold less than eager ones at the peak
-# beyond what the planner already models (plan/memory.py counts the fused loss and the fewer saved tensors of compiled
-# blocks, from the memory-knob measurements on one H200): no residual is known, so no target has a prior; the refit
-# fits one once eager and compiled trials were both measured
-COMPILED_SAVING_BYTES_PRIOR: dict[str, float] = {}
 # the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
 MEMORY_MARGIN = 0.05
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
@@ -249,7 +245,6 @@ class Planner:
         self.row_tokens = row_tokens
         # None: no measured effect of compiled blocks on this target; compile is then explored around the best
         self.compile_prior: float | None = None if target.is_cpu else COMPILE_SPEEDUP_PRIOR.get(target.gpu_type)
-        self.saving_prior = 0.0 if target.is_cpu else COMPILED_SAVING_BYTES_PRIOR.get(target.gpu_type, 0.0)
 
     def refusal(self, recipe: Recipe) -> str | None:
         """Why train would refuse the recipe's layout (the rules train applies), or None."""

@@ -102,8 +102,7 @@ class Search:
         measured_under = settings_sha256({**settings, "rows_sha256": manifest.get("parquet_sha256")})
         self.journal = Journal(self.out, measured_under=measured_under, window=self.window)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
-        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0,
-                                       compiled_saving_bytes=self.planner.saving_prior)
+        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
         self.refused: dict[str, str] = {}
         self.pruned: list[dict[str, Any]] = []
@@ -316,8 +315,7 @@ class Search:
             elif record["failure"]["class"] == "out_of_memory":
                 out_of_memory.append(Prediction(**raw))
         prior = self.planner.compile_prior or 1.0
-        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior,
-                                           saving_prior=self.planner.saving_prior)
+        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior)
         self.progress.reserve_s = self.reserve_s()
 
     # ---- the budget -------------------------------------------------------------------------------------------

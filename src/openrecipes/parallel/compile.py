@@ -12,6 +12,7 @@ Each block is compiled with ``nn.Module.compile``: its forward and parameter nam
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -24,3 +25,16 @@ def apply_compile(blocks: list[nn.Module], *, recomputed: list[nn.Module]) -> in
         # the CUDA grouped-GEMM path traces whole
         block.compile()
     return len(chosen)
+
+
+def inputs_require_grad(embedding: nn.Module) -> None:
+    """Make a frozen embedding's output require grad while gradients are on. Dynamo guards a compiled frame on
+    whether its input requires grad: on a frozen base (LoRA) the first layer's input would be the one that does not,
+    and its block would compile a second time. The price is that first layer's input gradient, which is discarded."""
+
+    def require_grad(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and not output.requires_grad:
+            return output.requires_grad_()
+        return output
+
+    embedding.register_forward_hook(require_grad)

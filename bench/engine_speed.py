@@ -90,6 +90,24 @@ VARIANTS = {
                                    lora=True),
     # all 48 layers of Qwen3-30B-A3B under LoRA, compiled (one compiled block class for every layer)
     "lora48_bal_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48, steps=12),
+    # long rows: one document of 32K-128K tokens per row, compiled, the loss in chunks of 8,192 tokens; the attention
+    # path and the recompute choice per variant
+    "long32k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768, loss_chunk=8192,
+                      steps=12),
+    "long32k_c_varlen": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                             loss_chunk=8192, attention="varlen", steps=12),
+    "long32k_c_experts": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                              loss_chunk=8192, recompute="experts", steps=12),
+    "long32k_c_none": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                           loss_chunk=8192, recompute="none", steps=12),
+    "long32k_c_none_nochunk": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                                   recompute="none", steps=12),
+    "long32k_c_packed": dict(packed=True, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                             loss_chunk=8192, steps=12),
+    "long64k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=65536, loss_chunk=8192,
+                      steps=8),
+    "long128k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=131072,
+                       loss_chunk=8192, steps=8),
     # the 8-GPU seed layout's settings on 4 GPUs: all 48 layers, EP4 DP4, 16,384 tokens per GPU (2 rows)
     "seed48_dp4ep4_pa_bal": dict(packed=True, rows_per_step=8, rows_per_microbatch=2, balanced=True, nproc=4,
                                  ep=4, precision_aware=True, layers=48),
@@ -98,7 +116,7 @@ VARIANTS = {
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
 
-PROFILED = ("muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("long32k_c", "long32k_c_none", "muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -152,7 +170,8 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
                    "tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "sequence_parallel": spec.get("tp", 1) > 1},
         "offload": {"fraction": spec.get("offload", 0.0), "update": spec.get("offload_update", "device")},
         "recompute": {"granularity": spec.get("recompute", "full"), "method": "uniform", "num_layers": 1},
-        "kernels": {"compile": spec.get("compile", False)},
+        "kernels": {"compile": spec.get("compile", False), "attention": spec.get("attention", "auto"),
+                    "loss_chunk_tokens": spec.get("loss_chunk", 0)},
         "optimizer": {"lr": 1e-5, "min_lr": 1e-6, "warmup_fraction": 0.1, "weight_decay": 0.1,
                       "betas": [0.9, 0.98], "grad_clip": 1.0, "precision_aware": spec.get("precision_aware", nproc == 1),
                       "moment_dtype": "bf16" if spec.get("precision_aware", nproc == 1) else "fp32"},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -190,13 +191,20 @@ def test_a_gain_inside_the_noise_is_no_faster_recipe(start_yaml, tmp_path, monke
     monkeypatch.setattr("openrecipes.tune.runner.LocalRunner", runner_class)
     out = tmp_path / "out"
     code = main(["tune", str(start_yaml), "--gpus", "cpu", "--trials", "5", "--trial-steps", "8", "--out", str(out)])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed, progress = captured.out, captured.out + captured.err
     assert code == 0
     assert "no faster recipe found" in printed and "the start stays as it is" in printed
     assert not (out / "recipes").exists()  # no card against itself
     remeasured = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()
                   if json.loads(line)["phase"] == "remeasure"]
     assert len(remeasured) == 4  # start, winner, start, winner
+    # the trial named for remeasurement is numbered as its own progress lines number it (from 1)
+    named = int(re.search(r"measuring the start and trial (\d+) again", progress).group(1))
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    winner = next(r for r in records if r["index"] == named - 1)
+    assert winner["phase"] != "remeasure" and winner["changes"], winner
+    assert f"trial {named}/5: " in progress
 
 
 class PeakRunner(SyntheticRunner):

@@ -99,13 +99,13 @@ def _tune(search, options, progress) -> int:
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
     for verdict in failed:
-        progress.say(f"trial {verdict.record['index']} failed verification: {'; '.join(verdict.failures)}; "
+        progress.say(f"trial {verdict.record['index'] + 1} failed verification: {'; '.join(verdict.failures)}; "
                      "trying the next fastest")
     gain = ablations = None
     if winner is not None:
         pairs = search.remeasure_pairs(winner.record)
         held = "" if pairs == options.remeasure else f" of the {options.remeasure} asked: the budget holds {pairs}"
-        progress.say(f"measuring the start and trial {winner.record['index']} again, interleaved "
+        progress.say(f"measuring the start and trial {winner.record['index'] + 1} again, interleaved "
                      f"({pairs} pairs{held})")
         gain = remeasure(search, winner.record, pairs)
         if gain.faster:

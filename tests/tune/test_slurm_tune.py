@@ -1,6 +1,6 @@
-"""``openrecipes tune --slurm`` as a user runs it, against a real controller: Ctrl-C (SIGINT) cancels the trial's job,
-a rerun after the tuner was killed follows the job it left queued or running instead of submitting it again, and
-``--max-parallel 2`` runs two search trials' jobs at the same time. Skipped without a controller unless
+"""``openrecipes tune --slurm`` as a user runs it, against a real controller: Ctrl-C (SIGINT) cancels the trial's job
+(with ``--max-parallel 2``, both running jobs), a rerun after the tuner was killed follows the job it left queued or
+running instead of submitting it again, and ``--max-parallel 2`` runs two search trials' jobs at the same time. Skipped without a controller unless
 OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
 
 from __future__ import annotations
@@ -115,3 +115,29 @@ def test_max_parallel_runs_search_trials_side_by_side(slurm_cluster, one_worker_
     records = [json.loads(line) for line in (out / TRIALS_FILE).read_text().splitlines()]
     journal = Journal(out, measured_under=records[0]["measured_under"], window=(1, 2))
     assert len({r["key"] for r in journal.records}) == len(journal.records) >= 3
+
+
+@pytest.mark.slow  # the start trial trains before the two search trials' jobs run
+def test_ctrl_c_with_two_trials_running_cancels_both_jobs(slurm_cluster, one_worker_start, tmp_path):
+    out = tmp_path / "out"
+    # 20 steps a trial (the last --trial-steps counts): the two jobs run long enough to be seen running together
+    tuner = _tuner(_tune_args(one_worker_start, out, "--trials", "3", "--max-parallel", "2", "--trial-steps", "20"),
+                   out)
+    running: dict[str, str] = {}
+    deadline = time.monotonic() + 2 * START_WAIT_S
+    while len(running) < 2 and time.monotonic() < deadline:
+        assert tuner.poll() is None, tuner.communicate()[0]
+        for job_file in (out / TRIALS_DIR).glob("00[12]-*/" + JOB_FILE):
+            job_id = json.loads(job_file.read_text())["job_id"]
+            if job_state(job_id).state == "RUNNING":
+                running[job_file.parent.name] = job_id
+        time.sleep(POLL_S)
+    assert len(running) == 2, f"two search trials' jobs did not run at once within {2 * START_WAIT_S} s: {running}"
+    tuner.send_signal(signal.SIGINT)
+    output = tuner.communicate(timeout=60)[0]
+    assert tuner.returncode != 0, output
+    for job_id in running.values():
+        assert follow(job_id, poll_s=POLL_S, deadline_s=60).state == "CANCELLED", job_id
+    queued = set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30,
+                                check=True).stdout.split())  # pending, running and completing jobs only
+    assert not queued & set(running.values()), queued

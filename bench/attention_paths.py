@@ -5,7 +5,8 @@ packed documents (200-1,800 tokens each, causal within each). Paths: SDPA's cuDN
 kernel), flash varlen over cu_seqlens, FlexAttention (compiled, block mask), and the engine's own ``attention``
 with each ``kernels.attention`` value. Each figure is the median of several timed calls after warm-up; TFLOP/s
 counts the useful (causal, in-document) query-key pairs, forward + backward = 3.5 x the forward's 4·pairs·D·H.
-Every path's output is compared with the cuDNN path's (max abs difference) so a fast wrong path shows.
+Every path's output is compared with the first path's of its case (cuDNN for one document, the engine's ``auto``
+for packed documents; max abs difference), so a fast wrong path shows.
 
 Usage: python bench/attention_paths.py --out attention.json [--lengths 8192,32768,65536,131072]
 """

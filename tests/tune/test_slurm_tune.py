@@ -1,7 +1,7 @@
 """``openrecipes tune --slurm`` as a user runs it, against a real controller: Ctrl-C (SIGINT) cancels the trial's job
 (with ``--max-parallel 2``, both running jobs), a rerun after the tuner was killed follows the job it left queued or
-running instead of submitting it again, and ``--max-parallel 2`` runs two search trials' jobs at the same time. Skipped without a controller unless
-OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
+running instead of submitting it again, and ``--max-parallel 2`` runs two search trials' jobs at the same time.
+Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def parallelize(model: nn.Module, parallel: ParallelState, options: ParallelizeO
         eager = recomputed + [block for block in blocks if any(m in recomputed for m in block.modules())
                               or isinstance(getattr(block, "backend", None), RecomputedAttentionCore)]
         apply_compile(blocks, recomputed=eager)
-        embedding = model.get_submodule(plan.embedding) if _holds(model, plan.embedding) else None
+        embedding = plan.part(model, plan.embedding)
         if embedding is not None and not any(p.requires_grad for p in embedding.parameters()):
             inputs_require_grad(embedding)
     if distributed and parallel.dense_mesh is not None:
@@ -139,12 +139,3 @@ def set_trainable(model: nn.Module, *, frozen: tuple[str, ...], trained: tuple[s
             module = getattr(model.get_submodule(parent) if parent else model, name)  # AttributeError names it
             for param in module.parameters() if module is not None else ():
                 param.requires_grad_(value)
-
-
-def _holds(model: nn.Module, path: str) -> bool:
-    """Whether ``model`` still holds a module at ``path`` (a pipeline stage drops, i.e. sets to None, what it does
-    not run)."""
-    try:
-        return model.get_submodule(path) is not None
-    except AttributeError:
-        return False

@@ -40,7 +40,8 @@ def loss_and_grads(dtype: torch.dtype, compiled: bool, granularity: str, packed:
     return loss.item(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("granularity,packed", [("full", False), ("selective", True), ("none", True)])
+@pytest.mark.parametrize("granularity,packed", [("full", False), ("selective", True), ("none", True),
+                                                      ("full_keep_attention", False), ("full_keep_attention", True)])
 def test_compiled_blocks_round_no_worse_than_eager(granularity, packed):
     ref_loss, ref = loss_and_grads(torch.float32, False, granularity, packed)
     eager_loss, eager = loss_and_grads(torch.bfloat16, False, granularity, packed)

@@ -49,6 +49,7 @@ def test_each_recompute_variant_keeps_less_and_computes_the_same(make_recipe):
     none = _step(base, batch)
     kept = {}
     for granularity, method, layers in [("full", "uniform", 1), ("full", "block", 2), ("selective", "uniform", 1),
+                                        ("full_keep_attention", "uniform", 1), ("full_keep_attention", "block", 2),
                                         ("attention_core", "uniform", 1), ("experts", "uniform", 1),
                                         ("experts", "block", 2)]:
         recipe = make_recipe(recompute={"granularity": granularity, "method": method, "num_layers": layers})

@@ -51,7 +51,7 @@ def synthetic_step_time(recipe) -> float:
     rows = recipe.layout.rows_per_microbatch or max(1, recipe.layout.max_tokens_per_gpu * recipe.layout.cp // 256)
     microbatches = recipe.global_batch // recipe.layout.dp // rows
     factor = {"none": 1.0, "attention_core": 1.05, "experts": 1.1, "selective": 1.15,
-              "full": 1.4}[recipe.recompute.granularity]
+              "full_keep_attention": 1.3, "full": 1.4}[recipe.recompute.granularity]
     return 0.05 * microbatches * factor + 0.02 * rows * factor + 0.05 * recipe.offload.fraction
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openrecipes.config.layout import LayoutConfig, ParallelSizes
+from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256")]
 PosInt = Annotated[int, Field(ge=1)]
@@ -114,7 +115,7 @@ class LayerSplit(_Strict):
 class Recompute(_Strict):
     """What each decoder layer recomputes (the recipe's ``recompute``; docs/train.md)."""
 
-    granularity: Literal["full", "selective", "attention_core", "experts"]
+    granularity: Literal[tuple(name for name in RECOMPUTE_GRANULARITIES if name != "none")]  # "none": no section
     method: Literal["uniform", "block"] | None = None
     num_layers: PosInt | None = None
 

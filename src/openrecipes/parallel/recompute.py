@@ -4,6 +4,9 @@ module, so its forward and its parameter names stay as they are (no wrapper modu
 What each decoder layer recomputes (``granularity``):
 
 - full: everything; the layer keeps only its input.
+- full_keep_attention: everything but the attention kernel; the layer keeps its input and the kernel keeps its
+  inputs, output and softmax statistics. At long rows the kernel is most of a layer's forward, and what it keeps is
+  a few hidden widths per token.
 - selective: the attention block (projections, norms, RoPE and the attention kernel); the MoE block keeps its
   activations.
 - attention_core: the attention kernel alone (softmax(QKᵀ)V over the documents); the projections keep theirs.
@@ -15,6 +18,7 @@ pipeline stage), the rest keep every activation.
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Callable
 
@@ -23,9 +27,8 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.utils.checkpoint import checkpoint as checkpoint_function
 
+from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
 from openrecipes.models.common.attention import attention
-
-GRANULARITIES = ("none", "full", "selective", "attention_core", "experts")
 
 
 class RecomputedAttentionCore:
@@ -41,6 +44,36 @@ class RecomputedAttentionCore:
         return checkpoint_function(core, q, k, v, use_reentrant=False)
 
 
+def _in_place(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+class KeptAttentionCore:
+    """An attention backend whose kernel runs once under a recomputed layer. In the forward the kernel saves what
+    its backward reads as it would without recompute (saved-tensor hooks of its own take precedence over the layer
+    checkpoint's), and its output is kept; when the backward recomputes the layer, the kept output stands in for the
+    kernel. Outputs are taken back in the order they were made, which is the order in which any schedule here
+    runs the backwards of one layer's microbatches (gradient accumulation, 1F1B)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.kept: collections.deque[torch.Tensor] = collections.deque()
+
+    @torch._dynamo.disable  # a graph break: the kernel is already one kernel, and the choice is made at run time
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, documents, window):
+        if torch._C._current_graph_task_id() != -1:  # inside a backward: the layer checkpoint's recompute
+            if not self.kept:
+                raise RuntimeError("recompute.granularity full_keep_attention: the backward recomputes a layer "
+                                   "whose attention output was not kept")
+            # requiring grad as the kernel's output did, so the ops after it save what they saved the first time
+            return self.kept.popleft().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(_in_place, _in_place):
+            out = attention(q, k, v, scale=scale, documents=documents, window=window, backend=self.backend)
+        if out.requires_grad:
+            self.kept.append(out.detach())
+        return out
+
+
 def apply_recompute(layers: list[nn.Module], *, granularity: str, method: str = "uniform", num_layers: int = 1,
                     attention_of: Callable[[nn.Module], nn.Module] | None = None,
                     experts_of: Callable[[nn.Module], nn.Module] | None = None) -> list[nn.Module]:
@@ -49,7 +82,7 @@ def apply_recompute(layers: list[nn.Module], *, granularity: str, method: str = 
     recomputed (attention_core recomputes a function inside the attention module: none)."""
     if granularity == "none":
         return []
-    if granularity not in GRANULARITIES:
+    if granularity not in RECOMPUTE_GRANULARITIES:
         raise ValueError(f"recompute.granularity: unknown value {granularity!r}")
     if method not in ("uniform", "block"):
         raise ValueError(f"recompute.method: unknown value {method!r}")
@@ -59,7 +92,13 @@ def apply_recompute(layers: list[nn.Module], *, granularity: str, method: str = 
             module = attention_of(layer)
             module.backend = RecomputedAttentionCore(module.backend)
         return []
-    part = {"full": lambda layer: layer, "selective": attention_of, "experts": experts_of}[granularity]
+    if granularity == "full_keep_attention":
+        for layer in chosen:
+            module = attention_of(layer)
+            module.backend = KeptAttentionCore(module.backend)
+    whole_layer = lambda layer: layer  # noqa: E731
+    part = {"full": whole_layer, "full_keep_attention": whole_layer, "selective": attention_of,
+            "experts": experts_of}[granularity]
     recomputed = [part(layer) for layer in chosen]
     for module in recomputed:
         checkpoint(module)

@@ -186,6 +186,13 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
             + copies * per_copy + adapters)
 
 
+def kept_kernel_bytes(shape: ModelShape, layout: LayoutConfig) -> float:
+    """Bytes the attention kernel keeps for one layer and one microbatch under ``full_keep_attention``: its q, k and v,
+    its output (bf16) and its fp32 softmax statistics, over the head-split tokens."""
+    head_tokens = layout.max_tokens_per_gpu / layout.tp
+    return head_tokens * (2 * (2 * shape.q_width + 2 * shape.kv_width) + 4 * shape.heads)
+
+
 def inflight(layout: LayoutConfig, stage: int, layers: int, microbatches: int) -> float:
     """Layer-microbatches whose activations stage ``stage`` holds at the 1F1B peak."""
     if layout.vpp == 1:
@@ -216,13 +223,14 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     lora = setup.lora
     compiled = setup.compiled and setup.engine == "openrecipes"
     full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance, lora)
-    if setup.recompute == "full":
-        stored_per_layer = 2 * shape.hidden * h_tokens  # the checkpointed layer input
+    kernel_kept = kept_kernel_bytes(shape, layout) if setup.recompute == "full_keep_attention" else 0.0
+    if setup.recompute in ("full", "full_keep_attention"):
+        stored_per_layer = 2 * shape.hidden * h_tokens + kernel_kept  # the checkpointed layer input (and the kernel's)
     else:
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
         if compiled:
             stored_per_layer *= OPENRECIPES_COMPILED_ACTIVATION_SHARE
-    working = full_layer * (mem.working_set_multiplier - (setup.recompute != "full"))
+    working = full_layer * (mem.working_set_multiplier - (setup.recompute not in ("full", "full_keep_attention")))
     kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
     stages = []
     for i, layers in enumerate(counts):
@@ -280,7 +288,9 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         parts = {
             **weights,
             # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
-            "activations": ((in_flight if setup.offload_activations else stored) + p2p) / GIB,
+            # the kept kernel's tensors stay on the device (saved outside the offload hooks)
+            "activations": ((in_flight + kernel_kept * share * held if setup.offload_activations else stored)
+                            + p2p) / GIB,
             "transient": transient / GIB,
             "buffers": buffers,
         }

@@ -59,8 +59,10 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     rows = layout.rows_per_microbatch or 1
     seq_len = T * layout.cp / rows  # upper bound: packed documents are no longer than a row
     tok = T / layout.tp  # tokens whose matmul work one rank does per microbatch
-    passes = 4.0 if setup.recompute == "full" else 3.0
-    attn_passes = passes + (1.0 if setup.recompute in ("selective", "attention_core") else 0.0)
+    passes = 4.0 if setup.recompute in ("full", "full_keep_attention") else 3.0
+    # the attention kernel: once more with selective or attention_core, once less when full recompute keeps it
+    attn_passes = passes + {"selective": 1.0, "attention_core": 1.0, "full_keep_attention": -1.0}.get(setup.recompute,
+                                                                                                       0.0)
     expert_passes = passes + (1.0 if setup.recompute == "experts" else 0.0)
     comm_passes = passes - 1.0  # forward and backward move the same bytes; recompute repeats the forward
 

@@ -208,7 +208,8 @@ def rows_options(start: Recipe, layout: dict[str, Any]) -> list[int]:
 
 def recompute_options(facts: ModelFacts) -> list[tuple[str, str, int]]:
     """Every granularity on every layer; the whole layer or the experts on the first few layers or half of them."""
-    options = [(granularity, "uniform", 1) for granularity in ("none", "selective", "attention_core", "experts", "full")]
+    options = [(granularity, "uniform", 1) for granularity in ("none", "selective", "attention_core", "experts",
+                                                                 "full_keep_attention", "full")]
     blocks = sorted(n for n in {1, 2, max(1, facts.num_layers // 2)} if n <= facts.num_layers)
     options += [("full", "block", n) for n in blocks]
     options += [("experts", "block", n) for n in blocks if n >= 2]

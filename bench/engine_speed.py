@@ -102,6 +102,12 @@ VARIANTS = {
                            loss_chunk=8192, recompute="none", steps=12),
     "long32k_c_none_nochunk": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
                                    recompute="none", steps=12),
+    # full recompute that keeps the attention kernel's output (its forward runs once), with the chunked and fused loss
+    "long32k_c_nochunk": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768, steps=12),
+    "long32k_c_keep": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                           loss_chunk=8192, recompute="full_keep_attention", steps=12),
+    "long32k_c_keep_nochunk": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                                   recompute="full_keep_attention", steps=12),
     "long32k_c_packed": dict(packed=True, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
                              loss_chunk=8192, steps=12),
     "long64k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=65536, loss_chunk=8192,

@@ -260,9 +260,9 @@ def test_a_trial_record_whose_run_leaves_the_output_is_refused(tmp_path, how):
     expected = (rf"{out}/trials\.jsonl:2: .*run_dir: Field required" if how == "missing"
                 else rf"{out}/trials\.jsonl:2: run_dir: .* is not a path inside {out}")
     with pytest.raises(ValueError, match=expected):
-        Journal(out, measured_under="0" * 64, window=(1, 2))
+        Journal(out, measured_under="0" * 64)
     (out / TRIALS_FILE).write_text(json.dumps(good) + "\n")
-    assert Journal(out, measured_under="0" * 64, window=(1, 2)).find("a")["run_dir"] == "trials/001-a/run"
+    assert Journal(out, measured_under="0" * 64).find("a")["run_dir"] == "trials/001-a/run"
 
 
 # ---- a rows manifest's parquet_file, a Hugging Face dataset's state.json

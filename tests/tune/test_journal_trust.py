@@ -107,7 +107,7 @@ def test_a_truncated_journal_is_refused(start_yaml, tuned):
 def test_a_trial_still_running_is_not_started_again(start_yaml, tuned):
     import socket
 
-    journal = Journal(tuned, measured_under=_records(tuned)[0]["measured_under"], window=(4, 7))
+    journal = Journal(tuned, measured_under=_records(tuned)[0]["measured_under"])
     run = journal.trial_dir(9, "abc") / "run"
     run.mkdir(parents=True)
     (run / ".openrecipes-run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),

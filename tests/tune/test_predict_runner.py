@@ -1,9 +1,10 @@
-"""The planner's refit, the failure classes, the local runner's time limit and the Slurm scripts."""
+"""The planner's refit, the failure classes, the local runner's time limit and early end, and the Slurm scripts."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -122,3 +123,71 @@ def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
     assert slurm_minutes(3) == "1"
     with pytest.raises(ValueError, match="whole nodes"):
         SlurmRunner(gpus_per_node=3).script(run)
+
+
+FAKE_TRAIN = '''
+import json, sys, time
+from pathlib import Path
+from openrecipes.config.rundir import METRICS_FILE, RunGpuInfo, RunInfo, RunModelInfo, write_run_info
+run_dir, steps, times = Path(sys.argv[1]), int(sys.argv[2]), [float(t) for t in sys.argv[3].split(",")]
+run_dir.mkdir(parents=True)
+write_run_info(run_dir, RunInfo(command="fake", started="2026-12-01T00:00:00Z", model=RunModelInfo(
+    name="tiny", active_params=1000, num_layers=1, hidden_size=8, num_attention_heads=1, head_dim=8),
+    gpu=RunGpuInfo(type="cpu", count=1), world_size=1, global_batch=1, row_tokens=64, steps=steps))
+with open(run_dir / METRICS_FILE, "a") as metrics:
+    for step in range(steps):
+        time.sleep(0.1)
+        metrics.write(json.dumps({"step": step, "loss": 1.0, "grad_norm": 1.0, "tokens": 64,
+                                  "step_time_s": times[step % len(times)]}) + "\\n")
+        metrics.flush()
+'''
+
+
+class _FakeTrain(LocalRunner):
+    def __init__(self, script: Path, steps: int, times: str) -> None:
+        super().__init__(poll_s=0.05)
+        self.script, self.steps, self.times = script, steps, times
+
+    def command(self, trial):
+        return [sys.executable, str(self.script), str(trial.run_dir), str(self.steps), self.times]
+
+
+@pytest.mark.parametrize("times,slower_than,ends_early", [("1.0,1.001", 0.0, True), ("1.0,1.001", 0.99, True),
+                                                          ("1.0,1.2", 0.0, False), ("1.0,1.001", 1.01, False)])
+def test_a_trial_ends_once_its_window_is_stable(tmp_path, times, slower_than, ends_early):
+    """Steady step times (1.0005 s on average): the trial is stopped once 4 window steps are recorded, and measured
+    over those, unless a trial as fast was measured (here 1.01 s); step times varying by 9 % (above the 2 % bound)
+    run all 30 steps."""
+    from openrecipes.tune.runner import STABLE_MIN_STEPS
+
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    (tmp_path / "trial").mkdir()
+    run = TrialRun(recipe_path=tmp_path / "r.yaml", run_dir=tmp_path / "trial" / "run", nproc=1, timeout_s=60,
+                   window=(2, 29), stable_cv=0.02, end_if_slower_than_s=slower_than)
+    outcome = _FakeTrain(script, 30, times).run(run)
+    assert outcome.ok, outcome.detail
+    first, last = outcome.measured["window"]
+    recorded = len((run.run_dir / "metrics.jsonl").read_text().splitlines())
+    if ends_early:
+        assert first == 2 and STABLE_MIN_STEPS - 1 <= last - first < 10 and recorded < 20
+        assert outcome.measured["step_time_cv"] <= 0.02
+    else:
+        assert (first, last) == (2, 29) and recorded == 30
+    if ends_early:  # without the bound the same trial runs all its steps
+        again = _FakeTrain(script, 30, times).run(replace(run, run_dir=tmp_path / "trial" / "all",
+                                                                  end_if_slower_than_s=None))
+        assert again.measured["window"] == (2, 29)
+
+
+def test_which_trials_may_end_early():
+    from openrecipes.tune.trial import early_end_s
+
+    records = [{"status": "ok", "measured": {"step_time_mean_s": 2.0}}, {"status": "failed", "measured": None},
+               {"status": "ok", "measured": {"step_time_mean_s": 1.5}}]
+    assert early_end_s("start", [], 0.02) is None  # the reference of every other trial runs all its steps
+    assert early_end_s("ranked", [], 0.02) is None  # nothing measured yet: it may be the winner
+    assert early_end_s("ranked", records, 0.02) == pytest.approx(1.53)  # slower than the fastest, past the bound
+    assert early_end_s("around-best", records, 0.02) == pytest.approx(1.53)
+    assert early_end_s("remeasure", records, 0.02) == early_end_s("ablation", [], 0.02) == 0.0
+    assert early_end_s("remeasure", records, None) is None  # --stable-cv 0

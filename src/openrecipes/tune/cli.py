@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trial-steps", type=int, default=20, help="steps per trial (default 20, window 5-19)")
     parser.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "LAST"),
                         help="measurement window (default: steps 5 to the last, earlier for short trials)")
+    parser.add_argument("--stable-cv", type=float, default=0.02, metavar="CV",
+                        help="end a trial once at least 4 steps of its window are recorded and their step times' "
+                             "coefficient of variation is at most CV (default 0.02); 0: every trial runs all its steps")
     parser.add_argument("--trial-timeout", type=float, default=900.0, metavar="SECONDS",
                         help="limit of one trial (default 900; after the start: at most 3x its time, at least 120)")
     parser.add_argument("--nproc", type=int, help="processes per trial (default: the world size)")
@@ -53,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _stable_cv(value: float) -> float | None:
+    if not 0 <= value < 1:
+        raise ValueError(f"--stable-cv: a coefficient of variation from 0 (off) to below 1, got {value}")
+    return value or None
+
+
 def run(args: argparse.Namespace) -> int:
     from openrecipes.train.run_lock import run_dir_lock
     from openrecipes.tune.progress import Progress
@@ -64,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                           minutes=args.minutes, trial_steps=args.trial_steps,
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
-                          remeasure=args.remeasure)
+                          remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv))
     if args.slurm is not None and args.slurm < 1:
         raise ValueError(f"--slurm: GPUS_PER_NODE must be >= 1, got {args.slurm}")
     if args.max_parallel < 1:

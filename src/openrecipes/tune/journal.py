@@ -55,6 +55,7 @@ class TrialMeasurement(BaseModel):
     gpu_type: str
     gpus: int = Field(ge=1)
     final_loss: float
+    window: tuple[int, int]  # the steps measured: the tuning's window, or its first steps once they were stable
 
     @field_validator("tokens_per_s_per_gpu", "step_time_mean_s", "step_time_cv", "final_loss")
     @classmethod
@@ -114,10 +115,11 @@ def _first_error(error: ValidationError) -> str:
 
 
 class Journal:
-    """The trials recorded in ``out`` for the start ``measured_under`` names; ``window`` recomputes their figures."""
+    """The trials recorded in ``out`` for the start ``measured_under`` names; each record's window recomputes its
+    figures."""
 
-    def __init__(self, out: Path, *, measured_under: str, window: tuple[int, int]) -> None:
-        self.out, self.measured_under, self.window = out, measured_under, window
+    def __init__(self, out: Path, *, measured_under: str) -> None:
+        self.out, self.measured_under = out, measured_under
         self.path = out / TRIALS_FILE
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
@@ -146,7 +148,7 @@ class Journal:
         if run_sha256(run_dir) != typed.run_sha256:
             raise ValueError(f"{where}: trial {typed.key}'s run {run_dir / METRICS_FILE} is missing or changed since "
                              "it was measured (run_sha256 differs); choose another --out")
-        again = measure_trial(run_dir, self.window)
+        again = measure_trial(run_dir, typed.measured.window)
         for name, recorded in typed.measured.model_dump().items():
             value = again.get(name)
             same = (recorded == value if not isinstance(recorded, float) or not isinstance(value, (int, float))

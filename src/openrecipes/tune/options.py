@@ -20,6 +20,8 @@ class TuneOptions:
     tries: tuple[str, ...] = ()  # "KEY=VALUE KEY=VALUE": candidates measured right after the start
     author: str = "openrecipes tune"
     remeasure: int = 2  # interleaved (start, winner) pairs measured again before publishing (tune/remeasure.py)
+    # a trial ends once its window's first steps vary less than this (runner.stable_window); None: all its steps
+    stable_cv: float | None = 0.02
 
     def measurement_window(self) -> tuple[int, int]:
         return self.window or trial_window(self.trial_steps)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -28,6 +28,44 @@ class TrialRun:
     nproc: int
     timeout_s: float
     window: tuple[int, int]
+    # an early end (stable_window): once the window's step times vary less than ``stable_cv`` and their mean is
+    # above ``end_if_slower_than_s`` (0: whatever it is); None: the trial runs all its steps
+    stable_cv: float | None = None
+    end_if_slower_than_s: float | None = None
+
+
+STABLE_MIN_STEPS = 4  # window steps an early end needs at least
+
+
+def stable_window(run_dir: Path, window: tuple[int, int], cv_bound: float) -> tuple[tuple[int, int], float] | None:
+    """(the window cut at the last step recorded, its mean step time), once at least STABLE_MIN_STEPS of its steps
+    are recorded and the coefficient of variation of their step times (``openrecipes measure``'s) is at most
+    ``cv_bound``; None before."""
+    from openrecipes.config.rundir import METRICS_FILE, read_metrics
+    from openrecipes.measure import metrics
+
+    try:
+        records = read_metrics(run_dir / METRICS_FILE)
+    except (OSError, ValueError):  # not written yet
+        return None
+    times = {r.step: r.fields.get("step_time_s") for r in records if window[0] <= r.step <= window[1]}
+    steps = 0
+    while window[0] + steps in times and isinstance(times[window[0] + steps], (int, float)):
+        steps += 1
+    if steps < STABLE_MIN_STEPS:
+        return None
+    mean, _, cv = metrics.step_time_stats([times[window[0] + i] for i in range(steps)])
+    return ((window[0], window[0] + steps - 1), mean) if cv <= cv_bound else None
+
+
+def _ends_early(trial: TrialRun) -> tuple[int, int] | None:
+    """The window a trial is measured over if it may end now (see TrialRun), else None."""
+    if trial.stable_cv is None or trial.end_if_slower_than_s is None:
+        return None
+    stable = stable_window(trial.run_dir, trial.window, trial.stable_cv)
+    if stable is None or stable[0][1] >= trial.window[1] or stable[1] <= trial.end_if_slower_than_s:
+        return None
+    return stable[0]
 
 
 @dataclass(kw_only=True)
@@ -86,7 +124,8 @@ def measure_trial(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:
         raise ValueError("non-finite or missing loss in metrics.jsonl")
     return {"tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu, "step_time_mean_s": measured.step_time_mean_s,
             "step_time_cv": measured.step_time_cv, "peak_memory_gib": measured.peak_memory_gib,
-            "gpu_type": measured.gpu_type, "gpus": measured.gpus, "final_loss": losses[-1]}
+            "gpu_type": measured.gpu_type, "gpus": measured.gpus, "final_loss": losses[-1],
+            "window": tuple(measured.window)}
 
 
 def measured_outcome(trial: TrialRun, wall_s: float) -> Outcome:
@@ -133,12 +172,16 @@ class LocalRunner:
             # a session of its own, so a timeout stops torchrun's workers too
             process = subprocess.Popen(self.command(trial), stdout=log, stderr=subprocess.STDOUT,
                                        env={**os.environ, **self.env}, start_new_session=True)
-            timed_out = False
+            timed_out, stable = False, None
             try:
                 while process.poll() is None:
                     elapsed = time.monotonic() - started
                     if elapsed > trial.timeout_s:
                         timed_out = True
+                        _kill_group(process)
+                        break
+                    stable = _ends_early(trial)
+                    if stable is not None:  # its figures are known: stop it
                         _kill_group(process)
                         break
                     if tick:
@@ -149,6 +192,8 @@ class LocalRunner:
                 raise
         wall = time.monotonic() - started
         text = log_path.read_text(errors="replace")
+        if stable is not None:
+            return measured_outcome(replace(trial, window=stable), wall)
         if timed_out:
             return Outcome(failure="timeout", detail=f"stopped after the trial limit of {trial.timeout_s:.0f} s",
                            wall_s=wall)

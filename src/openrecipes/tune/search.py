@@ -33,7 +33,7 @@ from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Predi
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
-from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, trial_record, write_trial_recipe
+from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, early_end_s, trial_record, write_trial_recipe
 from openrecipes.tune.solve import solved_offload, solved_recompute_layers
 from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
@@ -96,11 +96,12 @@ class Search:
                                 image_rows=workload.image_rows,
                                 image_first_stage_layers=workload.image_first_stage_layers)
         settings = {"start": dump_recipe(self.start), "target": self.target.label(),
-                    "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows)}
+                    "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows),
+                    "stable_cv": options.stable_cv}
         check_settings(self.out, settings)
         # the rows' content as well as their path: trials of other rows are other measurements
         measured_under = settings_sha256({**settings, "rows_sha256": manifest.get("parquet_sha256")})
-        self.journal = Journal(self.out, measured_under=measured_under, window=self.window)
+        self.journal = Journal(self.out, measured_under=measured_under)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
         self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
@@ -289,7 +290,8 @@ class Search:
             trial_dir = self.journal.fresh_trial_dir(index, key)
             write_trial_recipe(candidate, trial_dir, self.start.name, self.options.trial_steps, self.rows)
         run = TrialRun(recipe_path=trial_dir / TRIAL_RECIPE, run_dir=trial_dir / "run", nproc=self.nproc,
-                       timeout_s=self._timeout(phase), window=self.window)
+                       timeout_s=self._timeout(phase), window=self.window, stable_cv=self.options.stable_cv,
+                       end_if_slower_than_s=early_end_s(phase, self.journal.records, self.options.stable_cv))
         return OpenTrial(index=index, key=key, phase=phase, candidate=candidate, label=label, prediction=prediction,
                          calibrated=calibrated, calibration=self.calibration.to_dict(), run=run,
                          calibrated_peak_gib=self.calibration.peak_gib(prediction) if prediction else None,

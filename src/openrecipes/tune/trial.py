@@ -50,7 +50,7 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
         "failure": None if outcome.ok else {"class": outcome.failure, "detail": outcome.detail},
         "measured": outcome.measured, "wall_s": round(outcome.wall_s, 3),
         # the trial's cost beyond its steps: what cheaper trials would cut
-        "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - trial_steps
+        "overhead_s": None if not outcome.ok else round(max(0.0, outcome.wall_s - steps_run(outcome, trial_steps)
                                                             * outcome.measured["step_time_mean_s"]), 3),
         "startup_s": read_startup(run.run_dir),  # where the overhead goes (train/startup.py)
         "measured_under": measured_under,
@@ -58,6 +58,26 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
         "run_dir": str(run.run_dir.relative_to(out)),
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def early_end_s(phase: str, records: list[dict[str, Any]], stable_cv: float | None) -> float | None:
+    """The step time above which a stable trial of ``phase`` ends early (runner.TrialRun). Remeasured and ablation
+    runs are only measured: any stable window ends them. A search trial must run all its steps to be verified as a
+    winner (its loss curve against the start's), so only one slower than a trial already measured (by more than
+    the bound) ends early; the start, the reference of every other, runs all its steps."""
+    if stable_cv is None:
+        return None
+    if phase in ("remeasure", "ablation"):
+        return 0.0
+    times = [r["measured"]["step_time_mean_s"] for r in records if r["status"] == "ok"]
+    if phase == "start" or not times:
+        return None
+    return min(times) * (1 + stable_cv)
+
+
+def steps_run(outcome: Outcome, trial_steps: int) -> int:
+    """Steps a measured trial ran: all of them, or up to its window's end when it ended once stable."""
+    return min(trial_steps, outcome.measured["window"][1] + 1)
 
 
 def write_trial_recipe(candidate: Candidate, trial_dir: Path, start_name: str, steps: int, rows: Path) -> Path:

@@ -98,7 +98,13 @@ def choose_winner(result: SearchResult) -> tuple[Verdict | None, list[Verdict]]:
                     key=lambda r: -r["measured"]["tokens_per_s_per_gpu"])
     device = "cpu" if result.target.is_cpu else "cuda"
     failed = []
+    last_step = result.options.measurement_window()[1]
     for record in faster:
+        if record["measured"]["window"][1] < last_step:  # ended early (search.Search._early_end): not all its steps
+            failed.append(Verdict(record=record, passed=False, failures=[
+                f"its run ended at step {record['measured']['window'][1]}, once stable and slower than a trial "
+                "measured before it: too short for the convergence check"]))
+            continue
         verdict = verify_record(result, record, start, device)
         if verdict.passed:
             return verdict, failed

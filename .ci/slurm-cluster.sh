@@ -4,7 +4,7 @@
 # installs slurm-wlm and munge if missing, starts munged, slurmctld and slurmd with every file under a fresh
 # temporary folder, waits until the node is idle, runs COMMAND with SLURM_CONF exported (its exit status is this
 # script's), then cancels the cluster's jobs and stops the three daemons by the pids it started. Nothing outside the
-# temporary folder is written besides the packages.
+# temporary folder is written besides the packages and the jobs' memory cgroups, which it removes.
 set -euo pipefail
 umask 022  # munged refuses a socket whose folders others cannot traverse (mktemp -d makes 0700)
 
@@ -40,6 +40,9 @@ chmod 755 "$STATE"
 mkdir "$STATE/munge" "$STATE/save" "$STATE/spool"
 DAEMONS=()
 CONTROLLER=
+# slurmd (Debian's, built for several slurmds a host) puts its jobs' memory cgroups under slurm_NODENAME
+MEMORY_CGROUP=/sys/fs/cgroup/memory/slurm_$(hostname -s)
+OWN_CGROUP=
 
 daemons_alive() {
   local pid
@@ -70,6 +73,8 @@ teardown() {
     kill -9 "${DAEMONS[@]}" 2>/dev/null
     wait "${DAEMONS[@]}" 2>/dev/null
   fi
+  # the jobs' cgroups are empty once their processes are gone: rmdir is all a cgroup folder takes
+  [ -n "$OWN_CGROUP" ] && find "$MEMORY_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null
   rm -rf "$STATE"
   exit $status
 }
@@ -87,9 +92,26 @@ until [ -S "$STATE/munge/socket" ]; do
   sleep 0.1
 done
 
-# The node's memory as slurmd measures it; its CPUs are raised so that two small test jobs (two tasks each) run
-# side by side on a two-core machine (config_overrides: slurmd accepts a node larger than the hardware).
-memory=$(slurmd -C | grep -o 'RealMemory=[0-9]*')
+# The node is larger than the hardware (config_overrides: slurmd accepts that): CPUs so that two small test jobs
+# (two tasks each) run side by side on a two-core machine, and 4 GiB of memory a CPU. Memory is a consumable
+# resource (CR_CPU_Memory) so that a job's --mem is its limit; a job without --mem gets DefMemPerCPU a CPU, far more
+# than a test job uses, and never more than the node has left, so memory holds no job back that CPUs would not.
+# The limit is enforced only where a memory cgroup can be made (cgroup v1 here, as root): task/cgroup then kills a
+# job over it and Slurm reports OUT_OF_MEMORY. Without cgroups (task/none) --mem is bookkeeping only: Slurm's
+# other way, jobacct_gather's OverMemoryKill, ends such a job FAILED (signal 9), never OUT_OF_MEMORY. The folder is
+# made here, not by slurmd, so that a second cluster on the machine, whose slurmd would share it, runs without.
+# Preemption: partition ci (the default, PreemptMode=OFF) behaves as with no preemption; a job in ci-high
+# (PriorityTier=2) that needs a ci-low job's CPUs cancels it, and Slurm reports that job PREEMPTED.
+cpus=${SLURM_NODE_CPUS:-8}
+mem_per_cpu=4096
+task_plugin=task/none
+if mkdir "$MEMORY_CGROUP" 2>/dev/null; then
+  OWN_CGROUP=1
+  task_plugin=task/cgroup
+  printf 'CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\n' >"$STATE/cgroup.conf"
+else
+  say "no memory cgroup $MEMORY_CGROUP (cgroup v1 not writable, or another cluster holds it): memory is not enforced"
+fi
 export SLURM_CONF=$STATE/slurm.conf
 cat > "$SLURM_CONF" <<EOF
 ClusterName=openrecipes-ci
@@ -107,18 +129,23 @@ SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=$STATE/slurmctld.log
 SlurmdLogFile=$STATE/slurmd.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$task_plugin
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=$mem_per_cpu
 SlurmdParameters=config_overrides
 ReturnToService=2
 # finished jobs stay readable (scontrol show job) this long: no accounting database is needed
 MinJobAge=3600
 KillWait=5
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
-NodeName=$(hostname -s) NodeAddr=127.0.0.1 CPUs=${SLURM_NODE_CPUS:-8} $memory State=UNKNOWN
-PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+NodeName=$(hostname -s) NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$((cpus * mem_per_cpu)) State=UNKNOWN
+PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
+PartitionName=ci-low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName=ci-high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
 
 slurmctld -D -f "$SLURM_CONF" >"$STATE/slurmctld.out" 2>&1 &

@@ -20,6 +20,8 @@ from typing import Callable
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE")
 COMMAND_TIMEOUT_S = 30  # one client command; a controller that is down makes them hang for seconds
+# the signal Slurm reports for a job its cgroup's OOM killer ended (ExitCode=0:125): a marker, not a signal sent
+OOM_SIGNAL = 125
 _FIELD = re.compile(r"(?:^|\s)(JobState|Reason|ExitCode|StdOut)=(\S*)")
 
 
@@ -49,7 +51,9 @@ class JobState:
         details = []
         if self.final and not self.completed and self.exit_code:
             details.append(f"exit code {self.exit_code}")
-        if self.state in ("FAILED", "OUT_OF_MEMORY") and self.signal:  # a cancel or time limit always sends 15
+        # a cancel or time limit always sends 15; an OOM kill's marker says no more than the state does
+        if self.state in ("FAILED", "OUT_OF_MEMORY") and self.signal and not (
+                self.state == "OUT_OF_MEMORY" and self.signal == OOM_SIGNAL):
             details.append(f"signal {self.signal}")
         if not self.final and self.reason not in ("", "None"):
             details.append(self.reason)

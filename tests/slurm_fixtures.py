@@ -1,6 +1,7 @@
 """A Slurm controller for the tests that submit real jobs: skipped without `sbatch` or a controller that answers,
 unless OPENRECIPES_REQUIRE_SLURM=1 (CI sets it and runs the tests inside the one-node cluster of
-.ci/slurm-cluster.sh), in which case they fail."""
+.ci/slurm-cluster.sh), in which case they fail. What a test needs beyond a controller (preemptible partitions,
+memory limits) is read from the cluster's own configuration."""
 
 from __future__ import annotations
 
@@ -41,3 +42,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def slurm_config(key: str) -> str:
+    """A setting as the controller reports it (``scontrol show config``), "" when it reports none."""
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True)
+    for line in shown.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == key:
+            return value.strip()
+    return ""
+
+
+def require_memory_limits() -> None:
+    """Skip unless the cluster kills a job over its --mem (task/cgroup): without cgroups it never does."""
+    if "task/cgroup" not in slurm_config("TaskPlugin"):
+        pytest.skip("the cluster enforces no memory limit (no task/cgroup; .ci/slurm-cluster.sh enables it only "
+                    "where it can create a memory cgroup)")
+
+
+def memory_hog(megabytes: int) -> str:
+    """A job script's line that holds ``megabytes`` of touched memory for a few seconds."""
+    return f"python3 -c 'import time; held = bytearray({megabytes} * 2**20); time.sleep(5)'"

@@ -1,4 +1,5 @@
-"""`openrecipes launch slurm --submit` against a real Slurm controller: jobs' final states as Slurm reports them,
+"""`openrecipes launch slurm --submit` against a real Slurm controller: jobs' final states as Slurm reports them
+(OUT_OF_MEMORY where the cluster enforces --mem),
 the tiny recipe on two CPU workers inside an allocation (the same losses as `train --nproc 2`), a job cancelled by
 `scancel` and one cancelled by Ctrl-C.
 
@@ -22,7 +23,8 @@ from openrecipes.cli import main
 from openrecipes.config.recipe import dump_recipe
 from openrecipes.train.slurm import cancel, exit_status, follow, job_state, submit
 
-from ..slurm_fixtures import JOB_DEADLINE_S, POLL_S, free_port, slurm_cluster  # noqa: F401 (a fixture)
+from ..slurm_fixtures import JOB_DEADLINE_S, POLL_S, free_port, memory_hog, require_memory_limits
+from ..slurm_fixtures import slurm_cluster  # noqa: F401 (a fixture)
 
 
 @pytest.fixture()
@@ -44,6 +46,14 @@ def test_final_states_and_exit_codes_as_slurm_reports_them(slurm_cluster, tmp_pa
     assert open(done.stdout).read() == "fine\n"
     assert (failed.state, failed.describe(), exit_status(failed)) == ("FAILED", "FAILED (exit code 3)", 3)
     assert job_state("999999") is None
+
+
+def test_a_job_over_its_memory_ends_out_of_memory(slurm_cluster, tmp_path):
+    require_memory_limits()
+    hog = follow(submit(_script(tmp_path, "hog", memory_hog(400)), ("--mem", "100M")), poll_s=POLL_S,
+                 deadline_s=JOB_DEADLINE_S)
+    assert (hog.state, hog.describe(), exit_status(hog)) == ("OUT_OF_MEMORY", "OUT_OF_MEMORY", 1)
+    assert "oom-kill" in open(hog.stdout).read()
 
 
 def _recipe_file(make_recipe, tmp_path, name: str, steps: int):

@@ -1,19 +1,22 @@
 """The tuner's Slurm runner against a real controller: a trial submitted as a job and measured, a refused layout
-classified from the job's output, and a job cancelled by scancel, at the trial's limit and on Ctrl-C, none of them
-left running. Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
+classified from the job's output, a job cancelled by scancel, at the trial's limit and on Ctrl-C, none of them
+left running, and jobs that Slurm itself ends: preempted by a higher partition's job, killed for overrunning their
+memory. Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fixtures.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 
 import pytest
 
-from openrecipes.train.slurm import cancel, follow, job_state
+from openrecipes.train.slurm import cancel, follow, job_state, submit
 from openrecipes.tune.runner import TRAIN_LOG, TrialRun
-from openrecipes.tune.slurm_runner import SlurmRunner
+from openrecipes.tune.slurm_runner import SlurmJob, SlurmRunner
 
-from ..slurm_fixtures import POLL_S, slurm_cluster  # noqa: F401 (a fixture)
+from ..slurm_fixtures import POLL_S, memory_hog, require_memory_limits, slurm_config
+from ..slurm_fixtures import slurm_cluster  # noqa: F401 (a fixture)
 from .conftest import write_start
 
 ONE_WORKER = {"dp": 1, "ep": 1, "max_tokens_per_gpu": 256}
@@ -141,3 +144,50 @@ def test_tune_refuses_a_node_without_gpus_and_reports_sbatch_errors(slurm_cluste
                  "no-such-partition", "--trials", "1", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("openrecipes tune: error: sbatch ") and "invalid partition" in err[-1].lower()
+
+
+def _whole_node_job(tmp_path, partition: str) -> str:
+    """A short job that needs every CPU of the node (--exclusive), whatever SLURM_NODE_CPUS made it."""
+    script = tmp_path / "whole-node.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    return submit(script, ("--partition", partition, "--exclusive", "--output", str(tmp_path / "whole-node.out")))
+
+
+def test_a_job_preempted_by_a_higher_partition_is_a_preempted_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30,
+                                check=True).stdout.split()
+    if not {"ci-low", "ci-high"} <= set(partitions) or slurm_config("PreemptType") != "preempt/partition_prio":
+        pytest.skip("needs the preemptible partition ci-low under ci-high (.ci/slurm-cluster.sh)")
+    high: list[str] = []
+
+    def preempt(job_id: str) -> None:  # once the trial runs, a ci-high job that needs the whole node, once
+        if not high:
+            high.append(_whole_node_job(tmp_path, "ci-high"))
+
+    # Slurm cancels the ci-low trial's job to start the ci-high one
+    outcome = dataclasses.replace(runner, partition="ci-low").run(
+        _trial(tmp_path, rows_dir, "preempted", steps=100000), tick=_when_running("preempted", preempt))
+    assert outcome.failure == "preempted" and "PREEMPTED" in outcome.detail, (outcome.failure, outcome.detail)
+    assert follow(high[0], poll_s=POLL_S, deadline_s=60).state == "COMPLETED"
+
+
+def test_a_trial_over_its_memory_is_an_out_of_memory_trial(slurm_cluster, runner, tmp_path, rows_dir, monkeypatch):
+    require_memory_limits()
+    monkeypatch.setenv("SBATCH_MEM_PER_NODE", "100M")  # sbatch's --mem: less than Python with torch imported takes
+    outcome = runner.run(_trial(tmp_path, rows_dir, "overgrown", steps=4))
+    # the OOM killer ends srun's step, not the batch script: the script fails (FAILED, exit code 1), and the
+    # class comes from srun's line in the job's output
+    assert outcome.failure == "out_of_memory" and "Out Of Memory" in outcome.detail, (outcome.failure,
+                                                                                      outcome.detail)
+    assert job_state(_job_named("overgrown")).state == "FAILED"
+
+
+def test_a_job_slurm_ends_out_of_memory_is_an_out_of_memory_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    require_memory_limits()
+    # the batch script itself over its --mem: this is the job Slurm reports OUT_OF_MEMORY
+    script = tmp_path / "hog.sh"
+    script.write_text(f"#!/bin/bash\n{memory_hog(400)}\n")
+    job_id = submit(script, ("--mem", "100M", "--output", str(tmp_path / "hog.out")))
+    job = SlurmJob(trial=_trial(tmp_path, rows_dir, "hog", steps=4), job_id=job_id, submitted=time.time())
+    outcome = runner.wait_any([job])[1]
+    assert outcome.failure == "out_of_memory" and outcome.detail == f"job {job_id} OUT_OF_MEMORY", outcome.detail

@@ -102,3 +102,16 @@ def test_a_numerics_change_given_with_try_is_refused(start_yaml, tmp_path):
     search = _search(start_yaml, tmp_path / "out", SyntheticRunner(), tries=("optimizer.lr=1e-3",))
     with pytest.raises(ValueError, match="optimizer.lr is a numerics field"):
         search.run()
+
+
+def test_a_trial_that_ended_early_is_not_verified(start_yaml, tmp_path):
+    """A run that ended once stable has too few steps for the convergence check: the next fastest is verified."""
+    result = _search(start_yaml, tmp_path / "out", SyntheticRunner(), trials=4).run()
+    faster = sorted((r for r in result.records if r["key"] != "start" and r["status"] == "ok"),
+                    key=lambda r: -r["measured"]["tokens_per_s_per_gpu"])
+    first, last = faster[0]["measured"]["window"]
+    faster[0]["measured"]["window"] = (first, last - 1)  # as a record of a trial that ended a step early
+    winner, failed = choose_winner(result)
+    assert [v.record["key"] for v in failed] == [faster[0]["key"]]
+    assert "too short for the convergence check" in failed[0].failures[0]
+    assert winner is not None and winner.record["key"] == faster[1]["key"]

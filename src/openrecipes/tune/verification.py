@@ -100,7 +100,7 @@ def choose_winner(result: SearchResult) -> tuple[Verdict | None, list[Verdict]]:
     failed = []
     last_step = result.options.measurement_window()[1]
     for record in faster:
-        if record["measured"]["window"][1] < last_step:  # ended early (search.Search._early_end): not all its steps
+        if record["measured"]["window"][1] < last_step:  # ended early (trial.early_end_s): not all its steps
             failed.append(Verdict(record=record, passed=False, failures=[
                 f"its run ended at step {record['measured']['window'][1]}, once stable and slower than a trial "
                 "measured before it: too short for the convergence check"]))

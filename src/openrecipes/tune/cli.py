@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stable-cv", type=float, default=0.02, metavar="CV",
                         help="end a trial once at least 4 steps of its window are recorded and their step times' "
                              "coefficient of variation is at most CV (default 0.02); 0: every trial runs all its steps")
+    parser.add_argument("--cold-trials", action="store_true",
+                        help="start every trial as a new process (by default a one-process trial is forked from a "
+                             "process that has already imported torch and the engine, docs/tune.md)")
     parser.add_argument("--trial-timeout", type=float, default=900.0, metavar="SECONDS",
                         help="limit of one trial (default 900; after the start: at most 3x its time, at least 120)")
     parser.add_argument("--nproc", type=int, help="processes per trial (default: the world size)")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     runner = (SlurmRunner(gpus_per_node=args.slurm, partition=args.slurm_partition, account=args.slurm_account,
                           cpu=args.slurm_cpu, cpus_per_task=args.slurm_cpus_per_task,
                           poll_s=args.slurm_poll_seconds, max_parallel=args.max_parallel) if args.slurm is not None
-              else LocalRunner())
+              else LocalRunner(warm=not args.cold_trials))
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)
     from openrecipes.train.slurm import SlurmError

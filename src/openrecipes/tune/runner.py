@@ -7,6 +7,7 @@ clusters larger than one machine.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
@@ -154,24 +155,46 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 @dataclass(kw_only=True)
 class LocalRunner:
-    """Trials as processes on this machine: ``python -m openrecipes train RECIPE --nproc N``."""
+    """Trials as processes on this machine: ``python -m openrecipes train RECIPE --nproc N``. With ``warm``, a
+    one-process trial is forked from a process that has already imported torch and the engine (tune/zygote.py)."""
 
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     poll_s: float = 1.0
+    warm: bool = True
+    _zygote: Any = field(default=None, init=False, repr=False)
 
     def command(self, trial: TrialRun) -> list[str]:
         # a trial ends with the tuner, even a tuner killed with SIGKILL (its own session escapes Ctrl-C's group)
         return [self.python, "-m", "openrecipes", "train", str(trial.recipe_path), "--nproc", str(trial.nproc),
                 "--exit-with-parent", str(os.getpid())]
 
+    def _forked(self, trial: TrialRun, log_path: Path):
+        """The trial forked from the warm process, or None where it runs as a command (several processes, a
+        runner whose command was replaced, or a warm process that could not start)."""
+        if not self.warm or trial.nproc != 1 or type(self).command is not LocalRunner.command:
+            return None
+        from openrecipes.tune.zygote import Zygote
+
+        if self._zygote is None:
+            try:
+                self._zygote = Zygote(self.python, env={**os.environ, **self.env})
+            except (OSError, RuntimeError) as error:
+                print(f"[tune] trials start as new processes: {error}", file=sys.stderr)
+                self.warm = False
+                return None
+            atexit.register(self._zygote.close)
+        return self._zygote.fork(["train", str(trial.recipe_path), "--nproc", "1",
+                                  "--exit-with-parent", str(self._zygote.pid)], log_path)
+
     def run(self, trial: TrialRun, tick: Callable[[float], None] | None = None) -> Outcome:
         log_path = trial.run_dir.parent / TRAIN_LOG
         started = time.monotonic()
         with open(log_path, "w") as log:
             # a session of its own, so a timeout stops torchrun's workers too
-            process = subprocess.Popen(self.command(trial), stdout=log, stderr=subprocess.STDOUT,
-                                       env={**os.environ, **self.env}, start_new_session=True)
+            process = self._forked(trial, log_path) or subprocess.Popen(
+                self.command(trial), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                start_new_session=True)
             timed_out, stable = False, None
             try:
                 while process.poll() is None:

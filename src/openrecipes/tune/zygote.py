@@ -1,0 +1,171 @@
+"""One-process trials forked from a warm process: the interpreter and its imports (torch, Dynamo, DTensor, the
+engine) are paid once per tuning instead of once per trial.
+
+``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports, touches no device (CUDA is
+initialized by each trial, after the fork, as a new process would), and then forks one child per request read from
+its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the tuner stops it
+and anything it starts with one signal to its group), writes its output to PATH and runs ``openrecipes ARGV``; the
+zygote answers ``{"pid": N}`` and later ``{"exited": N, "returncode": R}`` (R as subprocess reports it: negative for a
+signal). The zygote ends when the tuner closes its stdin or dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+READY = "ready"
+
+
+def _run_child(argv: list[str], log: str) -> None:
+    """In the forked child: never returns."""
+    code = 1
+    try:
+        os.setsid()
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        # new text streams: the zygote's own may hold a lock or buffered bytes from before the fork
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.argv = ["openrecipes", *argv]
+        from openrecipes.cli import main
+
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int) and stop.code is not None:
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - whatever ends the trial is its log's last word
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def serve(tuner_pid: int) -> None:
+    from openrecipes.train.run_lock import exit_with_launcher
+
+    exit_with_launcher(parent_pid=tuner_pid)
+    import openrecipes.cli  # noqa: F401
+    import openrecipes.train.loop  # noqa: F401 (with it torch, Dynamo, DTensor and the engine)
+
+    def say(message: dict) -> None:
+        os.write(1, (json.dumps(message) + "\n").encode())
+
+    say({READY: os.getpid()})
+    pending = b""
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        if readable:
+            chunk = os.read(0, 65536)
+            if not chunk:  # the tuner closed its end
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _run_child(request["argv"], request["log"])
+                children.add(pid)
+                say({"pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                say({"exited": pid, "returncode": _returncode(status)})
+
+
+class ForkedTrial:
+    """A trial forked by the zygote, with the part of ``subprocess.Popen`` the local runner uses."""
+
+    def __init__(self, zygote: "Zygote", pid: int) -> None:
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.zygote.read_reports(0.0)
+            self.returncode = self.zygote.exited.pop(self.pid, None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout)
+            self.zygote.read_reports(0.05)
+        return self.returncode
+
+
+class Zygote:
+    """The tuner's side: start the warm process once, then fork trials from it."""
+
+    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen([python, "-m", "openrecipes.tune.zygote", str(os.getpid())],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                        start_new_session=True)  # Ctrl-C reaches the tuner, not the zygote
+        self.exited: dict[int, int] = {}
+        self._answers: list[dict] = []
+        self._pending = b""
+        self.pid = self._answer(READY)
+
+    def _answer(self, key: str, limit_s: float = 120.0) -> int:
+        deadline = time.monotonic() + limit_s
+        while not any(key in answer for answer in self._answers):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the trial zygote did not answer ({key}; exit status {self.process.poll()})")
+            self.read_reports(0.05)
+        answer = next(a for a in self._answers if key in a)
+        self._answers.remove(answer)
+        return int(answer[key])
+
+    def read_reports(self, wait_s: float) -> None:
+        readable, _, _ = select.select([self.process.stdout], [], [], wait_s)
+        if not readable:
+            return
+        chunk = os.read(self.process.stdout.fileno(), 65536)
+        self._pending += chunk
+        while b"\n" in self._pending:
+            line, self._pending = self._pending.split(b"\n", 1)
+            message = json.loads(line)
+            if "exited" in message:
+                self.exited[int(message["exited"])] = int(message["returncode"])
+            else:
+                self._answers.append(message)
+        if not chunk:
+            time.sleep(wait_s)  # the zygote ended: nothing more will come
+
+    def fork(self, argv: list[str], log: Path) -> ForkedTrial:
+        self.process.stdin.write((json.dumps({"argv": argv, "log": str(log)}) + "\n").encode())
+        self.process.stdin.flush()
+        return ForkedTrial(self, self._answer("pid"))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

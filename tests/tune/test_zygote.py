@@ -82,3 +82,16 @@ def test_a_forked_trial_ends_with_a_killed_tuner(tmp_path, rows_dir):
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert not survivors, "the trial or its zygote outlived the tuner"
+
+
+def test_a_trial_whose_zygote_dies_is_a_failed_trial(tmp_path, rows_dir, runner):
+    trial = _trial(tmp_path, rows_dir, "lost", steps=100000, timeout_s=120.0)
+    started = time.monotonic()
+
+    def kill_zygote(elapsed: float) -> None:  # once the trial trains, its zygote is killed
+        if (trial.run_dir / "metrics.jsonl").exists() and runner._zygote.process.poll() is None:
+            runner._zygote.process.kill()
+
+    outcome = runner.run(trial, tick=kill_zygote)
+    assert outcome.failure is not None and outcome.failure != "timeout", outcome
+    assert time.monotonic() - started < 100

@@ -55,6 +55,16 @@ def _run_child(argv: list[str], log: str) -> None:
         os._exit(code)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _returncode(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
@@ -104,6 +114,8 @@ class ForkedTrial:
         if self.returncode is None:
             self.zygote.read_reports(0.0)
             self.returncode = self.zygote.exited.pop(self.pid, None)
+        if self.returncode is None and self.zygote.process.poll() is not None and not _alive(self.pid):
+            self.returncode = 1  # the zygote ended before it could report this trial's end: a failed trial
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

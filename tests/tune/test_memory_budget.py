@@ -188,7 +188,7 @@ class NoisyRunner(SyntheticRunner):
 def test_a_gain_inside_the_noise_is_no_faster_recipe(start_yaml, tmp_path, monkeypatch, capsys, runner_class):
     from openrecipes.cli import main
 
-    monkeypatch.setattr("openrecipes.tune.runner.LocalRunner", runner_class)
+    monkeypatch.setattr("openrecipes.tune.runner.LocalRunner", lambda **options: runner_class())
     out = tmp_path / "out"
     code = main(["tune", str(start_yaml), "--gpus", "cpu", "--trials", "5", "--trial-steps", "8", "--out", str(out)])
     captured = capsys.readouterr()

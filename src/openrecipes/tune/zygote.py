@@ -37,9 +37,11 @@ def _run_child(argv: list[str], log: str) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.argv = ["openrecipes", *argv]
-        from openrecipes.cli import main
+        import runpy
 
-        code = main(argv)
+        # exactly `python -m openrecipes ARGV`, the command of a trial started cold, minus the interpreter's start
+        runpy.run_module("openrecipes", run_name="__main__", alter_sys=True)
+        code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int) and stop.code is not None:
@@ -73,7 +75,7 @@ def serve(tuner_pid: int) -> None:
     from openrecipes.train.run_lock import exit_with_launcher
 
     exit_with_launcher(parent_pid=tuner_pid)
-    import openrecipes.cli  # noqa: F401
+    import openrecipes.train.cli  # noqa: F401
     import openrecipes.train.loop  # noqa: F401 (with it torch, Dynamo, DTensor and the engine)
 
     def say(message: dict) -> None:

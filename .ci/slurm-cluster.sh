@@ -99,7 +99,9 @@ done
 # The limit is enforced only where a memory cgroup can be made (cgroup v1 here, as root): task/cgroup then kills a
 # job over it and Slurm reports OUT_OF_MEMORY. Without cgroups (task/none) --mem is bookkeeping only: Slurm's
 # other way, jobacct_gather's OverMemoryKill, ends such a job FAILED (signal 9), never OUT_OF_MEMORY. The folder is
-# made here, not by slurmd, so that a second cluster on the machine, whose slurmd would share it, runs without.
+# made here, not by slurmd, so that a second cluster on the machine, whose slurmd would share it, runs without; and
+# where slurmd cannot start with task/cgroup (a machine whose cgroups it cannot use), the cluster starts again
+# without it.
 # Preemption: partition ci (the default, PreemptMode=OFF) behaves as with no preemption; a job in ci-high
 # (PriorityTier=2) that needs a ci-low job's CPUs cancels it, and Slurm reports that job PREEMPTED.
 cpus=${SLURM_NODE_CPUS:-8}
@@ -113,11 +115,13 @@ else
   say "no memory cgroup $MEMORY_CGROUP (cgroup v1 not writable, or another cluster holds it): memory is not enforced"
 fi
 export SLURM_CONF=$STATE/slurm.conf
+
+write_config() {
 cat > "$SLURM_CONF" <<EOF
 ClusterName=openrecipes-ci
 SlurmctldHost=$(hostname -s)(127.0.0.1)
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
@@ -147,18 +151,43 @@ PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 
 PartitionName=ci-low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
 PartitionName=ci-high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
+}
 
-slurmctld -D -f "$SLURM_CONF" >"$STATE/slurmctld.out" 2>&1 &
-CONTROLLER=$!
-DAEMONS+=("$CONTROLLER")
-slurmd -D -f "$SLURM_CONF" >"$STATE/slurmd.out" 2>&1 &
-DAEMONS+=($!)
-until=$((SECONDS + UP_DEADLINE_S))
-until [ "$(timeout 5 sinfo -h -o %T 2>/dev/null)" = idle ]; do
-  daemons_alive || { show_logs; fail "a Slurm daemon exited before the node was idle"; }
-  [ $SECONDS -lt $until ] || { show_logs; fail "the node was not idle within $UP_DEADLINE_S s"; }
-  sleep 0.2
-done
+start_slurm() {  # 0 once the node is idle; 1 if a daemon exited before (both stopped then)
+  ctld_port=$(free_port)
+  slurmd_port=$(free_port)
+  write_config
+  slurmctld -D -f "$SLURM_CONF" >"$STATE/slurmctld.out" 2>&1 &
+  CONTROLLER=$!
+  DAEMONS+=("$CONTROLLER")
+  slurmd -D -f "$SLURM_CONF" >"$STATE/slurmd.out" 2>&1 &
+  DAEMONS+=($!)
+  local until=$((SECONDS + UP_DEADLINE_S))
+  until [ "$(timeout 5 sinfo -h -o %T 2>/dev/null)" = idle ]; do
+    if ! daemons_alive; then
+      show_logs
+      kill "${DAEMONS[@]:1}" 2>/dev/null
+      wait "${DAEMONS[@]:1}" 2>/dev/null
+      DAEMONS=("${DAEMONS[0]}")
+      CONTROLLER=
+      return 1
+    fi
+    [ $SECONDS -lt $until ] || { show_logs; fail "the node was not idle within $UP_DEADLINE_S s"; }
+    sleep 0.2
+  done
+}
+
+if ! start_slurm; then
+  [ "$task_plugin" = task/cgroup ] || fail "a Slurm daemon exited before the node was idle"
+  # a machine whose cgroups slurmd cannot use: the cluster runs without memory enforcement, as where none is made
+  say "slurmd did not start with task/cgroup: starting again without memory enforcement"
+  rmdir "$MEMORY_CGROUP" 2>/dev/null
+  rm -f "$STATE/cgroup.conf"
+  OWN_CGROUP=
+  task_plugin=task/none
+  rm -rf "$STATE/save" "$STATE/spool" && mkdir "$STATE/save" "$STATE/spool"
+  start_slurm || fail "a Slurm daemon exited before the node was idle"
+fi
 say "node $(hostname -s) idle after ${SECONDS} s; SLURM_CONF=$SLURM_CONF"
 
 set +e

@@ -11,3 +11,4 @@ from typing import Literal, get_args
 
 RecomputeGranularity = Literal["none", "selective", "full", "full_keep_attention", "attention_core", "experts"]
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = get_args(RecomputeGranularity)
+WHOLE_LAYER_GRANULARITIES = ("full", "full_keep_attention")  # the layer keeps its input and is rebuilt from it

@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.utils.checkpoint import checkpoint as checkpoint_function
 
-from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
+from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES, WHOLE_LAYER_GRANULARITIES
 from openrecipes.models.common.attention import attention
 
 
@@ -96,9 +96,8 @@ def apply_recompute(layers: list[nn.Module], *, granularity: str, method: str = 
         for layer in chosen:
             module = attention_of(layer)
             module.backend = KeptAttentionCore(module.backend)
-    whole_layer = lambda layer: layer  # noqa: E731
-    part = {"full": whole_layer, "full_keep_attention": whole_layer, "selective": attention_of,
-            "experts": experts_of}[granularity]
+    part = (lambda layer: layer) if granularity in WHOLE_LAYER_GRANULARITIES else \
+        {"selective": attention_of, "experts": experts_of}[granularity]
     recomputed = [part(layer) for layer in chosen]
     for module in recomputed:
         checkpoint(module)

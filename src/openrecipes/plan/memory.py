@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
-from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
+from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES, WHOLE_LAYER_GRANULARITIES
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import (LoraSetup, adapter_params, expert_adapter_bytes_per_copy,
                                   rank_product_bytes_per_token)
@@ -224,13 +224,13 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     compiled = setup.compiled and setup.engine == "openrecipes"
     full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance, lora)
     kernel_kept = kept_kernel_bytes(shape, layout) if setup.recompute == "full_keep_attention" else 0.0
-    if setup.recompute in ("full", "full_keep_attention"):
+    if setup.recompute in WHOLE_LAYER_GRANULARITIES:
         stored_per_layer = 2 * shape.hidden * h_tokens + kernel_kept  # the checkpointed layer input (and the kernel's)
     else:
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
         if compiled:
             stored_per_layer *= OPENRECIPES_COMPILED_ACTIVATION_SHARE
-    working = full_layer * (mem.working_set_multiplier - (setup.recompute not in ("full", "full_keep_attention")))
+    working = full_layer * (mem.working_set_multiplier - (setup.recompute not in WHOLE_LAYER_GRANULARITIES))
     kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
     stages = []
     for i, layers in enumerate(counts):

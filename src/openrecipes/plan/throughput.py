@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.measure.metrics import mfu as model_flops_utilisation
 from openrecipes.plan.hardware import Hardware
+from openrecipes.config.recompute_names import WHOLE_LAYER_GRANULARITIES
 from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, recomputed_share, stage_params
 from openrecipes.plan.shape import ModelShape
 
@@ -59,7 +60,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     rows = layout.rows_per_microbatch or 1
     seq_len = T * layout.cp / rows  # upper bound: packed documents are no longer than a row
     tok = T / layout.tp  # tokens whose matmul work one rank does per microbatch
-    passes = 4.0 if setup.recompute in ("full", "full_keep_attention") else 3.0
+    passes = 4.0 if setup.recompute in WHOLE_LAYER_GRANULARITIES else 3.0
     # the attention kernel: once more with selective or attention_core, once less when full recompute keeps it
     attn_passes = passes + {"selective": 1.0, "attention_core": 1.0, "full_keep_attention": -1.0}.get(setup.recompute,
                                                                                                        0.0)

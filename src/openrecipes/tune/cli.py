@@ -10,6 +10,7 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from openrecipes.config.hardware import add_gpus_option
+    from openrecipes.tune.runner import STABLE_MIN_STEPS
 
     parser = subparsers.add_parser(
         "tune", help="tune a starting recipe into a faster, verified recipe card through measured trials",
@@ -29,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "LAST"),
                         help="measurement window (default: steps 5 to the last, earlier for short trials)")
     parser.add_argument("--stable-cv", type=float, default=0.02, metavar="CV",
-                        help="end a trial once at least 4 steps of its window are recorded and their step times' "
-                             "coefficient of variation is at most CV (default 0.02); 0: every trial runs all its steps")
+                        help=f"end a trial once at least {STABLE_MIN_STEPS} steps of its window are recorded and "
+                             "their step times' coefficient of variation is at most CV (default 0.02); 0: every "
+                             "trial runs all its steps")
     parser.add_argument("--cold-trials", action="store_true",
                         help="start every trial as a new process (by default a one-process trial is forked from a "
                              "process that has already imported torch and the engine, docs/tune.md)")

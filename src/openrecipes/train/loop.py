@@ -351,6 +351,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     # reads the rank's own slice of the targets
     cp_slice, target_slice = _sequence_slices(parallel)
     loss_fn = engine.loss_function(recipe.kernels.compile)
+    whole_rows = loader.dataset.one_document_per_row
     if pipeline is not None:
         loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice,
                                    pipeline_image_inputs(model, microbatches))
@@ -359,7 +360,10 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         with engine.router_statistics(model, aux_coef, batch) as routing:
             micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice,
-                                                    loss_fn=loss_fn)
+                                                    loss_fn=loss_fn, whole_rows=whole_rows)
+        # each microbatch's forward (the loss included) and backward apart: the peak is one of those moments
+        suffix = f"_{index + 1}" if len(microbatches) > 1 else ""
+        trace.mark(f"forward{suffix}")
         objective = micro_loss / supervised
         if routing is not None:  # the step's load-balancing loss is the mean of its rows' (RouterStatistics)
             micro_aux = routing.losses().sum() / recipe.global_batch
@@ -368,9 +372,11 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         grads.before_backward(last=index == len(microbatches) - 1)
         objective.backward()
         grads.after_backward()
+        trace.mark(f"backward{suffix}")
         loss_sum += micro_loss.detach().double()
+    if pipeline is not None:
+        trace.mark("forward_backward")
     loss = float(_all_reduce(loss_sum)) / supervised
-    trace.mark("forward_backward")
     grads.synchronize()
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)

@@ -49,6 +49,25 @@ def test_microbatch_positions_documents_and_cu_seqlens(tiny_rows: Path) -> None:
     assert attention_sum_sq(np.concatenate([dataset.doc_lens(int(r)) for r in rows])) == int((counts ** 2).sum())
 
 
+def test_one_document_per_row_and_whole_rows(tiny_rows: Path) -> None:
+    from dataclasses import replace
+
+    from openrecipes.models.common.attention import Documents
+
+    packed = load_rows(tiny_rows)
+    assert any(packed.doc_lens(i).size > 1 for i in range(len(packed))) and not packed.one_document_per_row
+    tokens = packed.row_tokens
+    whole = replace(packed, doc_offsets=np.arange(len(packed) + 1, dtype=np.int64),
+                    doc_lens_flat=np.full(len(packed), tokens, dtype=np.int32))
+    assert whole.one_document_per_row
+    for dataset, expected in ((whole, True), (packed, False)):
+        mb = make_microbatch(dataset, np.array([0, 1]))
+        documents = Documents.from_document_ids(mb["document_ids"])
+        assert documents.whole_rows(2, tokens) is expected
+        assert Documents(document_ids=mb["document_ids"], cu_seqlens=mb["cu_seqlens"],
+                         max_seqlen=int(mb["max_seqlen"])).whole_rows(2, tokens) is expected
+
+
 @pytest.mark.parametrize("dp_size", [1, 2, 4, 8])
 def test_sharding_covers_each_global_batch_once(tiny_rows: Path, dp_size: int) -> None:
     dataset = load_rows(tiny_rows)

@@ -5,9 +5,7 @@ recompiles the MoE block per layer and, past its recompile limit, leaves the lat
 
 Dynamo's eager backend traces exactly what the engine's compile traces and needs no C++ compiler."""
 
-import contextlib
 import dataclasses
-import logging
 
 import torch
 from torch import nn
@@ -18,27 +16,9 @@ from openrecipes.models.qwen3_moe.family import FAMILY
 from openrecipes.config.recipe import Kernels
 from openrecipes.parallel.mesh import single_process
 from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
+from tests.parallel.dynamo_logs import recompile_reasons
 
 LAYERS = 12  # past Dynamo's default recompile limit (8)
-
-
-@contextlib.contextmanager
-def _recompile_reasons():
-    """Dynamo's recompile messages ("Recompiling function F in FILE ... triggered by ...") while inside."""
-    reasons: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            reasons.append(record.getMessage())
-
-    torch._logging.set_logs(recompiles=True)
-    logger, handler = logging.getLogger("torch._dynamo.guards.__recompiles"), Collect()
-    logger.addHandler(handler)
-    try:
-        yield reasons
-    finally:
-        logger.removeHandler(handler)
-        torch._logging.set_logs()
 
 
 def test_compiled_lora_layers_compile_each_block_once(monkeypatch) -> None:
@@ -56,7 +36,7 @@ def test_compiled_lora_layers_compile_each_block_once(monkeypatch) -> None:
     after_two: list[int] = []
     model.model.layers["1"].register_forward_hook(lambda *_: after_two.append(counters["frames"]["total"]))
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    with _recompile_reasons() as reasons:
+    with recompile_reasons() as reasons:
         model(ids).float().pow(2).mean().backward()
     assert after_two[0] > 0, "the blocks were not compiled"
     assert counters["frames"]["total"] == after_two[0], \

@@ -45,6 +45,11 @@ class RowsDataset:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def one_document_per_row(self) -> bool:
+        """Whether every row holds one document (no packing)."""
+        return bool(np.all(np.diff(self.doc_offsets) == 1))
+
     def doc_lens(self, row: int) -> np.ndarray:
         return self.doc_lens_flat[self.doc_offsets[row]:self.doc_offsets[row + 1]]
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from openrecipes.models.common.attention import Documents
+
 
 def apply_compile(blocks: list[nn.Module], *, recomputed: list[nn.Module]) -> int:
     """Compile every module of ``blocks`` that is not in ``recomputed``. Returns how many were compiled."""
@@ -38,3 +40,11 @@ def inputs_require_grad(embedding: nn.Module) -> None:
         return output
 
     embedding.register_forward_hook(require_grad)
+
+
+def dynamic_document_count(documents: Documents) -> Documents:
+    """``documents`` with their number marked dynamic for Dynamo before the first trace: compiled blocks read them,
+    and packed rows bring a new number of documents at every step, which would recompile each block once (to a
+    dynamic size) at whatever step first brings one."""
+    torch._dynamo.maybe_mark_dynamic(documents.cu_seqlens, 0)
+    return documents

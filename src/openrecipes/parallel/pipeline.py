@@ -22,6 +22,7 @@ from torch import nn
 from openrecipes.config.layout import LayoutError, ParallelSizes, pipeline_microbatch_problems
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.families import ShardingPlan
+from openrecipes.parallel.compile import dynamic_document_count
 
 
 def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: Collection[int], *, first: bool, last: bool) -> None:
@@ -55,6 +56,8 @@ class StageModule(nn.Module):
                 loss_target: torch.Tensor | None = None, image_pixels: torch.Tensor | None = None,
                 image_grids: torch.Tensor | None = None, image_held: torch.Tensor | None = None) -> torch.Tensor:
         documents = Documents.from_document_ids(document_ids)
+        # decided per microbatch here: a compiled block sees each case once
+        documents = None if documents.whole_rows(*document_ids.shape) else dynamic_document_count(documents)
         chunk = {} if self.layers is None else {"layers": self.layers}
         if position_ids.dim() == 3:  # (B, axes, T) travels split by rows; the model takes (axes, B, T)
             position_ids = position_ids.transpose(0, 1)

@@ -16,6 +16,7 @@ from openrecipes.config.recipe import Recipe
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.router_loss import RouterStatistics
+from openrecipes.parallel.compile import dynamic_document_count
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train.chunked_loss import chunked_head
@@ -125,13 +126,15 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target_slice=None, *,
-                        input_slice=None, loss_fn=None) -> torch.Tensor:
+                        input_slice=None, loss_fn=None, whole_rows: bool = False) -> torch.Tensor:
     """Sum of the masked next-token cross entropies of one microbatch (fp32). ``target_slice`` picks this rank's
     part of the targets when the model returns logits for a slice of the sequence (sequence and context
     parallelism); ``input_slice`` cuts the tokens and positions fed to the model (context parallelism: the documents
-    stay whole, attention needs the whole row's mask). ``loss_fn``: ``token_loss_sum`` or ``loss_function``'s."""
-    documents = Documents(document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"],
-                          max_seqlen=int(batch["max_seqlen"]))
+    stay whole, attention needs the whole row's mask). ``loss_fn``: ``token_loss_sum`` or ``loss_function``'s.
+    ``whole_rows``: every row of the data is one document, so attention is plain causal attention. Decided for the
+    whole data, not per microbatch, so that a compiled block never sees both cases."""
+    documents = None if whole_rows else dynamic_document_count(Documents(
+        document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"], max_seqlen=int(batch["max_seqlen"])))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
     images = image_inputs(batch)
     if input_slice is not None and images:  # image positions come from the whole rows, before the cut

@@ -50,6 +50,10 @@ class Documents:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
         return cls(document_ids=document_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
+    def whole_rows(self, rows: int, tokens: int) -> bool:
+        """Whether each of the ``rows`` rows of ``tokens`` tokens is one whole document."""
+        return self.max_seqlen == tokens and self.cu_seqlens.numel() - 1 == rows
+
     def to(self, device: torch.device | str) -> "Documents":
         return Documents(document_ids=self.document_ids.to(device), cu_seqlens=self.cu_seqlens.to(device),
                          max_seqlen=self.max_seqlen)
@@ -148,9 +152,10 @@ def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
     if callable(backend):
         return backend(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     rows, tokens = q_BHTD.shape[0], q_BHTD.shape[2]
-    if (documents is not None and documents.max_seqlen == tokens
-            and documents.cu_seqlens.numel() - 1 == rows):
-        documents = None  # one whole document per row: plain causal attention (the fastest kernels)
+    # one whole document per row: plain causal attention (the fastest kernels). Not decided inside a compiled block,
+    # whose every other row layout would then be a recompile: the caller decides there (train/engine.py)
+    if documents is not None and not torch.compiler.is_compiling() and documents.whole_rows(rows, tokens):
+        documents = None
     if backend == "auto":
         packed_or_windowed = documents is not None or window is not None
         backend = "varlen" if q_BHTD.is_cuda and packed_or_windowed and _varlen_available() else "sdpa"

@@ -103,12 +103,18 @@ def test_an_out_of_memory_prunes_what_needs_as_much(start_yaml, tmp_path):
                 return Outcome(failure="out_of_memory", detail="CUDA out of memory (injected)", wall_s=1.0)
             return super().run(trial, tick)
 
+    # a first search without failures: the peak the planner predicts for the first candidate it measures
+    probe = _search(start_yaml, tmp_path / "probe", SyntheticRunner(), trials=2)
+    peaks = [_peak(probe, s) for s in first_ranking_space(probe.start, probe.facts)
+             if probe.candidate_or_none(s) and not probe.planner.refusal(probe.candidate_or_none(s).recipe)]
+    _with_capacity(probe, 1.2 * max(peaks))
+    probe.run()
+    first = [json.loads(line) for line in (tmp_path / "probe" / "trials.jsonl").read_text().splitlines()][1]
     runner = OutOfMemoryAbove()
     search = _search(start_yaml, out, runner, trials=8)
-    peaks = [_peak(search, s) for s in first_ranking_space(search.start, search.facts)
-             if search.candidate_or_none(s) and not search.planner.refusal(search.candidate_or_none(s).recipe)]
-    # every candidate in the upper quarter of the predicted peaks runs out; the planner does not know it
-    runner.threshold = (min(peaks) + 3 * max(peaks)) / 4
+    # every candidate predicted to need as much as that one runs out; the planner does not know it
+    runner.threshold = first["prediction"]["peak_reserved_gib"]
+    assert min(peaks) < runner.threshold <= max(peaks)
     _with_capacity(search, 1.2 * max(peaks))
     search.run()
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]

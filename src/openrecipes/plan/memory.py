@@ -12,9 +12,12 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   sharded optimizer bytes to host memory.
 - activations: ``layer_activation_bytes`` per layer and microbatch; 1F1B keeps ``pp - i`` microbatches in
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
-  fp32 copy the loss uses; pipeline send/receive buffers. This engine with one microbatch on one stage: the larger of
-  the loss (logits, fixed overhead, no gradients yet) and the end of the backward (every gradient and the working
-  set, no fixed overhead; ``_openrecipes_peak_moment``).
+  fp32 copy the loss uses; pipeline send/receive buffers. This engine on one stage with the unchunked loss: with one
+  microbatch the larger of the backward's start at the loss (every layer's saved activations, the logits and their
+  gradient, no other gradient yet) and its end (every gradient, the first layer's activations), measured apart
+  (``_one_microbatch_peak``; its parts are what is alive then); with several, the loss beside every gradient
+  accumulator. With the chunked loss, ``_openrecipes_peak_moment``. One rank holding every
+  expert gets exactly top-k routed copies per token; the imbalance factor applies over expert-parallel ranks.
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
 - Image models (``ModelShape.frozen_encoder_params``): the first stage holds the encoders. Megatron's layout: all of
   them frozen bf16. This engine's: the towers frozen (parameters only, ``_frozen_params_gib``), the projection
@@ -46,6 +49,10 @@ OPENRECIPES_LOGITS_BYTES = 8
 # loss, measured on one H200 (8 layers at Qwen3-30B-A3B widths, 1 and 4 rows of 8,192 tokens per microbatch; the
 # memory-knob calls in BENCHMARKS.md)
 OPENRECIPES_COMPILED_LOGITS_BYTES = 1.0
+# With one microbatch a step, bytes per logits element when the backward starts at the loss (the logits and their
+# gradient; eager also the fp32 log-softmax it saved), measured with each phase's peak (debug.memory_trace) on one
+# H200: 4 rows of 8,192 tokens, 8 and 18 layers, compiled and eager (call t in BENCHMARKS.md)
+LOSS_BACKWARD_BYTES = {"compiled": 4.0, "eager": 12.0}
 # Compiled blocks also save fewer tensors for the backward of the layers they keep (fused elementwise work): the share
 # of the eager activations a layer without full recompute keeps, from the same measurements
 OPENRECIPES_COMPILED_ACTIVATION_SHARE = 0.85
@@ -222,16 +229,19 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
     lora = setup.lora
     compiled = setup.compiled and setup.engine == "openrecipes"
-    full_layer = layer_activation_bytes(shape, layout, "none", mem.moe_token_imbalance, lora)
+    # routed copies arrive unevenly only over several expert-parallel ranks: one rank with every expert gets them all
+    imbalance = mem.moe_token_imbalance if layout.ep > 1 else 1.0
+    full_layer = layer_activation_bytes(shape, layout, "none", imbalance, lora)
     kernel_kept = kept_kernel_bytes(shape, layout) if setup.recompute == "full_keep_attention" else 0.0
     if setup.recompute in WHOLE_LAYER_GRANULARITIES:
         stored_per_layer = 2 * shape.hidden * h_tokens + kernel_kept  # the checkpointed layer input (and the kernel's)
     else:
-        stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, mem.moe_token_imbalance, lora)
+        stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, imbalance, lora)
         if compiled:
             stored_per_layer *= OPENRECIPES_COMPILED_ACTIVATION_SHARE
     working = full_layer * (mem.working_set_multiplier - (setup.recompute not in WHOLE_LAYER_GRANULARITIES))
-    kept_per_layer = full_layer  # a layer the block method leaves out keeps every activation
+    # a layer the block method leaves out keeps every activation (fewer in a compiled block)
+    kept_per_layer = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0)
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1
@@ -264,12 +274,26 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
                 logits += 4 * shape.lm_head_params / layout.tp
             transient = max(stage_working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
+        in_flight = stored_per_layer if share == 1 else max(stored_per_layer, kept_per_layer)
+        # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device); the kept
+        # kernel's tensors stay on the device (saved outside the offload hooks)
+        stored_at_peak = in_flight + kernel_kept * share * held if setup.offload_activations else stored
         buffers = mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0)
         if setup.engine == "openrecipes":
             weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)
+            # the loss when the backward starts there: unchunked, the logits, their gradient and the head's weight
+            # gradient; chunked, one chunk's (``logits`` above: its own backward runs inside the forward)
+            loss = (logit_tokens * shape.vocab / layout.tp * LOSS_BACKWARD_BYTES["compiled" if compiled else "eager"]
+                    + 2 * shape.lm_head_params / layout.tp) if last else 0.0
+            if setup.loss_chunk_tokens and last:  # and the fixed overhead, fitted with it (32K rows, call p)
+                loss = logits + mem.fixed_overhead_gib * GIB
             if layout.pp == 1 and m == 1:
-                buffers, transient = _openrecipes_peak_moment(transient, stage_working, weights["grads"] * GIB,
-                                                              mem.fixed_overhead_gib * GIB)
+                weights, stored_at_peak, transient, buffers = _one_microbatch_peak(
+                    weights, stored_at_peak, loss=loss, end=full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled
+                                                                  else 1.0))
+            elif layout.pp == 1 and not setup.loss_chunk_tokens and m > 1:
+                # from the second microbatch on, the loss runs beside every gradient accumulator
+                transient, buffers = max(loss, stage_working), 0.0
             elif layout.pp == 1:
                 # several microbatches: from the second on, the loss runs beside every gradient accumulator
                 transient = max(transient, stage_working)
@@ -284,13 +308,9 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             frozen = 2 * shape.frozen_encoder_params if first else 0.0
             weights = {"params": (2 * kept + frozen) / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
                        "optimizer": sharded_state * on_gpu / GIB}
-        in_flight = stored_per_layer if share == 1 else max(stored_per_layer, kept_per_layer)
         parts = {
             **weights,
-            # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device)
-            # the kept kernel's tensors stay on the device (saved outside the offload hooks)
-            "activations": ((in_flight + kernel_kept * share * held if setup.offload_activations else stored)
-                            + p2p) / GIB,
+            "activations": (stored_at_peak + p2p) / GIB,
             "transient": transient / GIB,
             "buffers": buffers,
         }
@@ -313,6 +333,20 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             activations=stored * setup.offload_activations)
         stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
+
+
+def _one_microbatch_peak(weights: dict[str, float], stored: float, *, loss: float, end: float
+                         ) -> tuple[dict[str, float], float, float, float]:
+    """(weights GiB, activations, transient bytes, buffers GiB) of this engine at its peak with one microbatch a step,
+    one stage and the unchunked loss: the larger of two moments, measured apart on one H200 (call t in
+    BENCHMARKS.md). When the backward starts at the loss, every layer's saved activations are alive with the loss's
+    ``loss`` bytes (logits, their gradient, the LM head's weight gradient) and no other gradient yet; at the end of
+    the backward every gradient is alive with the ``end`` bytes of the first layer's activations, and the other
+    layers' are freed. The parts say what is alive at the larger one."""
+    at_loss, at_end = stored + loss, weights["grads"] * GIB + end
+    if at_loss >= at_end:
+        return {**weights, "grads": 0.0}, stored, loss, 0.0
+    return weights, 0.0, end, 0.0
 
 
 def _openrecipes_peak_moment(transient: float, working: float, grads: float, fixed: float) -> tuple[float, float]:

@@ -18,7 +18,8 @@ def run_cli(monkeypatch):
     return cli.main
 
 
-def make_run(path, step_times, *, active=N_QWEN, gpu="H200", skip_steps=(), extra_lines=(), memory=None):
+def make_run(path, step_times, *, active=N_QWEN, gpu="H200", skip_steps=(), extra_lines=(), memory=None,
+             reserved=None):
     path.mkdir(parents=True, exist_ok=True)
     run = {
         "command": "openrecipes train x.yaml",
@@ -36,6 +37,7 @@ def make_run(path, step_times, *, active=N_QWEN, gpu="H200", skip_steps=(), extr
             "step": step, "loss": 2.0, "step_time_s": seconds, "tokens": ROWS * ROW_TOKENS,
             "supervised_tokens": 700_000, "sum_doc_len_sq": ROWS * 4096**2, "lr": 1e-6, "grad_norm": 1.0,
             "peak_memory_gib": None if memory is None else memory[step],
+            **({} if reserved is None else {"peak_reserved_gib": reserved[step]}),
         }))
     lines += list(extra_lines)
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -54,11 +56,19 @@ def test_known_step_times_give_exact_throughput_and_cv(tmp_path):
     std = math.sqrt((8 * (10 - mean) ** 2 + 7 * (12 - mean) ** 2) / 15)  # population std
     assert result.step_time_cv == pytest.approx(std / mean, rel=1e-12)
     assert result.gpu_hours == pytest.approx(GPUS * (500 + window_time) / 3600)
-    assert result.peak_memory_gib == 69.0
+    assert result.peak_memory_gib == 69.0 and result.peak_reserved_gib is None  # runs that did not record it
     # model FLOPs: 6N per token plus 6 * layers * heads * head_dim * sum s^2 over the window
     flops = 6 * N_QWEN * 15_728_640 + 6 * 48 * 32 * 128 * 15 * ROWS * 4096**2
     assert result.model_tflops_per_gpu == pytest.approx(flops / window_time / GPUS / 1e12, rel=1e-12)
     assert result.notes == []
+
+
+def test_the_allocators_peak_reserve_is_measured_beside_the_allocated_peak(tmp_path, run_cli, capsys):
+    reserved = [60.0 + (s % 7) for s in range(20)]  # largest (66) at step 6, not the last
+    run = make_run(tmp_path / "run", [1.0] * 20, memory=[50.0] * 20, reserved=reserved)
+    assert measure_run_dir(run).peak_reserved_gib == 66.0
+    assert run_cli(["measure", str(run)]) == 0
+    assert "50.0 GiB allocated, 66.0 GiB reserved" in capsys.readouterr().out
 
 
 def test_qwen_card_reproduced_from_a_run_dir(tmp_path, run_cli, capsys):

@@ -76,7 +76,8 @@ def format_table(result: Any) -> str:
          else f"{result.usd_per_gpu_hour:g} USD/GPU-hour ({result.price_source})"),
         ("$ / 1M tokens", "-" if result.usd_per_million_tokens is None else f"${result.usd_per_million_tokens:.2f}"),
         ("GPU-hours", f"{result.gpu_hours:.2f} ({result.steps_recorded} steps, excludes startup)"),
-        ("peak memory", "-" if result.peak_memory_gib is None else f"{result.peak_memory_gib:.1f} GiB"),
+        ("peak memory", "-" if result.peak_memory_gib is None else f"{result.peak_memory_gib:.1f} GiB"
+         + ("" if result.peak_reserved_gib is None else f" allocated, {result.peak_reserved_gib:.1f} GiB reserved")),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]

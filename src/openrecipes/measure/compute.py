@@ -50,6 +50,7 @@ class Measurement:
     gpu_hours: float = 0.0
     gpu_hours_note: str = "GPUs x sum of all recorded step times; excludes startup and checkpoint time"
     peak_memory_gib: float | None = None
+    peak_reserved_gib: float | None = None  # the caching allocator's peak: what had to fit the device
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,10 +189,15 @@ def compute_metrics(
     if planned is not None and planned != len(records):
         notes.append(f"run.json plans {planned} steps but metrics record {len(records)}: GPU-hours cover those recorded")
 
-    memory = [require_number(r, "peak_memory_gib", metrics_origin, allow_null=True) for r in records]
-    present = [value for value in memory if value is not None]
-    result.peak_memory_gib = max(present) if present else None
+    result.peak_memory_gib = _peak(records, "peak_memory_gib", metrics_origin)
+    result.peak_reserved_gib = _peak(records, "peak_reserved_gib", metrics_origin)
     return result
+
+
+def _peak(records: list[StepRecord], key: str, origin: str) -> float | None:
+    """The largest of a per-step memory field over the records that have it (None: none has)."""
+    present = [v for r in records if (v := require_number(r, key, origin, allow_null=True)) is not None]
+    return max(present) if present else None
 
 
 def _model_tflops(

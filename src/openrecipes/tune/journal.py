@@ -52,6 +52,7 @@ class TrialMeasurement(BaseModel):
     step_time_mean_s: float = Field(gt=0)
     step_time_cv: float = Field(ge=0)
     peak_memory_gib: float | None = Field(default=None, ge=0)
+    peak_reserved_gib: float | None = Field(default=None, ge=0)  # the allocator's peak (tune/predict.py refits it)
     gpu_type: str
     gpus: int = Field(ge=1)
     final_loss: float

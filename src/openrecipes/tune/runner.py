@@ -125,6 +125,7 @@ def measure_trial(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:
         raise ValueError("non-finite or missing loss in metrics.jsonl")
     return {"tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu, "step_time_mean_s": measured.step_time_mean_s,
             "step_time_cv": measured.step_time_cv, "peak_memory_gib": measured.peak_memory_gib,
+            "peak_reserved_gib": measured.peak_reserved_gib,
             "gpu_type": measured.gpu_type, "gpus": measured.gpus, "final_loss": losses[-1],
             "window": tuple(measured.window)}
 

@@ -88,6 +88,19 @@ def test_the_offload_fraction_is_solved_where_memory_binds(start_yaml, tmp_path)
     assert solved.offload in ranked
 
 
+def test_a_measured_allocator_reserve_refines_the_solved_fraction(start_yaml, tmp_path):
+    search = _search(start_yaml, tmp_path / "out", SyntheticRunner())
+    base = start_settings(search.start, search.facts)
+    none, full = _peak(search, replace(base, offload=0.0)), _peak(search, replace(base, offload=1.0))
+    _with_capacity(search, (none - 0.5 * (none - full)) / (1 - MEMORY_MARGIN))
+    prior = solved_offload(base, search._fits)
+    # trials measured the allocator holding 1 % above its allocated peak, not the planner's 10 %: less offload fits
+    search.calibration = replace(search.calibration, reserve_ratio=(1.01, 1.01))
+    measured = solved_offload(base, search._fits)
+    assert prior is not None and measured is not None and measured.offload < prior.offload
+    assert search._fits(measured) and not search._fits(replace(measured, offload=round(measured.offload - 0.05, 6)))
+
+
 def test_an_out_of_memory_prunes_what_needs_as_much(start_yaml, tmp_path):
     out = tmp_path / "out"
 

@@ -43,6 +43,23 @@ def test_refit_from_one_trial_is_a_ratio_and_memory_is_offset():
     assert fit_calibration([]).fits(big) and not fit.fits(big)
 
 
+def test_a_measured_allocator_reserve_replaces_the_prior_per_compile_mode():
+    def prediction(compiled: bool) -> Prediction:
+        return Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=100.0,
+                          peak_reserved_gib=110.6, capacity_gib=140.0, compiled=compiled, context_gib=0.6)
+
+    eager, compiled = prediction(False), prediction(True)
+    assert fit_calibration([]).peak_gib(eager) == pytest.approx(110.6)  # the planner's 1.10 until measured
+    # an eager trial measured 100 GiB allocated, 102 reserved: both modes take 1.02 until a compiled one is measured
+    one = fit_calibration([(eager, 1.0, 100.0)], reserved=[(False, 100.0, 102.0)])
+    assert one.peak_gib(eager) == pytest.approx(102.6) and one.peak_gib(compiled) == pytest.approx(102.6)
+    both = fit_calibration([(eager, 1.0, 100.0)], reserved=[(False, 100.0, 102.0), (True, 50.0, 53.0),
+                                                             (True, 80.0, 80.0), (False, 90.0, 85.0)])
+    assert both.reserve_ratio == (pytest.approx(1.02), pytest.approx(1.06))  # the largest, never below 1
+    assert both.peak_gib(compiled) == pytest.approx(106.6)
+    assert both.fits(compiled) and not both.fits(compiled, margin=0.25)
+
+
 def test_compiled_memory_follows_the_eager_offset_and_the_saving():
     def prediction(compiled: bool, logits: float) -> Prediction:
         return Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=100.0,

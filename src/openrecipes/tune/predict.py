@@ -114,6 +114,7 @@ class Prediction:
     capacity_gib: float
     compiled: bool = False  # kernels.compile: the planner's step time is eager; the calibration scales it
     logits_gib_per_byte: float = 0.0  # logits elements of the busiest stage's loss, in GiB per byte each
+    context_gib: float = 0.0  # the part of ``peak_reserved_gib`` outside the caching allocator (CUDA context)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,6 +129,8 @@ class Calibration:
     fitted_on: int = 0
     compile_speedup: float = 1.0  # eager step time / compiled step time
     out_of_memory_gib: float | None = None  # the smallest planner peak (uncorrected) of a trial that ran out
+    # measured peak reserved / peak allocated of the trials, (eager, compiled); None: not measured, the planner's prior
+    reserve_ratio: tuple[float | None, float | None] = (None, None)
 
     def eager_step_time_s(self, p: Prediction) -> float:
         return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
@@ -142,7 +145,13 @@ class Calibration:
         return self.memory_offset_gib - (self.compiled_saving_bytes * p.logits_gib_per_byte if p.compiled else 0.0)
 
     def peak_gib(self, p: Prediction) -> float:
-        return p.peak_reserved_gib + self.offset_gib(p)
+        """The peak reserved memory expected, what must fit the device: the allocated peak times the allocator's
+        reserve as measured on trials of the same compile mode (else of the other; else the planner's prior)."""
+        eager, compiled = self.reserve_ratio
+        ratio = (compiled or eager) if p.compiled else (eager or compiled)
+        if ratio is None:
+            return p.peak_reserved_gib + self.offset_gib(p)
+        return self.allocated_gib(p) * ratio + p.context_gib
 
     def allocated_gib(self, p: Prediction) -> float:
         """The peak allocated memory expected (what a trial measures), where ``peak_gib`` adds the allocator's
@@ -160,7 +169,8 @@ class Calibration:
         if self.above_out_of_memory(p):
             return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB uncorrected, a trial "
                     f"predicted {self.out_of_memory_gib:.1f} GiB ran out")
-        return f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB"
+        return (f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB with "
+                f"{100 * MEMORY_MARGIN:g} % left free")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -168,14 +178,16 @@ class Calibration:
 
 def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
                     out_of_memory: list[Prediction] = (), compile_prior: float = 1.0,
-                    saving_prior: float = 0.0) -> Calibration:
-    """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials and the
-    predictions of the trials that ran out of memory."""
+                    saving_prior: float = 0.0, reserved: list[tuple[bool, float, float]] = ()) -> Calibration:
+    """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials, the
+    predictions of the trials that ran out of memory and (compiled, peak allocated, peak reserved) measured."""
     offset, saving = _fit_memory(pairs, saving_prior)
+    ratios = _reserve_ratios(reserved)
     # an out-of-memory bounds its region, not the whole space: the planner's error differs between regions (rows
     # per microbatch, offload), so it prunes what is predicted to need as much and leaves the offset as measured
     bound = min((p.peak_reserved_gib for p in out_of_memory), default=None)
-    memory = dict(memory_offset_gib=offset, compiled_saving_bytes=saving, out_of_memory_gib=bound)
+    memory = dict(memory_offset_gib=offset, compiled_saving_bytes=saving, out_of_memory_gib=bound,
+                  reserve_ratio=ratios)
     if not pairs:
         return Calibration(compile_speedup=compile_prior, **memory)
     scale, per_unit = _fit_step(pairs, compile_prior)
@@ -187,6 +199,16 @@ def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
         speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     return Calibration(step_scale=scale, per_layer_microbatch_s=per_unit, fitted_on=len(pairs),
                        compile_speedup=speedup, **memory)
+
+
+def _reserve_ratios(reserved: list[tuple[bool, float, float]]) -> tuple[float | None, float | None]:
+    """The largest measured reserved / allocated peak ratio per compile mode (eager, compiled), at least 1: the
+    allocator's reserve differs between eager and compiled blocks' allocation patterns, less between trials."""
+    def largest(compiled: bool) -> float | None:
+        found = [max(1.0, r / a) for c, a, r in reserved if c == compiled and a > 0 and r > 0]
+        return max(found, default=None)
+
+    return largest(False), largest(True)
 
 
 def _fit_memory(pairs: list[tuple[Prediction, float, float | None]], saving_prior: float) -> tuple[float, float]:
@@ -268,7 +290,8 @@ class Planner:
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),
                           allocated_gib=max(s.allocated_gib for s in plan.stages),
                           peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib,
-                          compiled=recipe.kernels.compile, logits_gib_per_byte=self._logits_gib_per_byte(recipe, layout))
+                          compiled=recipe.kernels.compile, logits_gib_per_byte=self._logits_gib_per_byte(recipe, layout),
+                          context_gib=self.hardware.memory.cuda_context_gib)
 
     def _logits_gib_per_byte(self, recipe: Recipe, layout: LayoutConfig) -> float:
         chunk = recipe.kernels.loss_chunk_tokens

@@ -159,7 +159,8 @@ class Search:
     def _still_fits(self, ranked: Ranked) -> bool:
         """Whether the candidate fits under the latest refit and fails no way a measured trial did (else pruned)."""
         candidate, prediction = ranked.candidate, ranked.prediction
-        reason = (self.calibration.misfit_reason(prediction) if not self.calibration.fits(prediction)
+        reason = (self.calibration.misfit_reason(prediction)
+                  if not self.calibration.fits(prediction, margin=MEMORY_MARGIN)
                   else self._failed_like(candidate))
         if reason:
             self._prune(candidate.settings, candidate, reason, prediction)
@@ -306,7 +307,7 @@ class Search:
         return record
 
     def _refit(self) -> None:
-        pairs, out_of_memory = [], []
+        pairs, out_of_memory, reserved = [], [], []
         for record in self.journal.records:
             if not record.get("prediction") or record["key"] not in self.tried:
                 continue
@@ -314,10 +315,13 @@ class Search:
             if record["status"] == "ok":
                 measured = record["measured"]
                 pairs.append((Prediction(**raw), measured["tokens_per_s_per_gpu"], measured.get("peak_memory_gib")))
+                if measured.get("peak_memory_gib") and measured.get("peak_reserved_gib"):
+                    reserved.append((raw.get("compiled", False), measured["peak_memory_gib"],
+                                     measured["peak_reserved_gib"]))
             elif record["failure"]["class"] == "out_of_memory":
                 out_of_memory.append(Prediction(**raw))
         prior = self.planner.compile_prior or 1.0
-        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior)
+        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior, reserved=reserved)
         self.progress.reserve_s = self.reserve_s()
 
     # ---- the budget -------------------------------------------------------------------------------------------
@@ -371,7 +375,8 @@ class Search:
     def prediction_if_fits(self, candidate: Candidate) -> Prediction | None:
         """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
         prediction = self._prediction_or_none(candidate)
-        return prediction if prediction is not None and self.calibration.fits(prediction) else None
+        fits = prediction is not None and self.calibration.fits(prediction, margin=MEMORY_MARGIN)
+        return prediction if fits else None
 
     def _best(self) -> tuple[Candidate, float] | None:
         ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records

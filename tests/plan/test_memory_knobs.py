@@ -16,16 +16,27 @@ MEASURED = json.loads((ROOT / "bench/results/2026-12-02-memory-knobs-h200.json")
 # the settings where the planner missed before its peak moments were measured apart (debug.memory_trace): 16 and 18
 # layers, compiled and eager, 2 and 4 rows in one microbatch, uniform and block recompute
 PHASES = json.loads((ROOT / "bench/results/2026-12-02-memory-phases-h200.json").read_text())
+# the 22-layer tuner start's hand grid (call v): compiled 4-row microbatches at several offload fractions, one with
+# full_keep_attention, and two settings that ran out of memory
+GRID = json.loads((ROOT / "bench/results/2026-12-03-tune22-grid-h200.json").read_text())
 TARGET = 0.05
 
 
-@pytest.mark.parametrize("measured, row", [(m, row) for m in (MEASURED, PHASES) for row in m["results"]],
+@pytest.mark.parametrize("measured, row", [(m, row) for m in (MEASURED, PHASES, GRID) for row in m["results"]
+                                           if not row.get("out_of_memory")],
                          ids=lambda value: value["variant"] if "variant" in value else value["benchmark"])
 def test_planner_peak_within_target_of_the_measured_peak(measured: dict, row: dict) -> None:
     recipe = load_recipe(ROOT / measured["recipe"], measured["base_overrides"] + row["overrides"])
     predicted = Planner(recipe, Target(count=1, gpu_type="H200"), 8192).predict(recipe).allocated_gib
     error = abs(predicted - row["measured_peak_gib"]) / row["measured_peak_gib"]
     assert error <= TARGET, (predicted, row["measured_peak_gib"])
+
+
+@pytest.mark.parametrize("row", [row for row in GRID["results"] if row["out_of_memory"]], ids=lambda r: r["variant"])
+def test_the_planner_says_what_ran_out_of_memory_does_not_fit(row: dict) -> None:
+    recipe = load_recipe(ROOT / GRID["recipe"], row["overrides"])
+    prediction = Planner(recipe, Target(count=1, gpu_type="H200"), 8192).predict(recipe)
+    assert prediction.peak_reserved_gib > prediction.capacity_gib, prediction
 
 
 def test_every_knob_the_tuner_turns_was_measured() -> None:

@@ -56,10 +56,6 @@ LOSS_BACKWARD_BYTES = {"compiled": 4.0, "eager": 12.0}
 # Compiled blocks also save fewer tensors for the backward of the layers they keep (fused elementwise work): the share
 # of the eager activations a layer without full recompute keeps, from the same measurements
 OPENRECIPES_COMPILED_ACTIVATION_SHARE = 0.85
-# Under full_keep_attention a compiled block saves more than the kernel's q, k, v, output and statistics: at 22 layers,
-# 4 rows of 8,192 per microbatch, the measured peak was 8.7 GiB above the kernel's tensors alone, 1.70 times them
-# (call v, BENCHMARKS.md; one measurement, which tensors the compiled graph adds is not profiled)
-OPENRECIPES_COMPILED_KEPT_KERNEL_SHARE = 1.70
 # A training process's own host memory besides what it offloads (Python, torch and CUDA libraries, the rows it reads):
 # an allowance. A CPU process of the tiny model peaks near 0.3 GiB (measured); a CUDA process's host side is not
 # measured here. The offloaded state dominates whenever host memory is short.
@@ -237,8 +233,6 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     imbalance = mem.moe_token_imbalance if layout.ep > 1 else 1.0
     full_layer = layer_activation_bytes(shape, layout, "none", imbalance, lora)
     kernel_kept = kept_kernel_bytes(shape, layout) if setup.recompute == "full_keep_attention" else 0.0
-    if compiled:
-        kernel_kept *= OPENRECIPES_COMPILED_KEPT_KERNEL_SHARE
     if setup.recompute in WHOLE_LAYER_GRANULARITIES:
         stored_per_layer = 2 * shape.hidden * h_tokens + kernel_kept  # the checkpointed layer input (and the kernel's)
     else:
@@ -294,9 +288,11 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             if setup.loss_chunk_tokens and last:  # and the fixed overhead, fitted with it (32K rows, call p)
                 loss = logits + mem.fixed_overhead_gib * GIB
             if layout.pp == 1 and m == 1:
-                weights, stored_at_peak, transient, buffers = _one_microbatch_peak(
-                    weights, stored_at_peak, loss=loss, end=full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled
-                                                                  else 1.0))
+                # the kept kernels' tensors are still alive when the backward ends (measured at 22 layers, 4 rows
+                # compiled: the peak was full recompute's end moment plus every layer's kept tensors, call v)
+                end = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0) + kernel_kept * held
+                weights, stored_at_peak, transient, buffers = _one_microbatch_peak(weights, stored_at_peak, loss=loss,
+                                                                                   end=end)
             elif layout.pp == 1 and not setup.loss_chunk_tokens and m > 1:
                 # from the second microbatch on, the loss runs beside every gradient accumulator
                 transient, buffers = max(loss, stage_working), 0.0

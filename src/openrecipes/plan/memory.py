@@ -288,8 +288,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             if setup.loss_chunk_tokens and last:  # and the fixed overhead, fitted with it (32K rows, call p)
                 loss = logits + mem.fixed_overhead_gib * GIB
             if layout.pp == 1 and m == 1:
-                # the kept kernels' tensors are still alive when the backward ends (measured at 22 layers, 4 rows
-                # compiled: the peak was full recompute's end moment plus every layer's kept tensors, call v)
+                # every layer's kept kernel tensors are still alive when the backward ends (call v, 22 layers)
                 end = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0) + kernel_kept * held
                 weights, stored_at_peak, transient, buffers = _one_microbatch_peak(weights, stored_at_peak, loss=loss,
                                                                                    end=end)

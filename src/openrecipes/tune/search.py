@@ -375,8 +375,7 @@ class Search:
     def prediction_if_fits(self, candidate: Candidate) -> Prediction | None:
         """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
         prediction = self._prediction_or_none(candidate)
-        fits = prediction is not None and self.calibration.fits(prediction, margin=MEMORY_MARGIN)
-        return prediction if fits else None
+        return prediction if prediction and self.calibration.fits(prediction, margin=MEMORY_MARGIN) else None
 
     def _best(self) -> tuple[Candidate, float] | None:
         ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records

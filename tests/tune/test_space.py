@@ -113,9 +113,9 @@ def test_kernels_a_target_cannot_run_are_never_offered(start_yaml):
                 | {s.experts for knob, s in moves if knob == "experts"})
 
     on_cpu = replace(FACTS, cuda=False)
-    assert not offered(on_cpu, start) & {"varlen", "grouped_mm"}
+    assert not offered(on_cpu, start) & {"varlen", "flex", "grouped_mm"}
     bf16 = start.model_copy(update={"precision": "bf16"})
-    assert {"varlen", "grouped_mm"} <= offered(FACTS, bf16)
+    assert {"varlen", "flex", "grouped_mm"} <= offered(FACTS, bf16)
     fp32 = start.model_copy(update={"precision": "fp32"})
     assert "grouped_mm" not in offered(FACTS, fp32) and "varlen" in offered(FACTS, fp32)
 

@@ -8,6 +8,7 @@ Backends:
   packed rows or windows pass a boolean mask.
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (Flash Attention over cu_seqlens) on CUDA, for packed
   documents and windows without a T×T mask.
+- ``flex``: FlexAttention with a block mask from the documents' boundaries (``document_flex``), compiled on CUDA.
 ``auto`` picks varlen on CUDA for packed rows or windows, else sdpa.
 """
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BACKENDS = ("auto", "reference", "sdpa", "varlen")
+BACKENDS = ("auto", "reference", "sdpa", "varlen", "flex")
 _CUDA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                   SDPBackend.MATH]
 
@@ -165,6 +166,10 @@ def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
         return _sdpa(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     if backend == "varlen":
         return _varlen(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
+    if backend == "flex":
+        from .document_flex import flex_document_attention
+
+        return flex_document_attention(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
 
 

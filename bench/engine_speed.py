@@ -15,6 +15,7 @@ two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no 
 memory) go to --out as JSON.
 
 Usage: python bench/engine_speed.py --out results.json [--variants single_bal,...] [--layers 8] [--steps 20]
+       [--memory-trace] [--timeline]
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ VARIANTS = {
                                    recompute="full_keep_attention", steps=12),
     "long32k_c_packed": dict(packed=True, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
                              loss_chunk=8192, steps=12),
+    # FlexAttention over packed documents (block mask from the documents' boundaries) against flash varlen (auto)
+    "packed_bal_c_flex": dict(packed=True, rows_per_step=1, balanced=True, compile=True, attention="flex"),
+    "long32k_c_packed_flex": dict(packed=True, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                                  loss_chunk=8192, attention="flex", steps=12),
     "long64k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=65536, loss_chunk=8192,
                       steps=8),
     "long128k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=131072,
@@ -122,7 +127,7 @@ VARIANTS = {
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
 
-PROFILED = ("long32k_c", "long32k_c_none", "single_bal_c_lora", "muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("long32k_c", "long32k_c_none", "single_bal_c_lora", "single_bal_c_none_lora", "single_bal_c_none", "muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -158,7 +163,7 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
 
 
 def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
-                memory_trace: bool = False) -> dict:
+                memory_trace: bool = False, timeline: bool = False) -> dict:
     steps = spec.get("steps", steps)  # slow variants run fewer steps (window 5..steps-2)
     tiny = device_type == "cpu"
     row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
@@ -186,7 +191,7 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
         "logging": {"progress": True},
         **({"lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS}} if spec.get("lora") else {}),
         "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
-                        "profile_step": steps - 1 if name in PROFILED else None},
+                        "profile_step": steps - 1 if name in PROFILED else None, "profile_timeline": timeline},
     }
     run_dir = Path(tree["run_dir"])
     started = time.perf_counter()
@@ -217,6 +222,10 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
     profile = run_dir / "profile.txt"
     if profile.is_file():
         result["profile"] = profile.read_text()
+    if (run_dir / "profile_trace.json").is_file():  # --timeline: where the GPU waited in the profiled step
+        from step_gaps import summarize
+
+        result["gaps"] = summarize(run_dir / "profile_trace.json", top=15, min_gap_us=50.0)
     return result
 
 
@@ -227,6 +236,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--memory-trace", action="store_true", help="record rank 0's memory per step phase")
+    parser.add_argument("--timeline", action="store_true",
+                        help="profiled variants also keep the step's timeline and report where the GPU waited")
     args = parser.parse_args()
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
@@ -247,13 +258,14 @@ def main() -> None:
 
                     subprocess.run([sys.executable, __file__, "--out", str(part), "--variants", name,
                                     "--layers", str(args.layers), "--steps", str(args.steps)]
-                                   + (["--memory-trace"] if args.memory_trace else []), check=False)
+                                   + (["--memory-trace"] if args.memory_trace else [])
+                                   + (["--timeline"] if args.timeline else []), check=False)
                     results.append(json.loads(part.read_text())["results"][0] if part.is_file()
                                    else {"variant": name, "error": "the variant's process wrote no result"})
                 else:
                     results.append(run_variant(name, VARIANTS[name], layers=args.layers, steps=args.steps,
                                                workdir=Path(tmp), device_type=device_type,
-                                               memory_trace=args.memory_trace))
+                                               memory_trace=args.memory_trace, timeline=args.timeline))
                 if "error" in results[-1]:
                     raise RuntimeError(results[-1]["error"])
             except Exception as error:  # keep what the other variants measured

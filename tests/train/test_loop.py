@@ -223,3 +223,17 @@ def test_compile_wraps_the_blocks_below_the_recompute_boundary(make_recipe):
     plain_recipe = make_recipe(recompute__granularity="full")
     plain, _ = engine.build_model(plain_recipe, recipe_model_config(plain_recipe), single_process(torch.device("cpu")))
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in plain.modules())
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_a_profiled_step_writes_its_table_and_on_request_its_timeline(make_recipe, timeline):
+    from openrecipes.config.rundir import PROFILE_FILE, PROFILE_TRACE_FILE
+
+    run_dir = train(make_recipe(steps=2, debug__profile_step=1, debug__profile_timeline=timeline), command="test")
+    assert "Self CPU" in (run_dir / PROFILE_FILE).read_text()
+    trace = run_dir / PROFILE_TRACE_FILE
+    assert trace.is_file() == timeline
+    if timeline:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert any(event.get("cat") == "cpu_op" for event in events)
+    assert not list(run_dir.glob(".*.partial"))

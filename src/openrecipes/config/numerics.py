@@ -72,7 +72,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(NUMERICS, "replaces the router's choice of experts with round-robin routing", "debug.force_load_balance"),
     **_rules(NUMERICS, "skipping a non-finite step changes which updates are applied", "debug.skip_nonfinite_steps"),
     **_rules(PERFORMANCE, "observing a step (profiler, memory counters) or stopping a run changes no value computed",
-             "debug.profile_step", "debug.profile_sort", "debug.memory_trace", "debug.fail_at",
+             "debug.profile_step", "debug.profile_sort", "debug.profile_timeline", "debug.memory_trace", "debug.fail_at",
              "debug.stall_at"),
     **_rules(PERFORMANCE, "grouped_mm and the per-expert loop compute the same products; they differ only "
              "in how the matrix multiplies are blocked, i.e. in rounding", "kernels.experts"),

@@ -209,6 +209,7 @@ class Debug(BaseModel):
     skip_nonfinite_steps: bool = False  # skip an update with a non-finite loss or grad norm instead of stopping
     profile_step: int | None = Field(None, ge=0)  # run this step under torch.profiler; its table goes to profile.txt
     profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
+    profile_timeline: bool = False      # with profile_step: also the step's Chrome trace (profile_trace.json)
     memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
     fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
     stall_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank hangs after that step (tests of the heartbeat)

@@ -24,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"   # step-NNNNNN directories and the `latest` poi
 ADAPTER_DIR = "adapter"           # a LoRA run's PEFT adapter, written after its last step
 ROWS_DIR = "rows"                 # rows built at the start of the run (data.build)
 PROFILE_FILE = "profile.txt"      # the kernel table of a profiled step (debug.profile_step)
+PROFILE_TRACE_FILE = "profile_trace.json"  # its Chrome trace (debug.profile_timeline): where the GPU waits
 LOCK_FILE = ".openrecipes-run.lock"  # held by the launcher while a job runs (pid, host, command)
 RESUMES_FILE = "resumes.jsonl"    # each resume that changed the recipe: the step it took effect and the changes
 INPUTS_FILE = "inputs.json"       # what a fresh start read: sha256 of rows, base config.json, resolved recipe

@@ -32,9 +32,10 @@ from openrecipes.train.stage_memory import MemoryTrace, build_peak_and_reset, pe
 from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
 from openrecipes.config.recipe import Recipe, dump_recipe
 from openrecipes.config.rundir import (ADAPTER_DIR, BASE_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE,
-                                       PROFILE_FILE, RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
+                                       RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
                                        checkpoint_step, rows_directory, write_run_info)
 from openrecipes.data.manifest import MANIFEST_FILE
+from openrecipes.train.profiling import profiled_step
 from openrecipes.utils import atomic_write_text
 from openrecipes.version import __version__
 
@@ -223,8 +224,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             if debug.fail_at == (rank, step):
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
             if step == debug.profile_step:
-                record = _profiled(run_dir, debug.profile_sort, lambda: train_step(model, optimizer, loader, recipe, step, device,
-                                                               grads, parallel, pipeline))
+                record = profiled_step(run_dir, debug, rank, lambda: train_step(model, optimizer, loader, recipe, step, device,
+                                                                     grads, parallel, pipeline))
             else:
                 record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
             heartbeat.step_done(step)
@@ -315,19 +316,6 @@ def _sequence_slices(parallel: ParallelState) -> tuple:
         return cp_slice, cp_slice
     tp_slice = lambda t: local_sequence_slice(t, parallel.tp_mesh)  # noqa: E731
     return cp_slice, tp_slice if cp_slice is None else (lambda t: tp_slice(cp_slice(t)))
-
-
-def _profiled(run_dir: Path, sort: str | None, fn):
-    """Run one step under torch.profiler; write the kernel table to RUN_DIR/profile.txt (rank 0)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        record = fn()
-    if _rank_and_world()[0] == 0:
-        sort = sort or ("cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
-        atomic_write_text(run_dir / PROFILE_FILE, prof.key_averages().table(sort_by=sort, row_limit=40))
-    return record
 
 
 def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, grads: GradientSync,

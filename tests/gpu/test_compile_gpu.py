@@ -53,3 +53,31 @@ def test_compiled_blocks_round_no_worse_than_eager(granularity, packed):
         compiled_error = ((grad - ref[name]).norm() / scale).item()
         eager_error = ((eager[name] - ref[name]).norm() / scale).item()
         assert compiled_error <= 2 * eager_error + 1e-3, (name, compiled_error, eager_error)
+
+
+def test_packed_rows_never_recompile_a_compiled_block_on_cuda():
+    """Varlen attention takes the longest document's length: a new length must not retrace the block."""
+    from openrecipes.config.recipe import Kernels
+    from openrecipes.parallel.compile import dynamic_document_count
+    from openrecipes.parallel.mesh import single_process
+    from openrecipes.parallel.parallelize import ParallelizeOptions, parallelize
+    from tests.parallel.dynamo_logs import recompile_reasons
+
+    torch._dynamo.reset()
+    config = FAMILY.named_configs["qwen3-moe-tiny"]()
+    model = FAMILY.build(config, device="cuda", dtype=torch.bfloat16, seed=0)
+    parallelize(model, single_process(torch.device("cuda")), ParallelizeOptions(
+        compute_dtype=torch.bfloat16, parameter_dtype=torch.bfloat16, seed=0, kernels=Kernels(compile=True)))
+    tokens = 256
+    with recompile_reasons() as reasons:
+        for step, ends in enumerate(([100, 256], [30, 90, 200, 256], [250, 256], [10, 20, 256])):
+            ids = torch.zeros(1, tokens, dtype=torch.long)
+            for index, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+                ids[0, start:end] = index
+            documents = dynamic_document_count(Documents.from_document_ids(ids.cuda()))
+            tokens_in = torch.randint(0, config.vocab_size, (1, tokens), device="cuda")
+            model(tokens_in, documents=documents).float().pow(2).mean().backward()
+            if step == 0:  # the first microbatch compiles every block (one per layer); later ones may not
+                first = len(reasons)
+    blocks = [r for r in reasons[first:] if r.startswith("Recompiling function forward")]
+    assert not blocks, blocks

@@ -69,3 +69,41 @@ def test_compiled_attention_is_not_retraced_for_new_documents(monkeypatch, famil
     # the CPU per-expert loop's helpers (the host reads expert counts) may recompile; the blocks may not
     block_recompiles = [r for r in reasons[first:] if r.startswith("Recompiling function forward")]
     assert not block_recompiles, block_recompiles
+
+
+class _ReadsLongestDocument(nn.Module):
+    """A block that reads the longest document's length, as the CUDA varlen kernel's call does."""
+
+    def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
+        return x_BTD * documents.max_seqlen + angles_BTF
+
+
+def test_a_block_reading_the_longest_document_is_traced_once(monkeypatch) -> None:
+    from openrecipes.parallel.compile import LONGEST_DOCUMENT_SOURCE, apply_compile
+
+    compile_block = nn.Module.compile
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **options: compile_block(self, backend="eager"))
+    monkeypatch.setattr(torch.compiler.config, "dynamic_sources", "")
+    torch._dynamo.reset()
+    block = _ReadsLongestDocument()
+    apply_compile([block], recomputed=[])
+    assert LONGEST_DOCUMENT_SOURCE in torch.compiler.config.dynamic_sources
+    with recompile_reasons() as reasons:
+        for ends in LAYOUTS[:4]:
+            documents = _documents(ends)
+            x = torch.randn(1, TOKENS, 4)
+            torch.testing.assert_close(block(x, x, documents), x * documents.max_seqlen + x)
+    assert not reasons, reasons
+
+
+@pytest.mark.parametrize("family, name", [(QWEN3, "qwen3-moe-tiny"), (MUSE, "muse-spark-tiny"),
+                                          (DEEPSEEK, "deepseek-v3-tiny")])
+def test_every_compiled_block_names_its_documents_as_the_dynamic_source_says(monkeypatch, family, name) -> None:
+    import inspect
+
+    compiled_blocks = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **options: compiled_blocks.append(self))
+    _build(family, name, True)
+    takes_documents = [block for block in compiled_blocks
+                       if "documents" in inspect.signature(block.forward).parameters]
+    assert takes_documents  # the attention blocks: their argument is the one LONGEST_DOCUMENT_SOURCE names

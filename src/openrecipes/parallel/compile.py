@@ -22,11 +22,26 @@ def apply_compile(blocks: list[nn.Module], *, recomputed: list[nn.Module]) -> in
     """Compile every module of ``blocks`` that is not in ``recomputed``. Returns how many were compiled."""
     skipped = {id(module) for module in recomputed}
     chosen = [block for block in blocks if id(block) not in skipped]
+    if chosen:
+        longest_document_is_dynamic()
     for block in chosen:
         # not fullgraph: the exact per-expert loop (CPU, fp32) reads expert counts on the host and breaks the graph;
         # the CUDA grouped-GEMM path traces whole
         block.compile()
     return len(chosen)
+
+
+# the blocks' argument holding the documents (models/*/model.py: ``forward(x_BTD, angles_BTF, documents)``)
+LONGEST_DOCUMENT_SOURCE = "L['documents'].max_seqlen"
+
+
+def longest_document_is_dynamic() -> None:
+    """Trace the longest document's length (a host int the varlen kernel takes) as a symbol from the first trace.
+    Dynamo specialises a Python int on first sight, so packed rows whose longest document changes recompiled each
+    block once, at whatever step first brought another length."""
+    sources = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
+    if LONGEST_DOCUMENT_SOURCE not in sources:
+        torch.compiler.config.dynamic_sources = ",".join([*sources, LONGEST_DOCUMENT_SOURCE])
 
 
 def inputs_require_grad(embedding: nn.Module) -> None:

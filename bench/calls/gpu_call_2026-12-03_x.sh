@@ -1,5 +1,5 @@
-# One H200, call x: FlexAttention and where LoRA's step waits. The GPU tests of the CUDA paths (FlexAttention against
-# the reference with gradients); packed 8K rows compiled with flash varlen (auto) and FlexAttention, interleaved, two
+# One H200, call x: FlexAttention and where LoRA's step waits. The GPU tests of FlexAttention against the reference
+# with gradients and of packed rows never recompiling a compiled block; packed 8K rows compiled with flash varlen (auto) and FlexAttention, interleaved, two
 # runs each; LoRA and full fine-tuning at the peers' workload without recompute, each with its profiled step's
 # timeline (bench/step_gaps.py: the GPU's idle gaps and what the host ran); one 32K document per row without recompute
 # (fused loss) beside transformers in this call.
@@ -8,7 +8,8 @@ T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -c "import torch, transformers, sys; print(torch.__version__, torch.version.cuda, transformers.__version__, sys.version.split()[0])"
-timeout 90 python3 -m pytest tests/gpu/test_cuda_paths.py -q -p no:cacheprovider -W ignore 2>&1 | tail -3 | tee $OUT/gpu_tests.txt
+timeout 120 python3 -m pytest tests/gpu/test_cuda_paths.py tests/gpu/test_compile_gpu.py -q -p no:cacheprovider -W ignore \
+  -k "flex or varlen or never_recompile" 2>&1 | tail -4 | tee $OUT/gpu_tests.txt
 run() {  # name, variants, seconds
   left=$(( 570 - ($(date +%s) - T0) )); [ $left -lt 40 ] && { echo "skip $1"; return; }
   timeout $(( left < $3 ? left : $3 )) python3 bench/engine_speed.py --out $OUT/$1.json --variants $2 --timeline \

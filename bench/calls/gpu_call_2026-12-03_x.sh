@@ -1,8 +1,8 @@
 # One H200, call x: FlexAttention and where LoRA's step waits. The GPU tests of FlexAttention against the reference
-# with gradients and of packed rows never recompiling a compiled block; packed 8K rows compiled with flash varlen (auto) and FlexAttention, interleaved, two
-# runs each; LoRA and full fine-tuning at the peers' workload without recompute, each with its profiled step's
-# timeline (bench/step_gaps.py: the GPU's idle gaps and what the host ran); one 32K document per row without recompute
-# (fused loss) beside transformers in this call.
+# with gradients and of packed rows never recompiling a compiled block; packed 8K rows compiled with flash varlen
+# (auto) and FlexAttention, interleaved, two runs each; LoRA and full fine-tuning at the peers' workload without
+# recompute, each with its profiled step's timeline (bench/step_gaps.py: the GPU's idle gaps and what the host ran);
+# one 32K document per row without recompute (fused loss) beside transformers in this call.
 # Run from the repository root with .whl and .peers carried:  bash bench/calls/gpu_call_2026-12-03_x.sh
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null

@@ -129,7 +129,8 @@ def test_planner_bytes_without_data_parallel_are_what_each_rank_holds(runs):
     # accumulators (several microbatches) and unsharded optimizer state (fp32 master, bf16 moments)
     from openrecipes.config.rundir import RECIPE_FILE
     from openrecipes.plan.host import recipe_setup
-    from openrecipes.plan.memory import GIB, openrecipes_weight_gib
+    from openrecipes.plan.hardware import GIB
+    from openrecipes.plan.memory import openrecipes_weight_gib
 
     for name in ("TP2-EP2-SP", *SFT_LAYOUTS):
         recipe = load_recipe(runs / name / RECIPE_FILE)

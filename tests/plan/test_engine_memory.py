@@ -40,7 +40,8 @@ def test_predicted_peak_within_10_percent_of_measured(file_name, variant, layout
 def test_pipeline_without_data_parallel_keeps_weights_unsharded():
     # PP2 with dp = 1: no FSDP2, so each stage keeps bf16 parameters (2 B), fp32 gradient accumulators with several
     # microbatches (4 B) and the whole optimizer state of its layers, and no gathered copies; DP2 shards them
-    from openrecipes.plan.memory import GIB, openrecipes_weight_gib, stage_params
+    from openrecipes.plan.hardware import GIB
+    from openrecipes.plan.memory import openrecipes_weight_gib, stage_params
 
     shape = model_shape(get_config("qwen3-moe-tiny"))
     setup = TrainingSetup(optimizer="adam", engine="openrecipes", global_batch_tokens=8 * 256)

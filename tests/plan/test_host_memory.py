@@ -6,8 +6,8 @@ import torch
 
 from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.config.recipe import recipe_from_dict
+from openrecipes.plan.hardware import GIB
 from openrecipes.plan.host import available_host_bytes, check_host_memory, predict_host_memory
-from openrecipes.plan.memory import GIB
 from openrecipes.parallel.mesh import single_process
 
 

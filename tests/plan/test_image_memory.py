@@ -7,8 +7,8 @@ import pytest
 
 from openrecipes.config.layout import LayoutConfig
 from openrecipes.models.registry import get_config
-from openrecipes.plan.hardware import load_hardware
-from openrecipes.plan.memory import GIB, TrainingSetup, stage_memory
+from openrecipes.plan.hardware import GIB, load_hardware
+from openrecipes.plan.memory import TrainingSetup, stage_memory
 from openrecipes.plan.shape import model_shape
 
 

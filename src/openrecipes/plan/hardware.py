@@ -12,6 +12,7 @@ from openrecipes.config.hardware import LINK_AND_MEMORY_FIELDS, GpuSpec, load_ha
 from openrecipes.config.hardware import parse_hardware
 
 DEFAULT_PLANNER_FILE = Path(__file__).with_name("planner.yaml")
+GIB = 1024 ** 3  # bytes in a GiB, the unit the planner gives memory in (planner.yaml, the hardware table)
 
 
 @dataclass(kw_only=True, frozen=True)

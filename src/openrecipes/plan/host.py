@@ -10,9 +10,9 @@ from typing import Any
 
 from openrecipes.config.layout import LayoutWorkload, stage_layer_counts
 from openrecipes.config.recipe import Recipe
-from openrecipes.plan.hardware import Hardware, load_hardware
+from openrecipes.plan.hardware import GIB, Hardware, load_hardware
 from openrecipes.plan.lora import LoraSetup
-from openrecipes.plan.memory import GIB, TrainingSetup, stage_memory
+from openrecipes.plan.memory import TrainingSetup, stage_memory
 from openrecipes.plan.shape import model_shape
 
 

@@ -12,12 +12,9 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
   sharded optimizer bytes to host memory.
 - activations: ``layer_activation_bytes`` per layer and microbatch; 1F1B keeps ``pp - i`` microbatches in
   flight on stage ``i``; plus one layer's backward working set; the last stage's logits in bf16 and the
-  fp32 copy the loss uses; pipeline send/receive buffers. This engine on one stage with the unchunked loss: with one
-  microbatch the larger of the backward's start at the loss (every layer's saved activations, the logits and their
-  gradient, no other gradient yet) and its end (every gradient, the first layer's activations), measured apart
-  (``_one_microbatch_peak``; its parts are what is alive then); with several, the loss beside every gradient
-  accumulator. With the chunked loss, ``_openrecipes_peak_moment``. One rank holding every
-  expert gets exactly top-k routed copies per token; the imbalance factor applies over expert-parallel ranks.
+  fp32 copy the loss uses; pipeline send/receive buffers. This engine's peak is the larger of moments measured apart
+  (plan/peak_moments.py). One rank holding every expert gets exactly top-k routed copies per token; the imbalance
+  factor applies over expert-parallel ranks.
 - constants and factors from planner.yaml: fixed workspaces, communication buffers, allocator overhead.
 - Image models (``ModelShape.frozen_encoder_params``): the first stage holds the encoders. Megatron's layout: all of
   them frozen bf16. This engine's: the towers frozen (parameters only, ``_frozen_params_gib``), the projection
@@ -32,27 +29,15 @@ from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES, WHOLE_LAYER_GRANULARITIES
-from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.hardware import GIB, Hardware
 from openrecipes.plan.lora import (LoraSetup, adapter_params, expert_adapter_bytes_per_copy,
                                   rank_product_bytes_per_token)
+from openrecipes.plan.peak_moments import loss_bytes, openrecipes_peak
 from openrecipes.plan.shape import ModelShape
 
-GIB = 1024 ** 3
 OPTIMIZERS = {"adam": 12, "precision-aware": 6}  # sharded optimizer-state bytes per parameter
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 ENGINES = ("megatron", "openrecipes")
-# This engine's loss: bf16 logits (2 B per token and vocabulary entry), the fp32 copy cross-entropy reads (4 B) and its
-# fp32 log-softmax (4 B) are alive together for a moment, 6 B stay for the backward. 8 B is fitted to the memory
-# phases of our DP2-EP2 and DP4-EP4 runs (both rise 15.4 GiB above the resident state; docs/plan.md).
-OPENRECIPES_LOGITS_BYTES = 8
-# Compiled blocks (kernels.compile) fuse the LM head's output into the loss: bytes per logits element alive at the
-# loss, measured on one H200 (8 layers at Qwen3-30B-A3B widths, 1 and 4 rows of 8,192 tokens per microbatch; the
-# memory-knob calls in BENCHMARKS.md)
-OPENRECIPES_COMPILED_LOGITS_BYTES = 1.0
-# With one microbatch a step, bytes per logits element when the backward starts at the loss (the logits and their
-# gradient; eager also the fp32 log-softmax it saved), measured with each phase's peak (debug.memory_trace) on one
-# H200: 4 rows of 8,192 tokens, 8 and 18 layers, compiled and eager (call t in BENCHMARKS.md)
-LOSS_BACKWARD_BYTES = {"compiled": 4.0, "eager": 12.0}
 # Compiled blocks also save fewer tensors for the backward of the layers they keep (fused elementwise work): the share
 # of the eager activations a layer without full recompute keeps, from the same measurements
 OPENRECIPES_COMPILED_ACTIVATION_SHARE = 0.85
@@ -261,17 +246,10 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             # activations are already freed: the peak is the larger of the backward's start and that recompute
             recompute_peak = share * stored_per_layer * held + working
             stage_working = max(full_layer * (mem.working_set_multiplier - 1), recompute_peak - stored)
-        transient = stage_working
+        transient, loss = stage_working, 0.0
         if last:
-            # bf16 logits from the LM head and the fp32 copy the loss works in (vocab split by TP); the chunked
-            # loss holds one chunk's and an fp32 accumulator of the head's weight gradient
-            logit_tokens = min(tokens, setup.loss_chunk_tokens) if setup.loss_chunk_tokens else tokens
-            per_element = OPENRECIPES_LOGITS_BYTES if setup.engine == "openrecipes" else 2 + 4
-            if compiled and not setup.loss_chunk_tokens:
-                per_element = OPENRECIPES_COMPILED_LOGITS_BYTES
-            logits = logit_tokens * shape.vocab / layout.tp * per_element
-            if setup.loss_chunk_tokens:
-                logits += 4 * shape.lm_head_params / layout.tp
+            logits, loss = loss_bytes(shape, layout, engine=setup.engine, loss_chunk_tokens=setup.loss_chunk_tokens,
+                                      compiled=compiled, fixed_overhead_gib=mem.fixed_overhead_gib)
             transient = max(stage_working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         in_flight = stored_per_layer if share == 1 else max(stored_per_layer, kept_per_layer)
@@ -281,27 +259,11 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         buffers = mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0)
         if setup.engine == "openrecipes":
             weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)
-            # the loss when the backward starts there: unchunked, the logits, their gradient and the head's weight
-            # gradient; chunked, one chunk's (``logits`` above: its own backward runs inside the forward)
-            loss = (logit_tokens * shape.vocab / layout.tp * LOSS_BACKWARD_BYTES["compiled" if compiled else "eager"]
-                    + 2 * shape.lm_head_params / layout.tp) if last else 0.0
-            if setup.loss_chunk_tokens and last:  # and the fixed overhead, fitted with it (32K rows, call p)
-                loss = logits + mem.fixed_overhead_gib * GIB
-            if layout.pp == 1 and m == 1:
-                # every layer's kept kernel tensors are still alive when the backward ends (call v, 22 layers)
-                end = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0) + kernel_kept * held
-                weights, stored_at_peak, transient, buffers = _one_microbatch_peak(weights, stored_at_peak, loss=loss,
-                                                                                   end=end)
-            elif layout.pp == 1 and not setup.loss_chunk_tokens and m > 1:
-                # from the second microbatch on, the loss runs beside every gradient accumulator
-                transient, buffers = max(loss, stage_working), 0.0
-            elif layout.pp == 1:
-                # several microbatches: from the second on, the loss runs beside every gradient accumulator
-                transient = max(transient, stage_working)
-            else:
-                # gradients exist only from the backward on (they are freed after each step), when the logits are
-                # already gone: the peak is the larger of the two, not their sum
-                transient = max(transient - weights["grads"] * GIB, stage_working)
+            # every layer's kept kernel tensors are still alive when the backward ends (call v, 22 layers)
+            end = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0) + kernel_kept * held
+            weights, stored_at_peak, transient, buffers = openrecipes_peak(
+                weights, stored_at_peak, transient, buffers, loss=loss, end=end, working=stage_working, pp=layout.pp,
+                microbatches=m, chunked=bool(setup.loss_chunk_tokens))
         else:
             kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
             # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole
@@ -334,37 +296,6 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             activations=stored * setup.offload_activations)
         stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
-
-
-def _one_microbatch_peak(weights: dict[str, float], stored: float, *, loss: float, end: float
-                         ) -> tuple[dict[str, float], float, float, float]:
-    """(weights GiB, activations, transient bytes, buffers GiB) of this engine at its peak with one microbatch a step,
-    one stage and the unchunked loss: the larger of two moments, measured apart on one H200 (call t in
-    BENCHMARKS.md). When the backward starts at the loss, every layer's saved activations are alive with the loss's
-    ``loss`` bytes (logits, their gradient, the LM head's weight gradient) and no other gradient yet; at the end of
-    the backward every gradient is alive with the ``end`` bytes of the first layer's activations, and the other
-    layers' are freed. The parts say what is alive at the larger one."""
-    at_loss, at_end = stored + loss, weights["grads"] * GIB + end
-    if at_loss >= at_end:
-        return {**weights, "grads": 0.0}, stored, loss, 0.0
-    return weights, 0.0, end, 0.0
-
-
-def _openrecipes_peak_moment(transient: float, working: float, grads: float, fixed: float) -> tuple[float, float]:
-    """(buffers GiB, transient bytes) of this engine at its peak with one microbatch per step on one stage (nothing
-    else runs after the last backward), over what the weights' part already counts (all gradients). The peak is the
-    larger of two moments: the loss, where ``transient`` (the logits, or the working set if larger) and the fixed
-    overhead (workspaces, loss and routing bookkeeping; the logits' 8 B were fitted
-    with it) are alive but no gradient is yet (they exist from the backward on and are freed after each step); and
-    the end of the backward, with every gradient and the last layer's recompute working set but not the fixed
-    overhead (our TP2 and CP2 runs, whose gradients outweigh their logits, peak within 0.25 GiB of parameters,
-    gradients and optimizer state: no room for it; docs/plan.md). At the loss, gradients the weights' part counts
-    but that do not exist yet make room for the logits first, then for the fixed overhead."""
-    at_loss = transient + fixed - grads
-    if at_loss <= working:
-        return 0.0, working
-    held = max(transient - grads, 0.0)
-    return (at_loss - held) / GIB, held
 
 
 def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes: float, activations: float

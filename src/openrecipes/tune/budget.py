@@ -1,9 +1,16 @@
 """The tuner's clock: what a trial is expected to take, and what the search holds back for the verification, the
-remeasured pairs and the card that follow it (``--minutes`` is the wall time of the whole command)."""
+remeasured pairs and the card that follow it (``--minutes`` is the wall time of the whole command); ``SearchBudget``
+keeps that clock for a running search."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from openrecipes.tune.journal import Journal
+from openrecipes.tune.options import TuneOptions
+from openrecipes.tune.predict import Calibration, Prediction, Target
+from openrecipes.tune.progress import Progress
+from openrecipes.tune.space import Candidate
 
 # verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
 # (the component test took 11.6 s on two CPU cores; on one H200 210 s at the full CUDA shape, which the tuner no
@@ -36,3 +43,87 @@ def estimated_wall_s(start: dict[str, Any], trial_steps: int, step_time_s: float
         return start["wall_s"]
     fixed = max(0.0, start["wall_s"] - trial_steps * start["measured"]["step_time_mean_s"])
     return fixed + trial_steps * step_time_s
+
+
+class SearchBudget:
+    """The clock of a ``Search``, a mixin reading the search's state (the attributes below): a trial starts only when
+    its estimated time (the start's fixed cost before step 0 plus its predicted steps) and the reserve for
+    verification and remeasurement (``reserve_s``) fit in what is left, and its time limit ends where the reserve
+    begins."""
+
+    options: TuneOptions
+    target: Target
+    journal: Journal
+    progress: Progress
+    calibration: Calibration
+    tried: dict[str, Candidate]
+    trial_index: int
+    searching: bool
+
+    def _measured(self, key: str) -> dict[str, Any] | None:
+        record = self.journal.find(key)
+        return record if record is not None and record["status"] == "ok" else None
+
+    def _best(self) -> tuple[Candidate, float] | None:
+        ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records
+              if r["status"] == "ok" and r["key"] in self.tried]
+        if not ok:
+            return None
+        tps, key = max(ok)
+        return self.tried[key], tps
+
+    def _timeout(self, phase: str) -> float:
+        """The trial's limit: ``--trial-timeout``, three times the start's time once it was measured (at least two
+        minutes), and for a search trial never past the point where the budget's reserve begins (a remeasurement
+        is what the reserve is for: cutting it would leave the gain unmeasured)."""
+        limit = self.options.trial_timeout_s
+        if phase != "remeasure":
+            limit = min(limit, max(1.0, self.progress.left_s() - self.reserve_s()))
+        start = self._measured("start")
+        if start is None:
+            return limit
+        # a candidate three times slower than the (deliberately slow) start is not worth waiting for
+        return min(limit, max(120.0, 3.0 * start["wall_s"]))
+
+    def reserve_s(self, next_wall_s: float = 0.0) -> float:
+        """Time held back for what follows the search: the remeasured (start, winner) pairs at their measured
+        trial times (the slower of the best candidate so far and the next trial, ``next_wall_s``, standing in for
+        the winner) and the rest of verification."""
+        start = self._measured("start")
+        if start is None:
+            return 0.0
+        if not self.searching:
+            return CARD_S
+        best = self._best()
+        best_wall = self._measured(best[0].key)["wall_s"] if best and best[0].key != "start" else 0.0
+        winner_wall = max(best_wall, next_wall_s)
+        if not winner_wall:
+            return CARD_S  # nothing but the start was measured: nothing to remeasure
+        return pairs_reserve_s(start["wall_s"], winner_wall, self.options.remeasure, self.target.is_cpu)
+
+    def remeasure_pairs(self, winner: dict[str, Any]) -> int:
+        """The module's ``remeasure_pairs`` for this search's start and ``winner``."""
+        pair = self._measured("start")["wall_s"] + winner["wall_s"]
+        return remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
+
+    def estimated_wall_s(self, prediction: Prediction | None) -> float:
+        """A trial's expected wall time (the module's ``estimated_wall_s``); 0 before the start was measured."""
+        start = self._measured("start")
+        if start is None:
+            return 0.0
+        step_time = self.calibration.step_time_s(prediction) if prediction is not None else None
+        return estimated_wall_s(start, self.options.trial_steps, step_time)
+
+    def within_budget(self, prediction: Prediction | None = None) -> bool:
+        wall = self.estimated_wall_s(prediction)
+        return wall + self.reserve_s(wall) <= self.progress.left_s()
+
+    def _budget_left(self, prediction: Prediction | None = None) -> bool:
+        return self.trial_index < self.options.trials and self.within_budget(prediction)
+
+    def _spent(self, prediction: Prediction | None) -> str:
+        """Why the search stops when the next trial, predicted ``prediction``, is not ``_budget_left``."""
+        return (f"the budget is spent: the next trial would take about "
+                f"{(wall := self.estimated_wall_s(prediction)):.0f} s and "
+                f"{self.reserve_s(wall):.0f} s would be reserved for verification, "
+                f"{max(0.0, self.progress.left_s()):.0f} s are left")

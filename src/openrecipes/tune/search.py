@@ -6,9 +6,7 @@ ranking (refitted after every trial); 4. the rest around the best measured recip
 two knobs away from the most promising of those, best predicted first. The offload fraction and the number of
 recomputed layers are solved from the memory model (``tune/solve.py``) for every setting of the other knobs.
 
-``--minutes`` is the wall time of the whole command: a trial starts only when its estimated time (the start's fixed
-cost before step 0 plus its predicted steps) and the reserve for verification and remeasurement (``reserve_s``) fit
-in what is left, and its time limit ends where the reserve begins.
+``--minutes`` is the wall time of the whole command: ``budget.SearchBudget`` says which trials it holds.
 
 A failed trial is information: after an out-of-memory every candidate predicted to need as much memory or more is
 pruned (``Calibration.out_of_memory_gib``), and after any other failure every candidate that makes all the failed
@@ -25,7 +23,7 @@ from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.rundir import rows_directory
-from openrecipes.tune import budget
+from openrecipes.tune.budget import SearchBudget
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
@@ -63,7 +61,7 @@ class SearchResult:
     trial_s: float
 
 
-class Search:
+class Search(SearchBudget):
     def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
         self.options = options
         self.runner = runner
@@ -232,19 +230,6 @@ class Search:
 
     # ---- trials -----------------------------------------------------------------------------------------------
 
-    def _timeout(self, phase: str) -> float:
-        """The trial's limit: ``--trial-timeout``, three times the start's time once it was measured (at least two
-        minutes), and for a search trial never past the point where the budget's reserve begins (a remeasurement
-        is what the reserve is for: cutting it would leave the gain unmeasured)."""
-        limit = self.options.trial_timeout_s
-        if phase != "remeasure":
-            limit = min(limit, max(1.0, self.progress.left_s() - self.reserve_s()))
-        start = self._measured("start")
-        if start is None:
-            return limit
-        # a candidate three times slower than the (deliberately slow) start is not worth waiting for
-        return min(limit, max(120.0, 3.0 * start["wall_s"]))
-
     def run_trial(self, candidate: Candidate, prediction: Prediction | None, phase: str,
                   refusal: str | None = None, key: str | None = None) -> dict[str, Any]:
         """Run (or reuse) one trial and record it; ``refusal`` records a layout train would refuse, unrun. A ``key``
@@ -324,48 +309,6 @@ class Search:
         self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior, reserved=reserved)
         self.progress.reserve_s = self.reserve_s()
 
-    # ---- the budget -------------------------------------------------------------------------------------------
-
-    def _measured(self, key: str) -> dict[str, Any] | None:
-        record = self.journal.find(key)
-        return record if record is not None and record["status"] == "ok" else None
-
-    def reserve_s(self, next_wall_s: float = 0.0) -> float:
-        """Time held back for what follows the search: the remeasured (start, winner) pairs at their measured
-        trial times (the slower of the best candidate so far and the next trial, ``next_wall_s``, standing in for
-        the winner) and the rest of verification."""
-        start = self._measured("start")
-        if start is None:
-            return 0.0
-        if not self.searching:
-            return budget.CARD_S
-        best = self._best()
-        best_wall = self._measured(best[0].key)["wall_s"] if best and best[0].key != "start" else 0.0
-        winner_wall = max(best_wall, next_wall_s)
-        if not winner_wall:
-            return budget.CARD_S  # nothing but the start was measured: nothing to remeasure
-        return budget.pairs_reserve_s(start["wall_s"], winner_wall, self.options.remeasure, self.target.is_cpu)
-
-    def remeasure_pairs(self, winner: dict[str, Any]) -> int:
-        """``budget.remeasure_pairs`` for this search's start and ``winner``."""
-        pair = self._measured("start")["wall_s"] + winner["wall_s"]
-        return budget.remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
-
-    def estimated_wall_s(self, prediction: Prediction | None) -> float:
-        """A trial's expected wall time (``budget.estimated_wall_s``); 0 before the start was measured."""
-        start = self._measured("start")
-        if start is None:
-            return 0.0
-        step_time = self.calibration.step_time_s(prediction) if prediction is not None else None
-        return budget.estimated_wall_s(start, self.options.trial_steps, step_time)
-
-    def within_budget(self, prediction: Prediction | None = None) -> bool:
-        wall = self.estimated_wall_s(prediction)
-        return wall + self.reserve_s(wall) <= self.progress.left_s()
-
-    def _budget_left(self, prediction: Prediction | None = None) -> bool:
-        return self.trial_index < self.options.trials and self.within_budget(prediction)
-
     def candidate_or_none(self, settings: Settings) -> Candidate | None:
         try:
             return candidate_recipe(self.start, settings, self.facts)
@@ -376,14 +319,6 @@ class Search:
         """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
         prediction = self._prediction_or_none(candidate)
         return prediction if prediction and self.calibration.fits(prediction, margin=MEMORY_MARGIN) else None
-
-    def _best(self) -> tuple[Candidate, float] | None:
-        ok = [(r["measured"]["tokens_per_s_per_gpu"], r["key"]) for r in self.journal.records
-              if r["status"] == "ok" and r["key"] in self.tried]
-        if not ok:
-            return None
-        tps, key = max(ok)
-        return self.tried[key], tps
 
     def run(self) -> SearchResult:
         start = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
@@ -432,10 +367,7 @@ class Search:
                 self.progress.say("no untried candidate left")
                 break
             if not self._budget_left(pool[0].prediction):
-                self.progress.say(f"the budget is spent: the next trial would take about "
-                                  f"{(wall := self.estimated_wall_s(pool[0].prediction)):.0f} s and "
-                                  f"{self.reserve_s(wall):.0f} s would be reserved for verification, "
-                                  f"{max(0.0, self.progress.left_s()):.0f} s are left")
+                self.progress.say(self._spent(pool[0].prediction))
                 break
             self._search_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
                                else "around-best")

@@ -85,19 +85,3 @@ def _one_microbatch_peak(weights: dict[str, float], stored: float, *, loss: floa
         return {**weights, "grads": 0.0}, stored, loss, 0.0
     return weights, 0.0, end, 0.0
 
-
-def _openrecipes_peak_moment(transient: float, working: float, grads: float, fixed: float) -> tuple[float, float]:
-    """(buffers GiB, transient bytes) of this engine at its peak with one microbatch per step on one stage (nothing
-    else runs after the last backward), over what the weights' part already counts (all gradients). The peak is the
-    larger of two moments: the loss, where ``transient`` (the logits, or the working set if larger) and the fixed
-    overhead (workspaces, loss and routing bookkeeping; the logits' 8 B were fitted
-    with it) are alive but no gradient is yet (they exist from the backward on and are freed after each step); and
-    the end of the backward, with every gradient and the last layer's recompute working set but not the fixed
-    overhead (our TP2 and CP2 runs, whose gradients outweigh their logits, peak within 0.25 GiB of parameters,
-    gradients and optimizer state: no room for it; docs/plan.md). At the loss, gradients the weights' part counts
-    but that do not exist yet make room for the logits first, then for the fixed overhead."""
-    at_loss = transient + fixed - grads
-    if at_loss <= working:
-        return 0.0, working
-    held = max(transient - grads, 0.0)
-    return (at_loss - held) / GIB, held

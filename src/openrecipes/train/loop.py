@@ -364,13 +364,16 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         loss_sum += micro_loss.detach().double()
     if pipeline is not None:
         trace.mark("forward_backward")
-    loss = float(_all_reduce(loss_sum)) / supervised
+    # read back after the gradient norm's own read: reading it here would drain the GPU while the host still has the
+    # norm and the optimizer to launch (a LoRA step's GPU waited there, BENCHMARKS.md call x)
+    loss_total = _all_reduce(loss_sum)
     grads.synchronize()
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
     grad_norm, clip_scale = grad_norm_and_clip_scale(
         grads.gradients(), recipe.optimizer.grad_clip,
         stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
+    loss = float(loss_total) / supervised
     if math.isfinite(loss) and math.isfinite(grad_norm):
         for group in optimizer.param_groups:
             group["lr"] = lr

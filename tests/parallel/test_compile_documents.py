@@ -83,12 +83,13 @@ def test_a_block_reading_the_longest_document_is_traced_once(monkeypatch) -> Non
 
     compile_block = nn.Module.compile
     monkeypatch.setattr(nn.Module, "compile", lambda self, **options: compile_block(self, backend="eager"))
-    monkeypatch.setattr(torch.compiler.config, "dynamic_sources", "")
     torch._dynamo.reset()
     block = _ReadsLongestDocument()
-    apply_compile([block], recomputed=[])
-    assert LONGEST_DOCUMENT_SOURCE in torch.compiler.config.dynamic_sources
-    with recompile_reasons() as reasons:
+    # torch's own patch, not monkeypatch: pytest deletes on undo a config missing from the module's __dict__, and
+    # torch then hides that config from every later test.
+    with torch.compiler.config.patch(dynamic_sources=""), recompile_reasons() as reasons:
+        apply_compile([block], recomputed=[])
+        assert LONGEST_DOCUMENT_SOURCE in torch.compiler.config.dynamic_sources
         for ends in LAYOUTS[:4]:
             documents = _documents(ends)
             x = torch.randn(1, TOKENS, 4)

@@ -83,3 +83,28 @@ def test_offloaded_state_streamed_through_the_gpu_is_bitwise_the_on_gpu_update(m
     for p, q in zip(a, b):
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(on_gpu.state[p][key].cpu(), streamed.state[q][key])
+
+
+@pytest.mark.parametrize("offload", [dict(), dict(offload_fraction=1.0, offload_update="device"),
+                                     dict(offload_fraction=0.5, offload_update="host")])
+def test_a_step_the_device_skips_changes_nothing_and_is_not_counted(offload):
+    """The clip factor and the skip of a non-finite step are device tensors the kernel reads (the host does not wait
+    for the norm): a skipped step leaves parameters and state bitwise, and a step after it is a first step."""
+    a, b = params(torch.bfloat16, "cuda"), params(torch.bfloat16, "cuda")
+    skipping = MixedPrecisionAdam(a, AdamConfig(master="remainder", **offload, **HYPER))
+    plain = MixedPrecisionAdam(b, AdamConfig(master="remainder", **offload, **HYPER))
+    for p in a:
+        p.main_grad = torch.full(p.shape, float("nan"), device="cuda")
+    before = [p.detach().clone() for p in a]
+    skipping.step(grad_scale=torch.tensor(0.5, device="cuda"), skip=torch.tensor(True, device="cuda"))
+    skipping.forget_skipped_step()
+    assert all(torch.equal(x, y.detach()) for x, y in zip(before, a))
+    assert all(int(s["step"]) == 0 for s in skipping.state.values())
+    g = torch.Generator().manual_seed(1)
+    for p, q in zip(a, b):
+        p.main_grad = (torch.randn(p.shape, generator=g) * 0.1).cuda()
+        q.main_grad = p.main_grad.clone()
+    skipping.step(grad_scale=torch.tensor(0.5, device="cuda"), skip=torch.tensor(False, device="cuda"))
+    plain.step(grad_scale=0.5)
+    for x, y in zip(a, b):
+        assert torch.equal(x.detach(), y.detach())

@@ -129,3 +129,37 @@ def test_schedule_warms_up_then_decays_to_min():
     assert lr_at(19, **kwargs) > 1e-6 and lr_at(20, **kwargs) == pytest.approx(1e-6)
     values = [lr_at(s, **kwargs) for s in range(2, 21)]
     assert values == sorted(values, reverse=True)
+
+
+def _snapshot(optimizer, params):
+    state = {id(p): {k: v.clone() for k, v in optimizer.state[p].items()} for p in params}
+    return [p.detach().clone() for p in params], state
+
+
+@pytest.mark.parametrize("offload", [0.0, 0.5])
+def test_a_scale_and_skip_given_as_tensors_act_as_the_host_values(offload):
+    """The loop hands the clip factor and the non-finite skip as scalar tensors; a skipped step changes no
+    parameter, no moment and no step count, and the steps around it are bitwise those of a run without it."""
+    config = AdamConfig(master="remainder", offload_fraction=offload, offload_update="host", **HYPER)
+    ours, reference = make_params(torch.bfloat16), make_params(torch.bfloat16)
+    with_tensors, with_floats = MixedPrecisionAdam(ours, config), MixedPrecisionAdam(reference, config)
+    grads = grads_sequence(ours, 3)
+    for index, step_grads in enumerate(grads):
+        for p, q, grad in zip(ours, reference, step_grads):
+            p.main_grad, q.main_grad = grad.float().clone(), grad.float().clone()
+        if index == 1:  # a step the device found non-finite: garbage gradients, nothing may change
+            for p in ours:
+                p.main_grad = torch.full_like(p.main_grad, float("nan"))
+            before = _snapshot(with_tensors, ours)
+            with_tensors.step(grad_scale=torch.tensor(0.25), skip=torch.tensor(True))
+            with_tensors.forget_skipped_step()
+            after = _snapshot(with_tensors, ours)
+            assert all(torch.equal(a, b) for a, b in zip(before[0], after[0]))
+            assert all(torch.equal(before[1][k][key], after[1][k][key]) for k in before[1] for key in before[1][k])
+            for p, grad in zip(ours, step_grads):
+                p.main_grad = grad.float().clone()
+        with_tensors.step(grad_scale=torch.tensor(0.5), skip=torch.tensor(False))
+        with_floats.step(grad_scale=0.5)
+    for a, b in zip(ours, reference):
+        assert torch.equal(a, b)
+    assert [int(with_tensors.state[p]["step"]) for p in ours] == [3] * len(ours)

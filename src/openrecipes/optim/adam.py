@@ -99,7 +99,11 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         if unsupported:
             raise ValueError(f"parameters of dtype {sorted(map(str, unsupported))} are not supported (bf16 or fp32)")
         self._offloaded = _choose_offloaded(all_params, config.offload_fraction)
-        self._grad_scale = 1.0
+        self._grad_scale: torch.Tensor | float = 1.0
+        self._skip: torch.Tensor | None = None
+        self._device_scales: dict[torch.device, torch.Tensor] = {}
+        self._counted_on_device: list[torch.nn.Parameter] = []  # updates the device may have skipped (``skip``)
+        self._host_reads: tuple[float, bool] | None = None
         self._streamed = StreamedStateUpdate()
         for p in all_params:
             self._init_state(p)
@@ -122,11 +126,18 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
             state["master"] = _empty_like(local, torch.float32, device, pin).copy_(local)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale: float = 1.0):  # noqa: D401 - torch.optim signature
-        """``grad_scale`` multiplies every gradient as it is read (gradient clipping without an extra pass)."""
+    def step(self, closure=None, *, grad_scale: torch.Tensor | float = 1.0,
+             skip: torch.Tensor | None = None):  # noqa: D401 - torch.optim signature
+        """``grad_scale`` multiplies every gradient as it is read (gradient clipping without an extra pass).
+
+        Both may be scalar tensors on the device, computed there from the gradient norm: the GPU updates read them,
+        so nothing here waits for the backward; only the host updates (CPU state, ``offload.update: host``) read
+        them back. ``skip`` true leaves every parameter and its state as they were; a caller who learns afterwards
+        that the device skipped calls ``forget_skipped_step`` so that the step is not counted either."""
         if closure is not None:
             raise ValueError("MixedPrecisionAdam does not take a closure")
-        self._grad_scale = float(grad_scale)
+        self._grad_scale, self._skip = grad_scale, skip
+        self._device_scales, self._counted_on_device, self._host_reads = {}, [], None
         on_device, offloaded = [], []
         for group in self.param_groups:
             for p in group["params"]:
@@ -154,7 +165,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         items, settings = [], []
         for p, group in offloaded:
             state = self.state[p]
-            state["step"] += 1
+            self._count_on_device(p)
             local = _local(p)
             items.append((local, _local(_grad(p)), state))
             settings.append(dict(step=int(state["step"]), lr=group["lr"], beta1=group["betas"][0],
@@ -167,8 +178,8 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
             fp32_param = param.dtype == torch.float32
             fused_cuda.fused_adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"],
                                          master=None if fp32_param else state.get("master"),
-                                         remainder=state.get("remainder"), grad_scale=self._grad_scale,
-                                         **settings[index])
+                                         remainder=state.get("remainder"), grad_scale=self._scale_on(param.device),
+                                         skip=self._skip, **settings[index])
             if fp32_param and "master" in state:
                 state["master"].copy_(param)
 
@@ -186,20 +197,51 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 host_grads[p] = grad.to("cpu", non_blocking=stream is not None)
         return stream, host_grads
 
+    def _count_on_device(self, p: torch.nn.Parameter) -> None:
+        self.state[p]["step"] += 1
+        if self._skip is not None:
+            self._counted_on_device.append(p)
+
+    def forget_skipped_step(self) -> None:
+        """Uncount the last step's GPU updates: called when its ``skip`` turned out true (they changed nothing)."""
+        for p in self._counted_on_device:
+            self.state[p]["step"] -= 1
+        self._counted_on_device = []
+
+    def _scale_on(self, device: torch.device) -> torch.Tensor:
+        """The step's gradient scale as an fp32 scalar on ``device``, made once per step."""
+        scale = self._device_scales.get(device)
+        if scale is None:
+            given = self._grad_scale
+            scale = given.to(device, torch.float32) if torch.is_tensor(given) else \
+                torch.full((), given, dtype=torch.float32, device=device)
+            self._device_scales[device] = scale
+        return scale
+
+    def _read_on_host(self) -> tuple[float, bool]:
+        """(gradient scale, skip) for the host updates, read back once per step (the one wait for the device)."""
+        if self._host_reads is None:
+            self._host_reads = (float(self._grad_scale), self._skip is not None and bool(self._skip))
+        return self._host_reads
+
     def _update(self, p: torch.nn.Parameter, group: dict, grad: torch.Tensor) -> None:
         state = self.state[p]
-        state["step"] += 1
         local = _local(p)
         state_device = state["exp_avg"].device
         beta1, beta2 = group["betas"]
         weight_decay = group["weight_decay"] if local.dim() >= 2 else 0.0
         grad = _local(grad)
         if fused_cuda.available(local) and state_device == local.device:
+            self._count_on_device(p)
             fused_cuda.fused_adam_update(
                 local, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], master=state.get("master"),
                 remainder=state.get("remainder"), step=int(state["step"]), lr=group["lr"], beta1=beta1,
-                beta2=beta2, eps=group["eps"], weight_decay=weight_decay, grad_scale=self._grad_scale)
+                beta2=beta2, eps=group["eps"], weight_decay=weight_decay, grad_scale=self._scale_on(local.device),
+                skip=self._skip)
             return
+        if self._read_on_host()[1]:
+            return
+        state["step"] += 1
         # the state's device does the math; a parameter living elsewhere (offloaded state) is brought over once
         param = local if local.device == state_device and local.is_contiguous() else \
             local.to(state_device).contiguous()
@@ -218,8 +260,9 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
 
     def _update_slice(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], **math) -> None:
         grad32 = grad.float()
-        if self._grad_scale != 1.0:
-            grad32 = grad32 * self._grad_scale
+        scale = self._read_on_host()[0]
+        if scale != 1.0:
+            grad32 = grad32 * scale
         if "master" in state:
             master = state["master"]
         elif "remainder" in state:

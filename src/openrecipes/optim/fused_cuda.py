@@ -1,5 +1,8 @@
 """One-pass AdamW update on CUDA (Triton): read param (+ remainder or fp32 master), fp32 gradient and moments
-once, write them once. The arithmetic is ``adam.adam_math``'s, element by element, in fp32."""
+once, write them once. The arithmetic is ``adam.adam_math``'s, element by element, in fp32.
+
+The gradient's scale (the clip factor) and whether to skip the update (a non-finite step) are read by the kernel
+from device tensors, so the host launches the update without waiting for the gradient norm."""
 
 from __future__ import annotations
 
@@ -17,11 +20,14 @@ if triton is not None:
 
     @triton.jit
     def _adam_kernel(param_ptr, master_ptr, remainder_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, n_elements,
-                     lr, beta1, beta2, eps, decay_factor, step_size, inv_sqrt_bc2, grad_scale,
-                     MODE: tl.constexpr, MOMENTS_BF16: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                     lr, beta1, beta2, eps, decay_factor, step_size, inv_sqrt_bc2, grad_scale_ptr, skip_ptr,
+                     MODE: tl.constexpr, MOMENTS_BF16: tl.constexpr, HAS_SKIP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
         # MODE 0: fp32 params are the masters; 1: explicit fp32 master + bf16 param; 2: bf16 param + int16 remainder
         offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         mask = offsets < n_elements
+        if HAS_SKIP:  # a skipped step reads and writes nothing: every load and store is masked off
+            mask = mask & (tl.load(skip_ptr) == 0)
+        grad_scale = tl.load(grad_scale_ptr)
         if MODE == 0:
             master = tl.load(param_ptr + offsets, mask=mask)
         elif MODE == 1:
@@ -63,8 +69,13 @@ def available(tensor: torch.Tensor) -> bool:
 
 def fused_adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
                       master: torch.Tensor | None, remainder: torch.Tensor | None, step: int, lr: float, beta1: float,
-                      beta2: float, eps: float, weight_decay: float, grad_scale: float = 1.0) -> None:
-    """Update in place; ``param`` is fp32 (MODE 0), or bf16 with ``master`` (MODE 1) or ``remainder`` (MODE 2)."""
+                      beta2: float, eps: float, weight_decay: float, grad_scale: torch.Tensor | float = 1.0,
+                      skip: torch.Tensor | None = None) -> None:
+    """Update in place; ``param`` is fp32 (MODE 0), or bf16 with ``master`` (MODE 1) or ``remainder`` (MODE 2).
+    ``grad_scale``: an fp32 scalar tensor on the device (a float is made one); ``skip``: a bool scalar tensor on
+    the device, true to leave everything as it is."""
+    if not torch.is_tensor(grad_scale):
+        grad_scale = torch.full((), grad_scale, dtype=torch.float32, device=param.device)
     mode = 0 if param.dtype == torch.float32 else (1 if master is not None else 2)
     n = param.numel()
     bias_correction1 = 1.0 - beta1 ** step
@@ -74,4 +85,5 @@ def fused_adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     _adam_kernel[grid](param_arg, master if master is not None else param, remainder if remainder is not None else param_arg,
                        grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, 1.0 - lr * weight_decay,
                        lr / bias_correction1, 1.0 / bias_correction2 ** 0.5, grad_scale,
-                       MODE=mode, MOMENTS_BF16=exp_avg.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK)
+                       skip if skip is not None else grad_scale, MODE=mode,
+                       MOMENTS_BF16=exp_avg.dtype == torch.bfloat16, HAS_SKIP=skip is not None, BLOCK_SIZE=BLOCK)

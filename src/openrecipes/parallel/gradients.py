@@ -119,12 +119,13 @@ def _expert_parallel(param: nn.Parameter) -> bool:
     return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
 
 
-def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, *,
-                             stage_group=None) -> tuple[float, float]:
-    """Global L2 norm of ``grads`` and the factor that clips it to ``max_norm`` (1.0 when it is within).
+def grad_norm_squared(grads: list[torch.Tensor], device: torch.device, *, stage_group=None) -> torch.Tensor:
+    """The squared global L2 norm of ``grads``, in fp64 on ``device``, never read back to the host: the step's
+    clip factor and its finiteness are computed from it on the device, so the optimizer's launches queue behind the
+    backward instead of waiting for it.
 
     Sharded (DTensor) gradients add their squared local norms over the ranks of the mesh dimension they are
-    sharded on. The optimizer applies the factor as it reads each gradient, so clipping costs no extra pass."""
+    sharded on; pipeline stages (``stage_group``) hold different layers and add theirs."""
     groups: dict[Any, list[torch.Tensor]] = {}
     for grad in grads:
         group = None
@@ -134,18 +135,22 @@ def grad_norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float | None, 
                           if not placement.is_replicate())
             grad = grad.to_local()
         groups.setdefault(group, []).append(grad)
-    norm_sq = 0.0
+    norm_sq = torch.zeros((), dtype=torch.float64, device=device)
     for group, tensors in groups.items():
         # one stack and one cast: a cast per tensor was a kernel launch each, with the GPU idle behind them
         group_sq = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).double().pow(2).sum()
         for mesh_group in group or ():  # sharded over several mesh dims: sum over each in turn
             dist.all_reduce(group_sq, group=mesh_group)
-        norm_sq += float(group_sq)
-    if stage_group is not None:  # pipeline stages hold different layers: add their squares
-        device = grads[0].device if grads else torch.device("cpu")
-        total = torch.tensor(norm_sq, dtype=torch.float64, device=device)
-        dist.all_reduce(total, group=stage_group)
-        norm_sq = float(total)
-    norm = norm_sq ** 0.5
-    scale = 1.0 if max_norm is None or not norm > max_norm else max_norm / (norm + 1e-6)
-    return norm, scale
+        norm_sq = norm_sq + group_sq
+    if stage_group is not None:
+        dist.all_reduce(norm_sq, group=stage_group)
+    return norm_sq
+
+
+def clip_scale(norm_sq: torch.Tensor, max_norm: float | None) -> torch.Tensor:
+    """The fp32 factor that clips a gradient of squared norm ``norm_sq`` to ``max_norm`` (1.0 when it is within,
+    or not finite), on ``norm_sq``'s device. The optimizer applies it as it reads each gradient (no extra pass)."""
+    if max_norm is None:
+        return torch.ones((), dtype=torch.float32, device=norm_sq.device)
+    norm = norm_sq.sqrt()
+    return torch.where(norm > max_norm, max_norm / (norm + 1e-6), 1.0).float()

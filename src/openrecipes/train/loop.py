@@ -19,7 +19,7 @@ from openrecipes.checkpoint.hf import recipe_model_config
 from openrecipes.optim.adam import AdamConfig, MixedPrecisionAdam
 from openrecipes.optim.schedule import lr_at
 from openrecipes.models.common.precision import check_fp32_parameters
-from openrecipes.parallel.gradients import GradientSync, grad_norm_and_clip_scale
+from openrecipes.parallel.gradients import GradientSync, clip_scale, grad_norm_squared
 from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train import engine
 from openrecipes.train.exports import adapter_base, export_hf, exports_base
@@ -364,23 +364,26 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         loss_sum += micro_loss.detach().double()
     if pipeline is not None:
         trace.mark("forward_backward")
-    # read back after the gradient norm's own read: reading it here would drain the GPU while the host still has the
-    # norm and the optimizer to launch (a LoRA step's GPU waited there, BENCHMARKS.md call x)
     loss_total = _all_reduce(loss_sum)
     grads.synchronize()
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
-    grad_norm, clip_scale = grad_norm_and_clip_scale(
-        grads.gradients(), recipe.optimizer.grad_clip,
-        stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
-    loss = float(loss_total) / supervised
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        trace.mark("gradient_sync_and_norm")
-        optimizer.step(grad_scale=clip_scale)
-        trace.mark("optimizer")
+    # the norm, the clip factor and the skip of a non-finite step stay on the device, and the loss and norm are read
+    # back once the update is queued: a read before it drained the GPU while the host still had the optimizer's
+    # launches to make (a LoRA step's GPU waited there, BENCHMARKS.md call x)
+    norm_sq = grad_norm_squared(grads.gradients(), device,
+                                stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
+    nonfinite = ~(torch.isfinite(norm_sq) & torch.isfinite(loss_total))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    trace.mark("gradient_sync_and_norm")
+    optimizer.step(grad_scale=clip_scale(norm_sq, recipe.optimizer.grad_clip), skip=nonfinite)
+    trace.mark("optimizer")
     grads.zero()
+    loss_total, grad_norm, skipped = torch.stack([loss_total.double(), norm_sq.sqrt(), nonfinite.double()]).tolist()
+    loss = loss_total / supervised
+    if skipped:
+        optimizer.forget_skipped_step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,

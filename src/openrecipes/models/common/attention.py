@@ -26,6 +26,14 @@ _CUDA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBac
                   SDPBackend.MATH]
 
 
+def document_starts(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: where a document starts, at each row's start and wherever the id changes inside a row (rows
+    may reuse ids: two documents are the same only where their tokens are adjacent)."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
 @dataclass(frozen=True, kw_only=True)
 class Documents:
     """Where packed documents start and end inside a batch of rows.
@@ -43,13 +51,16 @@ class Documents:
         if document_ids.dim() != 2:
             raise ValueError(f"document_ids must have shape (rows, tokens), got {tuple(document_ids.shape)}")
         rows, tokens = document_ids.shape
-        # A new document starts at each row start and wherever the id changes inside a row.
-        starts = torch.ones_like(document_ids, dtype=torch.bool)
-        starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-        start_offsets = starts.flatten().nonzero().flatten()
+        start_offsets = document_starts(document_ids).flatten().nonzero().flatten()
         cu_seqlens = torch.cat([start_offsets, start_offsets.new_tensor([rows * tokens])]).to(torch.int32)
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
         return cls(document_ids=document_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+    def index(self, device: torch.device | None = None) -> torch.Tensor:
+        """(B, T) int32 index of each token's document, increasing along a row, on ``device``: unlike the ids, two
+        documents never share an index, so equality is exactly "same document"."""
+        ids = self.document_ids if device is None else self.document_ids.to(device)
+        return document_starts(ids).cumsum(dim=1, dtype=torch.int32)
 
     def whole_rows(self, rows: int, tokens: int) -> bool:
         """Whether each of the ``rows`` rows of ``tokens`` tokens is one whole document."""

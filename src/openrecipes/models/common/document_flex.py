@@ -22,14 +22,10 @@ _compiled_flex = None
 
 
 def document_index(documents, rows: int, tokens: int, device: torch.device) -> torch.Tensor:
-    """(B, T) int32 index of each token's document, increasing along a row: unlike the caller's ids, two documents
-    never share an index, so equality is exactly "same document". ``documents`` None: one document per row."""
+    """(B, T) int32 index of each token's document (``Documents.index``); ``documents`` None: one per row."""
     if documents is None:
         return torch.zeros(rows, tokens, dtype=torch.int32, device=device)
-    ids = documents.document_ids.to(device)
-    starts = torch.ones_like(ids, dtype=torch.int32)
-    starts[:, 1:] = (ids[:, 1:] != ids[:, :-1]).to(torch.int32)
-    return starts.cumsum(dim=1, dtype=torch.int32)
+    return documents.index(device)
 
 
 def document_block_mask(index_BT: torch.Tensor, *, window: int | None) -> BlockMask:

@@ -115,3 +115,27 @@ def test_a_trial_that_ended_early_is_not_verified(start_yaml, tmp_path):
     assert [v.record["key"] for v in failed] == [faster[0]["key"]]
     assert "too short for the convergence check" in failed[0].failures[0]
     assert winner is not None and winner.record["key"] == faster[1]["key"]
+
+
+def test_a_start_train_would_refuse_is_refused_before_any_trial(tmp_path, rows_dir):
+    from .conftest import write_start
+
+    start = write_start(tmp_path / "start.yaml", rows_dir, layout={"dp": 1, "tp": 3, "max_tokens_per_gpu": 256})
+    runner = SyntheticRunner()
+    with pytest.raises(ValueError, match=r"the starting point: openrecipes train refuses its layout: layout\.tp"):
+        _search(start, tmp_path / "out", runner).run()
+    assert runner.calls == []
+
+
+def test_a_start_cut_by_the_budget_says_the_budget_is_short(start_yaml, tmp_path):
+    from openrecipes.tune.runner import Outcome
+
+    class TooSlow(SyntheticRunner):
+        def run(self, trial, tick=None):
+            self.calls.append(trial)
+            return Outcome(failure="timeout", detail=f"stopped after the trial limit of {trial.timeout_s:.0f} s")
+
+    options = TuneOptions(start=start_yaml, out=tmp_path / "out", gpus="cpu", trials=4, minutes=0.05, trial_steps=8)
+    search = Search(options, TooSlow(), Progress(trials=4, minutes=0.05, stream=io.StringIO()))
+    with pytest.raises(ValueError, match=r"did not finish within --minutes 0\.05 .* give more minutes"):
+        search.run()

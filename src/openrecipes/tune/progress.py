@@ -13,6 +13,14 @@ import time
 from typing import Callable, TextIO
 
 
+def failure_text(failure: dict, limit: int = 160) -> str:
+    """A trial's failure in one line, "class: detail", the detail cut at a word near ``limit`` characters."""
+    detail = " ".join(str(failure["detail"]).split())
+    if len(detail) > limit:
+        detail = detail[:limit].rsplit(" ", 1)[0] + " …"
+    return f"{failure['class']}: {detail}"
+
+
 class Progress:
     def __init__(self, *, trials: int, minutes: float, stream: TextIO | None = None, quiet: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -80,7 +88,7 @@ class Progress:
                 self.best = (tps, record["label"])
             result = f"{tps:,.1f} tokens/s/GPU" + _memory_text(measured, record.get("prediction"))
         else:
-            result = f"FAILED ({record['failure']['class']}: {record['failure']['detail'][:120]})"
+            result = f"FAILED ({failure_text(record['failure'])})"
         how = "reused from trials.jsonl" if reused else f"{record.get('wall_s', 0):.0f} s"
         if not reused and record.get("overhead_s") is not None:
             how += f", {record['overhead_s']:.0f} s of it outside the steps"

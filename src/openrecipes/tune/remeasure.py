@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from openrecipes.tune.progress import failure_text
 from openrecipes.tune.search import Search
 from openrecipes.tune.space import KNOBS, Candidate, describe_changes, start_settings
 
@@ -72,7 +73,7 @@ def remeasure(search: Search, winner: dict[str, Any], pairs: int) -> Gain:
         for role, subject in (("start", start), ("winner", candidate)):
             record = search.run_trial(subject, None, "remeasure", key=REMEASURE_KEY.format(n=n, key=subject.key))
             if record["status"] != "ok" and role == "winner":
-                failure = f"{record['failure']['class']}: {record['failure']['detail'][:160]}"
+                failure = failure_text(record["failure"])
                 return Gain(start=tuple(s for s in start_samples if s), winner=(), pairs=(), failure=failure)
             (start_samples if role == "start" else winner_samples).append(_tps(record))
     measured = [(s, w) for s, w in zip(start_samples, winner_samples) if s is not None]

@@ -28,7 +28,7 @@ from openrecipes.tune.journal import Journal, check_settings, prepare_out, setti
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
-from openrecipes.tune.progress import Progress
+from openrecipes.tune.progress import Progress, failure_text
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
 from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, early_end_s, trial_record, write_trial_recipe
@@ -173,7 +173,7 @@ class Search(SearchBudget):
                     and record["failure"]["class"] not in ("out_of_memory", *CLUSTER_FAILURES)
                     and all((path, value) in items for path, value in record["changes"].items())):
                 return (f"makes every change of trial {record['index']}, which failed "
-                        f"({record['failure']['class']}: {record['failure']['detail'][:160]})")
+                        f"({failure_text(record['failure'])})")
         return None
 
     def _fits(self, settings: Settings) -> bool | None:
@@ -322,14 +322,22 @@ class Search(SearchBudget):
 
     def run(self) -> SearchResult:
         start = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
-        start_prediction = self.planner.predict(self.start) if not self.planner.refusal(self.start) else None
+        refusal = self.planner.refusal(self.start)
+        if refusal:  # the rules train applies: running it would only show train refusing it
+            raise ValueError(f"the starting point: openrecipes train refuses its layout: {refusal}")
+        start_prediction = self.planner.predict(self.start)
         self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
                           f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
                           f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")
+        cut_by_budget = self._timeout("start") < self.options.trial_timeout_s
         record = self.run_trial(start, start_prediction, "start")
         if record["status"] != "ok":
-            raise ValueError(f"the starting point failed ({record['failure']['class']}: "
-                             f"{record['failure']['detail']}); see {self.out / record['run_dir']}/../train.log")
+            failure, log = record["failure"], (self.out / record["run_dir"]).parent / "train.log"
+            if failure["class"] == "timeout" and cut_by_budget:
+                raise ValueError(f"the starting point did not finish within --minutes {self.options.minutes:g} "
+                                 f"({failure['detail']}): the budget must hold the start, the trials and "
+                                 f"verification; give more minutes (see {log})")
+            raise ValueError(f"the starting point failed ({failure['class']}: {failure['detail']}); see {log}")
         with self.in_flight:  # a job in flight is cancelled if the search stops
             self._search()
         self.progress.projected_finish(self.reserve_s())

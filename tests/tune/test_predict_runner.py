@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from openrecipes.config.recipe import load_recipe
+from openrecipes.config.layout import LayoutConfig
 from openrecipes.tune.predict import Planner, Prediction, Target, fit_calibration, resolve_target
 from openrecipes.tune.runner import LocalRunner, TrialRun, classify_failure
 from openrecipes.tune.slurm_runner import SlurmRunner, slurm_minutes
@@ -83,9 +84,16 @@ def test_planner_refuses_what_train_refuses(start_yaml):
         update={"dp": 4})}))
     assert "sequence_parallel" in planner.refusal(start.model_copy(update={"layout": start.layout.model_copy(
         update={"dp": 1, "tp": 2})}))
+    two = LayoutConfig(dp=2, max_tokens_per_gpu=256)
     with pytest.raises(ValueError, match="world size"):
-        resolve_target("4xH200", 2)
-    assert resolve_target("cpu", 2) == Target(count=2, gpu_type="cpu")
+        resolve_target("4xH200", two)
+    assert resolve_target("cpu", two) == Target(count=2, gpu_type="cpu")
+    # dp left out is the world size, as train takes it: from --gpus, or from --nproc for CPU processes
+    unset = LayoutConfig(tp=2, sequence_parallel=True, max_tokens_per_gpu=256)
+    assert resolve_target("4xH200", unset) == Target(count=4, gpu_type="H200")
+    assert resolve_target("cpu", LayoutConfig(max_tokens_per_gpu=256), nproc=3) == Target(count=3, gpu_type="cpu")
+    with pytest.raises(ValueError, match="world size"):
+        resolve_target("3xH200", unset)  # tp=2 does not divide 3
 
 
 @pytest.mark.parametrize("code,log,expected", [

@@ -32,7 +32,7 @@ from typing import Any
 
 from openrecipes.config.hardware import GpuSpec, known_gpu_name, parse_gpus
 from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, layout_problems, rows_per_microbatch,
-                                      unsupported_reason)
+                                      unsupported_reason, with_world_size)
 from openrecipes.config.recipe import Recipe
 from openrecipes.plan.enumerate import Plan, evaluate
 from openrecipes.plan.hardware import Hardware, load_hardware
@@ -65,9 +65,11 @@ class Target:
         return f"{self.count}x{self.gpu_type}"
 
 
-def resolve_target(text: str, world_size: int) -> Target:
+def resolve_target(text: str, layout: LayoutConfig, nproc: int | None = None) -> Target:
     """``auto`` (the GPUs of this machine, else CPU processes), ``cpu``, or COUNTxTYPE (``2xH200``, ``2xcpu``).
-    The count must equal the start's world size: the tuner keeps it."""
+    CPU processes number ``nproc`` where it is given, else the start's world size. The count must be the start's
+    world size, the tuner keeps it: a start that leaves dp out gets it from the count, as train does
+    (``with_world_size``)."""
     text = text.strip()
     if text == "auto":
         import torch
@@ -76,15 +78,17 @@ def resolve_target(text: str, world_size: int) -> Target:
             target = Target(count=torch.cuda.device_count(),
                             gpu_type=known_gpu_name(torch.cuda.get_device_name(0)))
         else:
-            target = Target(count=world_size, gpu_type=CPU)
+            target = Target(count=nproc or layout.world_size, gpu_type=CPU)
     elif text.lower() == CPU:
-        target = Target(count=world_size, gpu_type=CPU)
+        target = Target(count=nproc or layout.world_size, gpu_type=CPU)
     else:
         count, gpu_type = parse_gpus(text)
         target = Target(count=count, gpu_type=CPU if gpu_type.lower() == CPU else gpu_type)
+    world_size = with_world_size(layout, target.count).world_size
     if target.count != world_size:
         raise ValueError(f"--gpus {text}: {target.count} devices, but the start's layout (tp·pp·cp·dp) uses "
-                         f"{world_size}; the tuner keeps the world size (give --gpus {world_size}x{target.gpu_type})")
+                         f"{world_size}; the tuner keeps the world size (give --gpus {world_size}x{target.gpu_type}, "
+                         "or leave the start's dp out to take it from the count)")
     return target
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
+from openrecipes.config.layout import with_world_size
 from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.budget import SearchBudget
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
@@ -65,9 +66,16 @@ class Search(SearchBudget):
     def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
         self.options = options
         self.runner = runner
-        self.start = load_recipe(options.start)
-        self.target = resolve_target(options.gpus, self.start.layout.world_size)
+        start = load_recipe(options.start)
+        self.target = resolve_target(options.gpus, start.layout, options.nproc)
+        layout = with_world_size(start.layout, self.target.count)  # dp left out: the count's, as train does
+        self.start = start if layout == start.layout else start.model_copy(update={"layout": layout})
         self.nproc = options.nproc or self.target.count
+        if self.nproc > self.target.count:
+            raise ValueError(f"--nproc {self.nproc}: the start runs on {self.target.count} process(es) (tp·pp·cp·dp "
+                             f"of its layout) and the tuner keeps that world size; to tune on {self.nproc}, give the "
+                             f"start a layout of {self.nproc} (dp left out is the world size) and --gpus "
+                             f"{self.nproc}x{self.target.gpu_type}")
         if self.nproc != self.target.count:
             raise ValueError(f"--nproc {self.nproc}: this runner starts all {self.target.count} processes of a "
                              "trial on one machine; several nodes need the Slurm runner (docs/tune.md)")

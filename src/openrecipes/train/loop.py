@@ -368,22 +368,9 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     grads.synchronize()
     lr = lr_at(step, total_steps=recipe.steps, lr=recipe.optimizer.lr, min_lr=recipe.optimizer.min_lr,
                warmup_fraction=recipe.optimizer.warmup_fraction, decay=recipe.optimizer.decay)
-    # the norm, the clip factor and the skip of a non-finite step stay on the device, and the loss and norm are read
-    # back once the update is queued: a read before it drained the GPU while the host still had the optimizer's
-    # launches to make (a LoRA step's GPU waited there, BENCHMARKS.md call x)
-    norm_sq = grad_norm_squared(grads.gradients(), device,
-                                stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
-    nonfinite = ~(torch.isfinite(norm_sq) & torch.isfinite(loss_total))
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    trace.mark("gradient_sync_and_norm")
-    optimizer.step(grad_scale=clip_scale(norm_sq, recipe.optimizer.grad_clip), skip=nonfinite)
-    trace.mark("optimizer")
-    grads.zero()
-    loss_total, grad_norm, skipped = torch.stack([loss_total.double(), norm_sq.sqrt(), nonfinite.double()]).tolist()
+    loss_total, grad_norm = _update(optimizer, grads, loss_total, lr=lr, grad_clip=recipe.optimizer.grad_clip,
+                                    device=device, parallel=parallel, trace=trace)
     loss = loss_total / supervised
-    if skipped:
-        optimizer.forget_skipped_step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
@@ -403,6 +390,28 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     if trace.phases:
         record["memory_phases_gib"] = trace.phases
     return record
+
+
+def _update(optimizer, grads: GradientSync, loss_total: torch.Tensor, *, lr: float, grad_clip: float | None,
+            device: torch.device, parallel: ParallelState, trace: MemoryTrace) -> tuple[float, float]:
+    """Clip and apply the step's gradients unless the loss or the norm is not finite; (loss sum, gradient norm).
+
+    The norm, the clip factor and the skip stay on the device, and the two figures are read back once the update is
+    queued: a read before it drained the GPU while the host still had the optimizer's launches to make (a LoRA step's
+    GPU waited there, BENCHMARKS.md call x)."""
+    norm_sq = grad_norm_squared(grads.gradients(), device,
+                                stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
+    nonfinite = ~(torch.isfinite(norm_sq) & torch.isfinite(loss_total))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    trace.mark("gradient_sync_and_norm")
+    optimizer.step(grad_scale=clip_scale(norm_sq, grad_clip), skip=nonfinite)
+    trace.mark("optimizer")
+    grads.zero()
+    loss_sum, grad_norm, skipped = torch.stack([loss_total.double(), norm_sq.sqrt(), nonfinite.double()]).tolist()
+    if skipped:
+        optimizer.forget_skipped_step()
+    return loss_sum, grad_norm
 
 
 def _pipeline_step(pipeline, microbatches: list[dict], supervised: float, device: torch.device,

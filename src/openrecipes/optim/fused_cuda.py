@@ -85,5 +85,6 @@ def fused_adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     _adam_kernel[grid](param_arg, master if master is not None else param, remainder if remainder is not None else param_arg,
                        grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, 1.0 - lr * weight_decay,
                        lr / bias_correction1, 1.0 / bias_correction2 ** 0.5, grad_scale,
-                       skip if skip is not None else grad_scale, MODE=mode,
+                       # bool read as its byte: Triton's loads of i1 pointers are less portable than of u8
+                       skip.view(torch.uint8) if skip is not None else grad_scale, MODE=mode,
                        MOMENTS_BF16=exp_avg.dtype == torch.bfloat16, HAS_SKIP=skip is not None, BLOCK_SIZE=BLOCK)

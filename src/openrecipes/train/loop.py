@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import gc
 import math
-import platform
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +24,16 @@ from openrecipes.train.exports import adapter_base, export_hf, exports_base
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
 from openrecipes.train.rows_vocabulary import check_rows_vocabulary
-from openrecipes.checkpoint.training_save import latest_checkpoint, load_checkpoint, remove_stale_staging, save_checkpoint
-from openrecipes.train.metrics import MetricsStream, truncate_after
+from openrecipes.checkpoint.training_save import latest_checkpoint, remove_stale_staging, save_checkpoint
+from openrecipes.train.metrics import MetricsStream
 from openrecipes.train.stage_memory import MemoryTrace, build_peak_and_reset, peak_gib_per_stage, rank_peak_bytes
-from openrecipes.train.resume import record_inputs, record_resume, resumed_changes
-from openrecipes.config.recipe import Recipe, dump_recipe
+from openrecipes.train.resume import resumed_changes
+from openrecipes.config.recipe import Recipe
 from openrecipes.config.rundir import (ADAPTER_DIR, BASE_EXPORT_DIR, METRICS_FILE, PEAK_MEMORY_PER_STAGE,
-                                       RECIPE_FILE, RESUMES_FILE, RUN_FILE, RunGpuInfo, RunInfo, RunModelInfo,
-                                       checkpoint_step, rows_directory, write_run_info)
+                                       rows_directory)
 from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.train.profiling import profiled_step
-from openrecipes.utils import atomic_write_text
-from openrecipes.version import __version__
+from openrecipes.train.run_start import finished, never_saved, record_fresh_start, resumed_step, run_info
 
 
 class TrainingStopped(ValueError):
@@ -56,15 +52,6 @@ def _all_reduce(value: torch.Tensor, op=None) -> torch.Tensor:
     return value
 
 
-def gpu_type(device: torch.device) -> str:
-    from openrecipes.config.hardware import CPU_TYPE, known_gpu_name
-
-    if device.type != "cuda":
-        return CPU_TYPE
-
-    return known_gpu_name(torch.cuda.get_device_name(device))
-
-
 def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:
     rows = rows_directory(recipe.data.rows, run_dir)
     if not (rows / MANIFEST_FILE).is_file():
@@ -73,39 +60,11 @@ def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:
     return rows
 
 
-def _run_gpu_info(device: torch.device, world: int) -> RunGpuInfo:
-    """run.json's gpu: the device type and count, and for a CPU run the host's memory (GB), which its card states as
-    the device memory (a GPU's is the hardware table's)."""
-    from openrecipes.utils import host_memory_bytes
-
-    kind = gpu_type(device)
-    if device.type == "cuda":
-        return RunGpuInfo(type=kind, count=world)
-    return RunGpuInfo(type=kind, count=world, memory_gb=round(host_memory_bytes() / 1e9, 1))
-
-
-def _run_info(recipe: Recipe, config, device: torch.device, command: str, world: int, row_tokens: int,
-              rows_per_microbatch: int) -> RunInfo:
-    return RunInfo(
-        command=command,
-        started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        model=RunModelInfo(name=recipe.model, active_params=config.active_params(),
-                           total_params=config.total_params(), num_layers=config.num_hidden_layers,
-                           hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
-                           head_dim=config.head_dim),
-        gpu=_run_gpu_info(device, world),
-        world_size=world, global_batch=recipe.global_batch, row_tokens=row_tokens,
-        rows_per_microbatch=rows_per_microbatch, steps=recipe.steps,
-        versions={"openrecipes": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                  "cuda": torch.version.cuda})
-
-
 def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
           device: torch.device | None = None, config: Any = None) -> Path:
     """Run (or resume) the recipe; returns the run directory. ``config``: the recipe's model config when the caller
     resolved it already (``checkpoint.hf.recipe_model_config``, what `openrecipes train` does once per process)."""
-    from openrecipes.data.batching import RowLoader, load_rows
-    from openrecipes.config.layout import LayoutError, rows_per_microbatch as layout_rows_per_microbatch
+    from openrecipes.config.layout import LayoutError
 
     from openrecipes.parallel.mesh import build_parallel_state, init_distributed
     from openrecipes.train.startup import StartupClock
@@ -121,10 +80,10 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         raise LayoutError(problems[0])
     parallel = build_parallel_state(recipe.layout, device)
     engine.check_aux_loss(recipe, config)
-    if not resume and (run_dir / METRICS_FILE).exists() and not _never_saved(run_dir):
+    if not resume and (run_dir / METRICS_FILE).exists() and not never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}
-    if resume and _finished(run_dir, recipe.steps):
+    if resume and finished(run_dir, recipe.steps):
         if rank == 0:
             print(f"openrecipes train: {run_dir} is finished: its last save is step {recipe.steps - 1} of its "
                   f"{recipe.steps} steps, so there is nothing to resume (--set steps=N trains further)",
@@ -138,75 +97,27 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         dist.barrier()
     torch.manual_seed(recipe.seed)
 
-    dataset = load_rows(_rows_to_train_on(recipe, run_dir))
-    row_tokens = dataset.row_tokens
-    check_rows_directory(recipe, config, _rows_to_train_on(recipe, run_dir))
-    check_rows_vocabulary(recipe, config, _rows_to_train_on(recipe, run_dir), int(dataset.input_ids.max()))
-    rows_per_microbatch = layout_rows_per_microbatch(recipe.layout, row_tokens)
-    dp_rank, dp_size = parallel.dp_rank, parallel.dp_size
-    loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=dp_rank, dp_size=dp_size,
-                       rows_per_microbatch=rows_per_microbatch)
-    if rank == 0:
-        from openrecipes.train.banner import coverage_warning, start_banner
-
-        print(start_banner(model=recipe.model, config=config, world_size=world, layout_label=recipe.layout.label(),
-                           rows=len(dataset), row_tokens=row_tokens, steps=recipe.steps,
-                           global_batch=recipe.global_batch, run_dir=run_dir), file=sys.stderr, flush=True)
-        warning = coverage_warning(steps=recipe.steps, global_batch=recipe.global_batch, rows=len(dataset))
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
+    loader = _row_loader(recipe, config, run_dir, parallel, rank=rank, world=world)
+    row_tokens, rows_per_microbatch = loader.dataset.row_tokens, loader.rows_per_microbatch
 
     clock.mark("setup")
     engine.check_weights_fit(recipe, config, parallel)
     model, grads = engine.build_model(recipe, config, parallel)
     clock.mark("build")
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
-    opt = recipe.optimizer
-    # a frozen base (lora) has no gradients and gets no optimizer state
-    optimizer = MixedPrecisionAdam([p for p in model.parameters() if p.requires_grad], AdamConfig(
-        lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay,
-        master="param" if engine.parameter_dtype(recipe, parallel) == torch.float32
-        else recipe.optimizer_master(),
-        moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap,
-        offload_update=recipe.offload.update))
+    optimizer = _optimizer(recipe, model, parallel)
     clock.mark("optimizer")
+    pipeline = _pipeline(recipe, config, model, parallel, device, rows_per_microbatch)
 
-    pipeline = None
-    if parallel.pp_size > 1:
-        from openrecipes.config.layout import rank_layers
-        from openrecipes.parallel.pipeline import build_pipeline
-
-        per_rank_rows = recipe.global_batch // parallel.dp_size
-        chunks = rank_layers(recipe.layout, config.num_hidden_layers, parallel.pp_rank)
-        stage_loss = engine.StageLoss(_sequence_slices(parallel)[1],
-                                      head_computes_loss=bool(recipe.kernels.loss_chunk_tokens))
-        pipeline = build_pipeline(model, chunks, num_stages=parallel.pp_size * recipe.layout.vpp,
-                                  device=device, group=parallel.pp_group,
-                                  microbatches=-(-per_rank_rows // rows_per_microbatch),
-                                  loss_fn=stage_loss, loss_inputs=stage_loss.loss_inputs(model))
-
-    start = 0
     if rank == 0:
         remove_stale_staging(run_dir)  # a save cut short by a kill: written by this tool, never complete
     if resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is not None:
-            start = load_checkpoint(checkpoint, model, optimizer) + 1
-            if rank == 0:
-                print(f"openrecipes train: resuming from {checkpoint.name}", file=sys.stderr, flush=True)
-        elif rank == 0:  # killed before (or during) its first save: the run starts again from the seed
-            print(f"openrecipes train: {run_dir} has no complete checkpoint; resuming from step 0",
-                  file=sys.stderr, flush=True)
+        start = resumed_step(run_dir, recipe, model, optimizer, resume_changes, rank)
+    else:
+        start = 0
         if rank == 0:
-            truncate_after(run_dir, start - 1)
-            record_resume(run_dir, recipe, resume_changes, start)
-    elif rank == 0:
-        # a fresh start over a run that never saved (_never_saved): its metrics lines and resume records go
-        truncate_after(run_dir, -1)
-        (run_dir / RESUMES_FILE).unlink(missing_ok=True)
-        atomic_write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
-        record_inputs(run_dir, recipe)  # what a resume is compared against (train/resume.py)
-        write_run_info(run_dir, _run_info(recipe, config, device, command, world, row_tokens, rows_per_microbatch))
+            record_fresh_start(run_dir, recipe, run_info(recipe, config, device, command, world, row_tokens,
+                                                         rows_per_microbatch))
 
     metrics = MetricsStream(run_dir, total_steps=recipe.steps, progress=recipe.logging.progress,
                             tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
@@ -237,17 +148,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                     record["build_peak_memory_gib"] = build_peak
             if step % 50 == 0:
                 gc.collect(1)
-            finite = math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
             metrics.log(record)
-            skipped_in_a_row = 0 if finite else skipped_in_a_row + 1
-            if not finite and (not recipe.debug.skip_nonfinite_steps
-                               or skipped_in_a_row > recipe.debug.max_consecutive_skips):
-                previous = latest_checkpoint(run_dir)
-                skips = (f" after {skipped_in_a_row - 1} skipped steps in a row (debug.max_consecutive_skips)"
-                         if recipe.debug.skip_nonfinite_steps else "")
-                raise TrainingStopped(f"step {step}: non-finite loss {record['loss']} or gradient norm "
-                                      f"{record['grad_norm']}{skips}; the update was not applied; last good "
-                                      f"checkpoint: {previous or 'none'}")
+            skipped_in_a_row = _count_nonfinite(record, step, skipped_in_a_row, recipe, run_dir)
             every = recipe.checkpoint.every
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
@@ -256,13 +158,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
                 if at_end:
                     metrics.note(_saved_message(saved, run_dir, finished=step == recipe.steps - 1))
             if recipe.lora is not None and step == recipe.steps - 1:
-                from openrecipes.checkpoint.lora import save_peft_adapter
-
                 with heartbeat.paused():
-                    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / ADAPTER_DIR,
-                                      base_model=adapter_base(recipe, run_dir),
-                                      write=parallel.rank == 0,
-                                      stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
+                    _save_adapter(recipe, model, parallel, run_dir)
             if debug.stall_at == (rank, step):
                 _stall(rank, step)
     finally:
@@ -274,6 +171,82 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     if exports_base(recipe) and last == recipe.steps - 1 and rank == 0:
         export_hf(run_dir, BASE_EXPORT_DIR, lora="base")
     return run_dir
+
+
+def _row_loader(recipe: Recipe, config: Any, run_dir: Path, parallel: ParallelState, *, rank: int, world: int):
+    """The run's rows, checked against the model (their directory, their vocabulary), as this rank's loader; rank 0
+    prints the start banner and a warning when the steps leave rows unread or repeat them."""
+    from openrecipes.config.layout import rows_per_microbatch
+    from openrecipes.data.batching import RowLoader, load_rows
+
+    rows = _rows_to_train_on(recipe, run_dir)
+    dataset = load_rows(rows)
+    check_rows_directory(recipe, config, rows)
+    check_rows_vocabulary(recipe, config, rows, int(dataset.input_ids.max()))
+    loader = RowLoader(dataset=dataset, global_batch=recipe.global_batch, dp_rank=parallel.dp_rank,
+                       dp_size=parallel.dp_size,
+                       rows_per_microbatch=rows_per_microbatch(recipe.layout, dataset.row_tokens))
+    if rank == 0:
+        from openrecipes.train.banner import coverage_warning, start_banner
+
+        print(start_banner(model=recipe.model, config=config, world_size=world, layout_label=recipe.layout.label(),
+                           rows=len(dataset), row_tokens=dataset.row_tokens, steps=recipe.steps,
+                           global_batch=recipe.global_batch, run_dir=run_dir), file=sys.stderr, flush=True)
+        warning = coverage_warning(steps=recipe.steps, global_batch=recipe.global_batch, rows=len(dataset))
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+    return loader
+
+
+def _optimizer(recipe: Recipe, model, parallel: ParallelState) -> MixedPrecisionAdam:
+    """The recipe's Adam over the trainable parameters: a frozen base (lora) has no gradients and no state."""
+    opt = recipe.optimizer
+    master = "param" if engine.parameter_dtype(recipe, parallel) == torch.float32 else recipe.optimizer_master()
+    return MixedPrecisionAdam([p for p in model.parameters() if p.requires_grad], AdamConfig(
+        lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, master=master,
+        moment_dtype=opt.moment_dtype, offload_fraction=recipe.offload.fraction, overlap=recipe.offload.overlap,
+        offload_update=recipe.offload.update))
+
+
+def _pipeline(recipe: Recipe, config: Any, model, parallel: ParallelState, device: torch.device,
+              rows_per_microbatch: int):
+    """This rank's (interleaved) 1F1B schedule over its stages, or None without pipeline parallelism."""
+    if parallel.pp_size == 1:
+        return None
+    from openrecipes.config.layout import rank_layers
+    from openrecipes.parallel.pipeline import build_pipeline
+
+    per_rank_rows = recipe.global_batch // parallel.dp_size
+    chunks = rank_layers(recipe.layout, config.num_hidden_layers, parallel.pp_rank)
+    stage_loss = engine.StageLoss(_sequence_slices(parallel)[1],
+                                  head_computes_loss=bool(recipe.kernels.loss_chunk_tokens))
+    return build_pipeline(model, chunks, num_stages=parallel.pp_size * recipe.layout.vpp, device=device,
+                          group=parallel.pp_group, microbatches=-(-per_rank_rows // rows_per_microbatch),
+                          loss_fn=stage_loss, loss_inputs=stage_loss.loss_inputs(model))
+
+
+def _count_nonfinite(record: dict, step: int, skipped_in_a_row: int, recipe: Recipe, run_dir: Path) -> int:
+    """Non-finite steps in a row after this one; raises TrainingStopped where the run must stop (always, unless
+    debug.skip_nonfinite_steps, and then past debug.max_consecutive_skips in a row)."""
+    if math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"]):
+        return 0
+    skipped_in_a_row += 1
+    debug = recipe.debug
+    if debug.skip_nonfinite_steps and skipped_in_a_row <= debug.max_consecutive_skips:
+        return skipped_in_a_row
+    previous = latest_checkpoint(run_dir)
+    skips = (f" after {skipped_in_a_row - 1} skipped steps in a row (debug.max_consecutive_skips)"
+             if debug.skip_nonfinite_steps else "")
+    raise TrainingStopped(f"step {step}: non-finite loss {record['loss']} or gradient norm {record['grad_norm']}"
+                          f"{skips}; the update was not applied; last good checkpoint: {previous or 'none'}")
+
+
+def _save_adapter(recipe: Recipe, model, parallel: ParallelState, run_dir: Path) -> None:
+    """The trained adapters in PEFT's format (rank 0 writes; pipeline stages gather theirs)."""
+    from openrecipes.checkpoint.lora import save_peft_adapter
+
+    save_peft_adapter(model, engine.lora_spec(recipe), run_dir / ADAPTER_DIR, base_model=adapter_base(recipe, run_dir),
+                      write=parallel.rank == 0, stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
 
 
 def _saved_message(saved: Path, run_dir: Path, *, finished: bool) -> str:
@@ -289,19 +262,6 @@ def _stall(rank: int, step: int) -> None:
     print(f"openrecipes train: rank {rank} stalls after step {step} (debug.stall_at)", file=sys.stderr, flush=True)
     while True:
         time.sleep(60)
-
-
-def _never_saved(run_dir: Path) -> bool:
-    """A run of this tool (its run.json and recipe.yaml) killed before its first checkpoint was complete: nothing in
-    it is worth keeping, so a fresh start may write over it (its metrics lines and records, nothing else)."""
-    return ((run_dir / RUN_FILE).is_file() and (run_dir / RECIPE_FILE).is_file()
-            and latest_checkpoint(run_dir) is None)
-
-
-def _finished(run_dir: Path, steps: int) -> bool:
-    """Whether the newest save of ``run_dir`` is of its last step (a resume would train nothing)."""
-    saved = latest_checkpoint(run_dir)
-    return saved is not None and checkpoint_step(saved) >= steps - 1
 
 
 def _sequence_slices(parallel: ParallelState) -> tuple:

@@ -22,7 +22,7 @@ def test_norm_and_clip_scale_match_torch(max_norm):
     norm_sq = grad_norm_squared(grads, torch.device("cpu"))
     assert norm_sq.dtype == torch.float64
     assert math.sqrt(norm_sq.item()) == pytest.approx(expected, rel=1e-6)
-    scale = clip_scale(norm_sq, max_norm)
+    scale = clip_scale(norm_sq.sqrt(), max_norm)
     assert scale.dtype == torch.float32 and scale.shape == ()
     # torch's clip, on parameters holding the gradients: the same factor, clamped to 1
     params = [torch.nn.Parameter(torch.zeros_like(g, dtype=torch.float32)) for g in grads]
@@ -39,4 +39,4 @@ def test_a_non_finite_norm_is_left_unclipped():
     grads = _grads() + [torch.tensor([float("nan")])]
     norm_sq = grad_norm_squared(grads, torch.device("cpu"))
     assert math.isnan(norm_sq.item())
-    assert clip_scale(norm_sq, 1.0).item() == 1.0
+    assert clip_scale(norm_sq.sqrt(), 1.0).item() == 1.0

@@ -147,10 +147,9 @@ def grad_norm_squared(grads: list[torch.Tensor], device: torch.device, *, stage_
     return norm_sq
 
 
-def clip_scale(norm_sq: torch.Tensor, max_norm: float | None) -> torch.Tensor:
-    """The fp32 factor that clips a gradient of squared norm ``norm_sq`` to ``max_norm`` (1.0 when it is within,
-    or not finite), on ``norm_sq``'s device. The optimizer applies it as it reads each gradient (no extra pass)."""
+def clip_scale(norm: torch.Tensor, max_norm: float | None) -> torch.Tensor:
+    """The fp32 factor that clips a gradient of norm ``norm`` to ``max_norm`` (1.0 when it is within, or not
+    finite), on ``norm``'s device. The optimizer applies it as it reads each gradient (no extra pass)."""
     if max_norm is None:
-        return torch.ones((), dtype=torch.float32, device=norm_sq.device)
-    norm = norm_sq.sqrt()
+        return torch.ones((), dtype=torch.float32, device=norm.device)
     return torch.where(norm > max_norm, max_norm / (norm + 1e-6), 1.0).float()

@@ -359,16 +359,17 @@ def _update(optimizer, grads: GradientSync, loss_total: torch.Tensor, *, lr: flo
     The norm, the clip factor and the skip stay on the device, and the two figures are read back once the update is
     queued: a read before it drained the GPU while the host still had the optimizer's launches to make (a LoRA step's
     GPU waited there, BENCHMARKS.md call x)."""
-    norm_sq = grad_norm_squared(grads.gradients(), device,
-                                stage_group=parallel.pp_group if parallel.pp_size > 1 else None)
-    nonfinite = ~(torch.isfinite(norm_sq) & torch.isfinite(loss_total))
+    norm = grad_norm_squared(grads.gradients(), device,
+                             stage_group=parallel.pp_group if parallel.pp_size > 1 else None).sqrt()
+    nonfinite = ~(torch.isfinite(norm) & torch.isfinite(loss_total))
     for group in optimizer.param_groups:
         group["lr"] = lr
     trace.mark("gradient_sync_and_norm")
-    optimizer.step(grad_scale=clip_scale(norm_sq, grad_clip), skip=nonfinite)
+    optimizer.step(grad_scale=clip_scale(norm, grad_clip), skip=nonfinite)
     trace.mark("optimizer")
     grads.zero()
-    loss_sum, grad_norm, skipped = torch.stack([loss_total.double(), norm_sq.sqrt(), nonfinite.double()]).tolist()
+    # the loss sum and the norm are fp64 already
+    loss_sum, grad_norm, skipped = torch.stack([loss_total, norm, nonfinite.double()]).tolist()
     if skipped:
         optimizer.forget_skipped_step()
     return loss_sum, grad_norm

@@ -216,3 +216,15 @@ def test_which_trials_may_end_early():
     assert early_end_s("around-best", records, 0.02) == pytest.approx(1.53)
     assert early_end_s("remeasure", records, 0.02) == early_end_s("ablation", [], 0.02) == 0.0
     assert early_end_s("remeasure", records, None) is None  # --stable-cv 0
+
+
+def test_failure_text_is_one_line_cut_at_a_word():
+    from openrecipes.tune.progress import failure_text
+
+    detail = "CUDA out of memory.\nTried to allocate 2.00 GiB;  GPU 0 has a total capacity of 139.8 GiB " * 4
+    text = failure_text({"class": "out_of_memory", "detail": detail}, limit=60)
+    assert "\n" not in text and "  " not in text
+    assert text.startswith("out_of_memory: CUDA out of memory. Tried") and text.endswith(" …")
+    cut = text.removeprefix("out_of_memory: ").removesuffix(" …")
+    assert len(cut) <= 60 and (cut + " ") in " ".join(detail.split()) + " "  # ends at a whole word
+    assert failure_text({"class": "timeout", "detail": "short"}) == "timeout: short"

@@ -139,3 +139,18 @@ def test_a_start_cut_by_the_budget_says_the_budget_is_short(start_yaml, tmp_path
     search = Search(options, TooSlow(), Progress(trials=4, minutes=0.05, stream=io.StringIO()))
     with pytest.raises(ValueError, match=r"did not finish within --minutes 0\.05 .* give more minutes"):
         search.run()
+
+
+def test_nproc_above_the_starts_world_size_says_how_to_tune_on_more(start_yaml, tmp_path):
+    # the start sets dp, so its world size is fixed: more processes than that is a different start
+    start_world = load_recipe(start_yaml).layout.world_size
+
+    def search(gpus: str) -> Search:
+        options = TuneOptions(start=start_yaml, out=tmp_path / "out", gpus=gpus, nproc=8, trials=1, trial_steps=8)
+        return Search(options, SyntheticRunner(), Progress(trials=1, minutes=60, stream=io.StringIO()))
+
+    with pytest.raises(ValueError, match=rf"--nproc 8: the start runs on {start_world} process\(es\).*"
+                                         r"give the start a layout of 8 .* --gpus 8xcpu"):
+        search(f"{start_world}xcpu")
+    with pytest.raises(ValueError, match=rf"--nproc 8 with --gpus cpu: 8 devices, .* uses {start_world}"):
+        search("cpu")

@@ -86,7 +86,9 @@ def resolve_target(text: str, layout: LayoutConfig, nproc: int | None = None) ->
         target = Target(count=count, gpu_type=CPU if gpu_type.lower() == CPU else gpu_type)
     world_size = with_world_size(layout, target.count).world_size
     if target.count != world_size:
-        raise ValueError(f"--gpus {text}: {target.count} devices, but the start's layout (tp·pp·cp·dp) uses "
+        given = f"--nproc {nproc} with --gpus {text}" if nproc and target.is_cpu and text in ("auto", CPU) \
+            else f"--gpus {text}"
+        raise ValueError(f"{given}: {target.count} devices, but the start's layout (tp·pp·cp·dp) uses "
                          f"{world_size}; the tuner keeps the world size (give --gpus {world_size}x{target.gpu_type}, "
                          "or leave the start's dp out to take it from the count)")
     return target

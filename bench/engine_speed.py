@@ -91,6 +91,14 @@ VARIANTS = {
                                    lora=True),
     # all 48 layers of Qwen3-30B-A3B under LoRA, compiled (one compiled block class for every layer)
     "lora48_bal_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48, steps=12),
+    "lora48_bal_c_none": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
+                              recompute="none", steps=12),
+    "lora48_bal_c_experts": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
+                                 recompute="experts", steps=12),
+    "lora48_bal_c_sel": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
+                             recompute="selective", steps=12),
+    "lora48_bal_c_keep": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
+                              recompute="full_keep_attention", steps=12),
     # long rows: one document of 32K-128K tokens per row, compiled, the loss in chunks of 8,192 tokens; the attention
     # path and the recompute choice per variant
     "long32k_c": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768, loss_chunk=8192,

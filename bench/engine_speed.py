@@ -97,6 +97,8 @@ VARIANTS = {
                                  recompute="experts", steps=12),
     "lora48_bal_c_sel": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
                              recompute="selective", steps=12),
+    "lora48_bal_c_2rows": dict(packed=False, rows_per_step=2, rows_per_microbatch=2, balanced=True, compile=True,
+                               lora=True, layers=48, steps=12),
     "lora48_bal_c_keep": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True, layers=48,
                               recompute="full_keep_attention", steps=12),
     # long rows: one document of 32K-128K tokens per row, compiled, the loss in chunks of 8,192 tokens; the attention

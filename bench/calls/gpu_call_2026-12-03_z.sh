@@ -1,11 +1,12 @@
 # One H200, call z: LoRA of all 48 layers of Qwen3-30B-A3B compiled, under each recompute choice that may fit
 # (none, experts, selective, full keeping attention; call y measured full at 11,264 tokens/s/GPU, 67.9 GiB), each in
-# its own process so an out-of-memory ends only that variant, with Dynamo's recompile log.
+# its own process so an out-of-memory ends only that variant, with Dynamo's recompile log; and full recompute with
+# two rows in one microbatch (16,384 tokens a step).
 # Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-03_z.sh
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-for v in lora48_bal_c_none lora48_bal_c_experts lora48_bal_c_sel lora48_bal_c_keep lora48_bal_c; do
+for v in lora48_bal_c_none lora48_bal_c_experts lora48_bal_c_keep lora48_bal_c_2rows lora48_bal_c_sel; do
   left=$(( 560 - ($(date +%s) - T0) )); [ $left -lt 40 ] && { echo "skip $v"; continue; }
   TORCH_LOGS=recompiles timeout $(( left < 120 ? left : 120 )) python3 bench/engine_speed.py --out $OUT/$v.json \
     --variants $v > /tmp/$v.log 2>&1

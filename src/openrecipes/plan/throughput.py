@@ -7,7 +7,9 @@ sends over NVLink or the network depending on how far the group spans. A step is
 ``(m + pp/vpp - 1)`` times the slowest stage (1F1B bubble), plus the data-parallel gradient
 reduce-scatter and parameter all-gather (not overlapped) and the optimizer step (GPU part memory-bound;
 offloaded part at the CPU Adam rate, its PCIe copies overlapped with it; or, updated on the GPU, the time to stream
-its state over PCIe, both directions at once).
+its state over PCIe, both directions at once). Under LoRA the frozen base computes no weight gradients (one
+matmul pass less, the LM head's included) and only the adapters are synchronised and updated; the adapters' own
+matmuls (rank r beside each adapted weight, three passes) are added.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.measure.metrics import mfu as model_flops_utilisation
 from openrecipes.plan.hardware import Hardware
+from openrecipes.plan.lora import adapter_params
 from openrecipes.config.recompute_names import WHOLE_LAYER_GRANULARITIES
 from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, recomputed_share, stage_params
 from openrecipes.plan.shape import ModelShape
@@ -69,6 +72,12 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
 
     dense_fwd = 2 * tok * shape.dense_layer_matmul_params()
     expert_fwd = 2 * tok * shape.moe_layer_fraction * shape.top_k * shape.expert_params * imbalance
+    frozen = 0.0 if setup.lora is None else 1.0  # no weight-gradient pass for frozen weights
+    adapter_fwd = 0.0
+    if setup.lora is not None:  # per layer: the dense adapters on every token, the expert ones on every routed copy
+        dense_adapters, expert_adapters = adapter_params(shape, layout, setup.lora, 1)
+        adapter_fwd = 2 * tok * (dense_adapters + expert_adapters * shape.top_k / (shape.num_experts / layout.ep)
+                                 * imbalance)
     tp_bytes = 2 * 2 * T * shape.hidden * 2 * (layout.tp - 1) / layout.tp if layout.tp > 1 else 0.0
     ep_bytes = 2 * tok * shape.top_k * shape.expert_in * 2 * (layout.ep - 1) / layout.ep * imbalance
     tp_time = _link_time(tp_bytes, layout.tp, hw)
@@ -91,11 +100,12 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
         # the block method: the first layers recompute, the others run three passes (forward, two backward)
         share = recomputed_share(setup, layers)
         mixed = lambda recomputing: share * recomputing + (1 - share) * 3.0  # noqa: E731
-        compute = (mixed(passes) * layers * dense_fwd / (peak * eff.dense_matmul)
-                   + mixed(expert_passes) * layers * expert_fwd / (peak * eff.expert_matmul)
+        compute = ((mixed(passes) - frozen) * layers * dense_fwd / (peak * eff.dense_matmul)
+                   + (mixed(expert_passes) - frozen) * layers * expert_fwd / (peak * eff.expert_matmul)
+                   + mixed(passes) * layers * adapter_fwd / (peak * eff.dense_matmul)
                    + mixed(attn_passes) * attn_flops / (peak * eff.attention))
         if i == len(counts) - 1:
-            head_passes = 4 if setup.loss_chunk_tokens else 3  # the chunked loss computes the logits again
+            head_passes = (4 if setup.loss_chunk_tokens else 3) - frozen  # the chunked loss computes the logits again
             compute += head_passes * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
         p2p = 0.0
         if layout.pp > 1:
@@ -119,6 +129,8 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     sync = opt = 0.0
     for i, layers in enumerate(counts):
         dense, experts = stage_params(shape, layout, layers, first=i == 0, last=i == len(counts) - 1)
+        if setup.lora is not None:  # only the adapters have gradients and optimizer state
+            dense, experts = adapter_params(shape, layout, setup.lora, layers)
         s = 0.0
         if dp_group > 1:
             s += _link_time(dense * (grad_bytes + 2) * (dp_group - 1) / dp_group, layout.tp * dp_group, hw)

@@ -38,12 +38,16 @@ def peak_gib_per_stage(peak_bytes: float, pp_rank: int, pp_size: int, device: to
 
 def build_peak_and_reset(device: torch.device) -> float | None:
     """Peak memory of building the model (max over ranks), then restart the counter: step records report the
-    training peak, and the first one also the build's (loading a checkpoint builds the whole model on every rank)."""
+    training peak, and the first one also the build's (loading a checkpoint builds the whole model on every rank).
+    The blocks the build cached are handed back first: else the training's reserved peak starts at the build's (a
+    48-layer LoRA base built at 131.9 GiB reserved trained in 80.8 GiB allocated), and the tuner reads that reserve
+    as the allocator's."""
     if device.type != "cuda":
         return None
     peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return float(peak) / 2**30
 

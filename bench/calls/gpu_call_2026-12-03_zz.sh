@@ -1,7 +1,7 @@
 # One H200, call zz: the tuner from LoRA of all 48 layers (bench/tune_h200_lora48_start.yaml: full recompute, eager,
 # one row per microbatch) within 7 minutes, verification and remeasured pair included; call z measured the same LoRA
 # compiled without recompute at 15,142 tokens/s/GPU (107.1 GiB). Everything it wrote but the run directories comes
-# back as tune.tgz.  Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-03_zz.sh
+# back as tune.tgz. Run from the repository root with .whl carried:  [MINUTES=7] bash bench/calls/gpu_call_2026-12-03_zz.sh
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -10,8 +10,8 @@ timeout 60 python3 -m openrecipes data build /tmp/in8/docs.jsonl --format pretra
   --no-progress --out tune-rows 2>&1 | tail -1
 echo "rows done at $(( $(date +%s) - T0 )) s"
 start=$(date +%s)
-TORCH_LOGS=recompiles timeout 470 python3 -m openrecipes tune bench/tune_h200_lora48_start.yaml --gpus 1xH200 \
-  --minutes 7 --trials 8 --trial-steps 12 --remeasure 1 --out /tmp/tune > /tmp/tune.log 2>&1
+TORCH_LOGS=recompiles timeout $(( ${MINUTES:-7} * 60 + 50 )) python3 -m openrecipes tune bench/tune_h200_lora48_start.yaml --gpus 1xH200 \
+  --minutes ${MINUTES:-7} --trials 8 --trial-steps 12 --remeasure 1 --out /tmp/tune > /tmp/tune.log 2>&1
 echo "{\"exit\": $?, \"wall_s\": $(( $(date +%s) - start ))}" | tee $OUT/tune_wall.json
 tail -30 /tmp/tune.log | cut -c1-250
 for log in /tmp/tune/trials/*/train.log; do echo "$(basename $(dirname $log)) $(grep -c 'Recompiling function' $log)"; done \

@@ -54,6 +54,37 @@ def _link_time(nbytes: float, span: int, hw: Hardware) -> float:
                nbytes * (1 - off_domain) / (gpu.nvlink_gb_s * 1e9 * eff))
 
 
+def _sync_and_update_s(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
+                       hw: Hardware, cpu_adam_rate: float) -> tuple[float, float]:
+    """The data-parallel gradient sync and the optimizer step of the busiest stage, in seconds (not overlapped)."""
+    eff = hw.efficiency
+    edp = expert_data_parallel_size(layout)
+    grad_bytes = GRAD_BYTES[setup.grad_dtype]
+    dp_group = layout.dp * layout.cp
+    sync = opt = 0.0
+    for i, layers in enumerate(counts):
+        dense, experts = stage_params(shape, layout, layers, first=i == 0, last=i == len(counts) - 1)
+        if setup.lora is not None:  # only the adapters have gradients and optimizer state
+            dense, experts = adapter_params(shape, layout, setup.lora, layers)
+        s = 0.0
+        if dp_group > 1:
+            s += _link_time(dense * (grad_bytes + 2) * (dp_group - 1) / dp_group, layout.tp * dp_group, hw)
+        if edp > 1:
+            s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
+        elements = dense / dp_group + experts / edp
+        touched = (setup.state_bytes() + grad_bytes + 2) * 2  # read and write
+        cpu_elems = elements * setup.offload_fraction
+        if setup.offload_update == "device":
+            gpu_opt = elements * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
+            cpu_opt = cpu_elems * setup.state_bytes() / (hw.gpu.pcie_gb_s * 1e9)
+        else:
+            gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
+            cpu_opt = max(cpu_elems / cpu_adam_rate,
+                          cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
+        sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
+    return sync, opt
+
+
 def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
                         hw: Hardware) -> Throughput:
     peak = hw.gpu.peak_bf16_dense_flops
@@ -122,31 +153,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     pipeline = slots * max(stage_times)
     bubble = (slots - m) / slots
 
-    # data-parallel sync and optimizer step, on the busiest stage
-    edp = expert_data_parallel_size(layout)
-    grad_bytes = GRAD_BYTES[setup.grad_dtype]
-    dp_group = layout.dp * layout.cp
-    sync = opt = 0.0
-    for i, layers in enumerate(counts):
-        dense, experts = stage_params(shape, layout, layers, first=i == 0, last=i == len(counts) - 1)
-        if setup.lora is not None:  # only the adapters have gradients and optimizer state
-            dense, experts = adapter_params(shape, layout, setup.lora, layers)
-        s = 0.0
-        if dp_group > 1:
-            s += _link_time(dense * (grad_bytes + 2) * (dp_group - 1) / dp_group, layout.tp * dp_group, hw)
-        if edp > 1:
-            s += _link_time(experts * (grad_bytes + 2) * (edp - 1) / edp, layout.tp * layout.cp * layout.dp, hw)
-        elements = dense / dp_group + experts / edp
-        touched = (setup.state_bytes() + grad_bytes + 2) * 2  # read and write
-        cpu_elems = elements * setup.offload_fraction
-        if setup.offload_update == "device":
-            gpu_opt = elements * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
-            cpu_opt = cpu_elems * setup.state_bytes() / (hw.gpu.pcie_gb_s * 1e9)
-        else:
-            gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
-            cpu_opt = max(cpu_elems / cpu_adam_rate,
-                          cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
-        sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
+    sync, opt = _sync_and_update_s(shape, layout, counts, setup, hw, cpu_adam_rate)
     step = pipeline + sync + opt
     tokens = m * layout.dp * layout.cp * T
     world = layout.world_size

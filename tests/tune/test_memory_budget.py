@@ -266,3 +266,29 @@ def test_a_cluster_failure_prunes_nothing(start_yaml, tmp_path):
     lost = search.tried[next(k for k in search.tried if k != "start")]
     assert search.journal.find(lost.key)["failure"]["class"] == "node_fail"
     assert search._failed_like(replace(lost, changes={**lost.changes, "layout.rows_per_microbatch": 2})) is None
+
+
+def test_the_reserve_costs_a_rerun_without_the_compile_a_shared_cache_keeps():
+    from types import SimpleNamespace
+
+    from openrecipes.tune.budget import SearchBudget, rerun_wall_s, verify_fixed_s
+
+    start = {"key": "start", "status": "ok", "wall_s": 33.0, "startup_s": {"first_step": 4.0}}
+    winner = {"key": "w", "status": "ok", "wall_s": 46.0, "startup_s": {"first_step": 28.0},
+              "measured": {"tokens_per_s_per_gpu": 2.0}}
+    assert rerun_wall_s(winner, start, compile_cache_shared=True) == 22.0  # the 24 s of compiling traced once
+    assert rerun_wall_s(winner, start, compile_cache_shared=False) == 46.0  # another node may compile again
+    assert rerun_wall_s({"wall_s": 20.0}, start, compile_cache_shared=True) == 20.0  # no startup record
+
+    class Budget(SearchBudget):
+        def __init__(self, shared: bool) -> None:
+            records = {"start": {**start, "measured": {"tokens_per_s_per_gpu": 1.0}}, "w": winner}
+            self.journal = SimpleNamespace(find=records.get, records=list(records.values()))
+            self.runner = SimpleNamespace(compile_cache_shared=shared)
+            self.options = SimpleNamespace(remeasure=2)
+            self.target = SimpleNamespace(is_cpu=False)
+            self.tried, self.searching = {"start": None, "w": SimpleNamespace(key="w")}, True
+
+    fixed = verify_fixed_s(False)
+    assert Budget(shared=True).reserve_s() == pytest.approx(33.0 + 22.0 + fixed)
+    assert Budget(shared=False).reserve_s() == pytest.approx(33.0 + 46.0 + fixed)

@@ -36,6 +36,16 @@ def remeasure_pairs(pair_wall_s: float, left_s: float, remeasure: int, on_cpu: b
     return max(min(1, remeasure), min(remeasure, fits))
 
 
+def rerun_wall_s(record: dict[str, Any], start: dict[str, Any], compile_cache_shared: bool) -> float:
+    """What running ``record``'s trial again is expected to take: its wall time, less what its first step took
+    beyond the start's where the compile cache is shared (its shapes are traced by then; a trial of another node
+    may compile again)."""
+    if not compile_cache_shared:
+        return record["wall_s"]
+    first = lambda r: (r.get("startup_s") or {}).get("first_step", 0.0)  # noqa: E731
+    return record["wall_s"] - max(0.0, first(record) - first(start))
+
+
 def estimated_wall_s(start: dict[str, Any], trial_steps: int, step_time_s: float | None) -> float:
     """A trial's expected wall time from the start's measured record: its cost before and around its steps plus
     the predicted steps (``step_time_s`` None: the start's own wall time)."""
@@ -52,6 +62,7 @@ class SearchBudget:
     begins."""
 
     options: TuneOptions
+    runner: Any  # a tune.runner Runner; ``compile_cache_shared`` where its trials share one compile cache
     target: Target
     journal: Journal
     progress: Progress
@@ -95,7 +106,7 @@ class SearchBudget:
         if not self.searching:
             return CARD_S
         best = self._best()
-        best_wall = self._measured(best[0].key)["wall_s"] if best and best[0].key != "start" else 0.0
+        best_wall = self._rerun_wall_s(self._measured(best[0].key)) if best and best[0].key != "start" else 0.0
         winner_wall = max(best_wall, next_wall_s)
         if not winner_wall:
             return CARD_S  # nothing but the start was measured: nothing to remeasure
@@ -103,8 +114,11 @@ class SearchBudget:
 
     def remeasure_pairs(self, winner: dict[str, Any]) -> int:
         """The module's ``remeasure_pairs`` for this search's start and ``winner``."""
-        pair = self._measured("start")["wall_s"] + winner["wall_s"]
+        pair = self._measured("start")["wall_s"] + self._rerun_wall_s(winner)
         return remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
+
+    def _rerun_wall_s(self, record: dict[str, Any]) -> float:
+        return rerun_wall_s(record, self._measured("start"), getattr(self.runner, "compile_cache_shared", False))
 
     def estimated_wall_s(self, prediction: Prediction | None) -> float:
         """A trial's expected wall time (the module's ``estimated_wall_s``); 0 before the start was measured."""

@@ -163,6 +163,8 @@ class LocalRunner:
     env: dict[str, str] = field(default_factory=dict)
     poll_s: float = 1.0
     warm: bool = True
+    # every trial compiles into this machine's compile cache: a trial rerun on shapes traced before skips compiling
+    compile_cache_shared = True
     _zygote: Any = field(default=None, init=False, repr=False)
 
     def command(self, trial: TrialRun) -> list[str]:

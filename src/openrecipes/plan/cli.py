@@ -60,9 +60,8 @@ def register(subparsers: Any) -> None:
                         "generic model: Megatron-LM as the seed cards ran it), or auto (default: openrecipes for a "
                         "layout this engine runs, else the generic model; the output says which)")
     p.add_argument("--lora-rank", type=int,
-                   help="plan LoRA fine-tuning with adapters of this rank on a frozen base (no weight gradients or optimizer "
-                        "state for the base; "
-                        "default: no LoRA)")
+                   help="plan LoRA fine-tuning with adapters of this rank on a frozen base (no weight gradients "
+                        "or optimizer state for the base; default: no LoRA)")
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
                    help="with --lora-rank: comma-separated targets, as the recipe's lora.targets "
                         "(default: q_proj,k_proj,v_proj,o_proj)")

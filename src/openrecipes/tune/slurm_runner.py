@@ -86,6 +86,8 @@ class SlurmRunner:
     cpus_per_task: int = 16
     poll_s: float = 5.0
     max_parallel: int = 1
+    # a trial's node may not hold the compile cache of the trials before it: a rerun may compile again
+    compile_cache_shared = False
 
     def __post_init__(self) -> None:
         if self.max_parallel < 1:

@@ -46,9 +46,10 @@ def build_on_meta(make: Callable[[], nn.Module], *, device: str | torch.device, 
     ``seed=None`` leaves memory uninitialised, and ``device="meta"`` returns the model unmaterialised."""
     with torch.device("meta"):
         model = make()
+    model = model.to(dtype)  # on the meta device, so the weights are allocated once, in their own dtype
     if str(device) == "meta":
-        return model.to(dtype)
-    model = model.to_empty(device=device).to(dtype)
+        return model
+    model = model.to_empty(device=device)
     if seed is not None:
         model.init_weights(seed=seed)
     return model

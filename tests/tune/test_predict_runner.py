@@ -165,16 +165,17 @@ with open(run_dir / METRICS_FILE, "a") as metrics:
         metrics.write(json.dumps({"step": step, "loss": 1.0, "grad_norm": 1.0, "tokens": 64,
                                   "step_time_s": times[step % len(times)]}) + "\\n")
         metrics.flush()
+time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)  # what a run does after its last step
 '''
 
 
 class _FakeTrain(LocalRunner):
-    def __init__(self, script: Path, steps: int, times: str) -> None:
+    def __init__(self, script: Path, steps: int, times: str, linger_s: float = 0.0) -> None:
         super().__init__(poll_s=0.05)
-        self.script, self.steps, self.times = script, steps, times
+        self.script, self.steps, self.times, self.linger_s = script, steps, times, linger_s
 
     def command(self, trial):
-        return [sys.executable, str(self.script), str(trial.run_dir), str(self.steps), self.times]
+        return [sys.executable, str(self.script), str(trial.run_dir), str(self.steps), self.times, str(self.linger_s)]
 
 
 @pytest.mark.parametrize("times,slower_than,ends_early", [("1.0,1.001", 0.0, True), ("1.0,1.001", 0.99, True),
@@ -203,6 +204,22 @@ def test_a_trial_ends_once_its_window_is_stable(tmp_path, times, slower_than, en
         again = _FakeTrain(script, 30, times).run(replace(run, run_dir=tmp_path / "trial" / "all",
                                                                   end_if_slower_than_s=None))
         assert again.measured["window"] == (2, 29)
+
+
+def test_a_trial_ends_once_its_last_step_is_recorded(tmp_path):
+    """What a run does after its last step (a LoRA adapter's save, the teardown of a large process; here a 60 s
+    sleep) is not waited for: the trial is stopped and measured over its whole window."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    (tmp_path / "trial").mkdir()
+    run = TrialRun(recipe_path=tmp_path / "r.yaml", run_dir=tmp_path / "trial" / "run", nproc=1, timeout_s=50,
+                   window=(2, 7), steps=8)
+    outcome = _FakeTrain(script, 8, "1.0,1.2", linger_s=60).run(run)
+    assert outcome.ok, outcome.detail  # before its limit of 50 s, which a run that lingers would reach
+    assert outcome.measured["window"] == (2, 7) and outcome.wall_s < 40
+    unbounded = _FakeTrain(script, 8, "1.0,1.2", linger_s=60).run(
+        replace(run, run_dir=tmp_path / "trial" / "lingers", steps=None, timeout_s=3))
+    assert unbounded.failure == "timeout"  # without ``steps`` the runner waits for the process
 
 
 def test_which_trials_may_end_early():

@@ -33,23 +33,32 @@ class TrialRun:
     # above ``end_if_slower_than_s`` (0: whatever it is); None: the trial runs all its steps
     stable_cv: float | None = None
     end_if_slower_than_s: float | None = None
+    # the trial's steps: once the last is recorded its figures and loss curve are complete, and the runner ends it
+    # there instead of waiting for what follows (a LoRA adapter's save, the process's teardown); None: it exits
+    steps: int | None = None
 
 
 STABLE_MIN_STEPS = 4  # window steps an early end needs at least
+
+
+def _step_times(run_dir: Path) -> dict[int, Any]:
+    """Each recorded step's time so far (empty before the metrics are written)."""
+    from openrecipes.config.rundir import METRICS_FILE, read_metrics
+
+    try:
+        records = read_metrics(run_dir / METRICS_FILE)
+    except (OSError, ValueError):  # not written yet, or its last line half written
+        return {}
+    return {r.step: r.fields.get("step_time_s") for r in records}
 
 
 def stable_window(run_dir: Path, window: tuple[int, int], cv_bound: float) -> tuple[tuple[int, int], float] | None:
     """(the window cut at the last step recorded, its mean step time), once at least STABLE_MIN_STEPS of its steps
     are recorded and the coefficient of variation of their step times (``openrecipes measure``'s) is at most
     ``cv_bound``; None before."""
-    from openrecipes.config.rundir import METRICS_FILE, read_metrics
     from openrecipes.measure import metrics
 
-    try:
-        records = read_metrics(run_dir / METRICS_FILE)
-    except (OSError, ValueError):  # not written yet
-        return None
-    times = {r.step: r.fields.get("step_time_s") for r in records if window[0] <= r.step <= window[1]}
+    times = {step: time for step, time in _step_times(run_dir).items() if window[0] <= step <= window[1]}
     steps = 0
     while window[0] + steps in times and isinstance(times[window[0] + steps], (int, float)):
         steps += 1
@@ -59,8 +68,10 @@ def stable_window(run_dir: Path, window: tuple[int, int], cv_bound: float) -> tu
     return ((window[0], window[0] + steps - 1), mean) if cv <= cv_bound else None
 
 
-def _ends_early(trial: TrialRun) -> tuple[int, int] | None:
+def _ends_now(trial: TrialRun) -> tuple[int, int] | None:
     """The window a trial is measured over if it may end now (see TrialRun), else None."""
+    if trial.steps is not None and trial.steps - 1 in _step_times(trial.run_dir):
+        return trial.window
     if trial.stable_cv is None or trial.end_if_slower_than_s is None:
         return None
     stable = stable_window(trial.run_dir, trial.window, trial.stable_cv)
@@ -161,7 +172,7 @@ class LocalRunner:
 
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
-    poll_s: float = 1.0
+    poll_s: float = 0.25
     warm: bool = True
     # every trial compiles into this machine's compile cache: a trial rerun on shapes traced before skips compiling
     compile_cache_shared = True
@@ -206,13 +217,16 @@ class LocalRunner:
                         timed_out = True
                         _kill_group(process)
                         break
-                    stable = _ends_early(trial)
+                    stable = _ends_now(trial)
                     if stable is not None:  # its figures are known: stop it
                         _kill_group(process)
                         break
                     if tick:
                         tick(elapsed)
-                    time.sleep(self.poll_s)
+                    try:
+                        process.wait(timeout=self.poll_s)  # returns as soon as the trial exits
+                    except subprocess.TimeoutExpired:
+                        pass
             except BaseException:  # Ctrl-C: leave no orphaned workers behind
                 _kill_group(process)
                 raise

@@ -285,7 +285,8 @@ class Search(SearchBudget):
             write_trial_recipe(candidate, trial_dir, self.start.name, self.options.trial_steps, self.rows)
         run = TrialRun(recipe_path=trial_dir / TRIAL_RECIPE, run_dir=trial_dir / "run", nproc=self.nproc,
                        timeout_s=self._timeout(phase), window=self.window, stable_cv=self.options.stable_cv,
-                       end_if_slower_than_s=early_end_s(phase, self.journal.records, self.options.stable_cv))
+                       end_if_slower_than_s=early_end_s(phase, self.journal.records, self.options.stable_cv),
+                       steps=self.options.trial_steps)
         return OpenTrial(index=index, key=key, phase=phase, candidate=candidate, label=label, prediction=prediction,
                          calibrated=calibrated, calibration=self.calibration.to_dict(), run=run,
                          calibrated_peak_gib=self.calibration.peak_gib(prediction) if prediction else None,

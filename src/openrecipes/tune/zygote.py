@@ -1,9 +1,9 @@
 """One-process trials forked from a warm process: the interpreter and its imports (torch, Dynamo, DTensor, the
 engine) are paid once per tuning instead of once per trial.
 
-``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports, touches no device (CUDA is
-initialized by each trial, after the fork, as a new process would), and then forks one child per request read from
-its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the tuner stops it
+``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports and Dynamo, touches no
+device (CUDA is initialized by each trial, after the fork, as a new process would), and then forks one child per
+request read from its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the tuner stops it
 and anything it starts with one signal to its group), writes its output to PATH and runs ``openrecipes ARGV``; the
 zygote answers ``{"pid": N}`` and later ``{"exited": N, "returncode": R}`` (R as subprocess reports it: negative for a
 signal). The zygote ends when the tuner closes its stdin or dies.
@@ -71,12 +71,25 @@ def _returncode(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def preload_dynamo() -> None:
+    """What every trial imports while it builds its model: Dynamo (``with torch.device("meta")`` and the recompute
+    wrappers import it; on one H200 host, seconds a trial) and the engine's parallelize step. Not Inductor: once
+    ``torch._inductor.compile_fx`` is imported, a forked child can no longer initialise CUDA ("Cannot re-initialize
+    CUDA in forked subprocess", bench/compile_preload.py on an H200), so each compiled trial still imports it."""
+    import torch._dynamo  # noqa: F401
+    import torch.utils._device  # noqa: F401
+
+    import openrecipes.parallel.parallelize  # noqa: F401
+
+
 def serve(tuner_pid: int) -> None:
     from openrecipes.train.run_lock import exit_with_launcher
 
     exit_with_launcher(parent_pid=tuner_pid)
     import openrecipes.train.cli  # noqa: F401
-    import openrecipes.train.loop  # noqa: F401 (with it torch, Dynamo, DTensor and the engine)
+    import openrecipes.train.loop  # noqa: F401 (with it torch, DTensor and the engine)
+
+    preload_dynamo()
 
     def say(message: dict) -> None:
         os.write(1, (json.dumps(message) + "\n").encode())

@@ -1,0 +1,27 @@
+# One H200, call zz4: the probes of call zz3 again, mended (bench/compile_preload.py now tries each set of compiler
+# modules the trial zygote could import before it forks and reports a forked child's error; bench/build_time.py's
+# checksum no longer keeps a graph of fp32 copies), then the tuner from LoRA of all 48 layers within 5 minutes with
+# trials forked from the warm process, as call zz2 ran it: trials end once their last step is recorded, the build
+# allocates bf16 once, and the verification reserve leaves out the winner's first compile.
+# Run from the repository root with .whl carried:  bash bench/calls/gpu_call_2026-12-03_zz4.sh
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --target /tmp/ors .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/ors:$PWD/src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+python3 bench/h200_rows.py /tmp/in8 250
+timeout 60 python3 -m openrecipes data build /tmp/in8/docs.jsonl --format pretrain --row-tokens 8192 --rows 24 \
+  --no-progress --out tune-rows 2>&1 | tail -1
+echo "rows done at $(( $(date +%s) - T0 )) s"
+timeout 120 python3 bench/compile_preload.py 1 | tee $OUT/compile_preload.jsonl | cut -c1-700
+echo "preload probe done at $(( $(date +%s) - T0 )) s"
+timeout 130 python3 bench/build_time.py 48 2 | tee $OUT/build_time.jsonl | cut -c1-500
+echo "build probe done at $(( $(date +%s) - T0 )) s"
+start=$(date +%s)
+TORCH_LOGS=recompiles timeout $(( ${MINUTES:-5} * 60 + 40 )) python3 -m openrecipes tune bench/tune_h200_lora48_start.yaml \
+  --gpus 1xH200 --minutes ${MINUTES:-5} --trials 8 --trial-steps 12 --remeasure 1 --out /tmp/tune > /tmp/tune.log 2>&1
+echo "{\"exit\": $?, \"wall_s\": $(( $(date +%s) - start ))}" | tee $OUT/tune_wall.json
+tail -30 /tmp/tune.log | cut -c1-250
+for log in /tmp/tune/trials/*/train.log; do echo "$(basename $(dirname $log)) $(grep -c 'Recompiling function' $log)"; done \
+  > /tmp/tune/recompiles.txt 2>/dev/null
+cp /tmp/tune.log /tmp/tune/tune.log
+tar -czf $OUT/tune.tgz --exclude='run' --exclude='*.safetensors' --exclude='rows' -C /tmp tune 2>/dev/null
+cat /tmp/tune/recompiles.txt; echo "call took $(( $(date +%s) - T0 )) s"

@@ -26,6 +26,7 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
     ("qwen3-moe-tiny", (*ATTENTION, "experts")),
     ("qwen3-moe-tiny", ("q_proj", "v_proj")),
     ("muse-spark-tiny", (*ATTENTION, "experts", "latent_down_proj", "latent_up_proj")),
+    ("deepseek-v3-tiny", ("experts",)),  # its first layer is dense: no expert adapters there
 ])
 def test_adapter_params_count_the_built_model(name, targets):
     config = get_config(name)
@@ -48,7 +49,7 @@ def test_adapter_params_count_the_built_model(name, targets):
         assert etp2 == (dense, _etp_local_adapters(model, etp=2))
     tp2_dense, _ = adapter_params(shape, LayoutConfig(max_tokens_per_gpu=64, tp=2, sequence_parallel=True),
                                   LoraSetup(rank=3, targets=targets), shape.num_layers)
-    assert dense / 2 < tp2_dense < dense
+    assert dense / 2 < tp2_dense < dense or dense == tp2_dense == 0
 
 
 def _etp_local_adapters(model, *, etp):

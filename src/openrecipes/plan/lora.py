@@ -56,7 +56,7 @@ def adapter_params(shape: ModelShape, layout: LayoutConfig, lora: LoraSetup, lay
     experts = 0.0
     if lora.experts:  # gate_up: A (r, in) + B (2F/etp, r); down: A (r, F/etp) + B (in, r), split like the FFN
         per_expert = lora.rank * (2 * shape.expert_in + 3 * shape.expert_ffn / layout.etp)
-        experts = layers * shape.num_experts / layout.ep * per_expert
+        experts = layers * shape.moe_layer_fraction * shape.num_experts / layout.ep * per_expert  # dense layers: none
     return dense, experts
 
 

@@ -28,7 +28,7 @@ def main(start: Path, rows: Path, out: Path, pairs: int = 3) -> None:
                       "run_dir": str((trial_dir / "run").resolve()), "logging": {"progress": False}}
             (trial_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
             trial = TrialRun(recipe_path=trial_dir / "recipe.yaml", run_dir=trial_dir / "run", nproc=1,
-                             timeout_s=300, window=(2, 7))
+                             timeout_s=300, window=(2, 7), steps=8)  # stopped at its last step, as the tuner's are
             outcome = runner.run(trial)
             print(json.dumps({"pair": index, "kind": kind, "ok": outcome.ok, "detail": outcome.detail,
                               "wall_s": round(outcome.wall_s, 3), "startup_s": read_startup(trial.run_dir),

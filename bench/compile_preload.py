@@ -10,10 +10,8 @@ Usage: python bench/compile_preload.py [ROUNDS]
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 
 CHILD = r'''
 import json, os, sys, time

@@ -3,10 +3,10 @@ engine) are paid once per tuning instead of once per trial.
 
 ``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports and Dynamo, touches no
 device (CUDA is initialized by each trial, after the fork, as a new process would), and then forks one child per
-request read from its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the tuner stops it
-and anything it starts with one signal to its group), writes its output to PATH and runs ``openrecipes ARGV``; the
-zygote answers ``{"pid": N}`` and later ``{"exited": N, "returncode": R}`` (R as subprocess reports it: negative for a
-signal). The zygote ends when the tuner closes its stdin or dies.
+request read from its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the
+tuner stops it and anything it starts with one signal to its group), writes its output to PATH and runs ``openrecipes
+ARGV``; the zygote answers ``{"pid": N}`` and later ``{"exited": N, "returncode": R}`` (R as subprocess reports it:
+negative for a signal). The zygote ends when the tuner closes its stdin or dies.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def stable_window(run_dir: Path, window: tuple[int, int], cv_bound: float) -> tu
     ``cv_bound``; None before."""
     from openrecipes.measure import metrics
 
-    times = {step: time for step, time in _step_times(run_dir).items() if window[0] <= step <= window[1]}
+    times = {step: seconds for step, seconds in _step_times(run_dir).items() if window[0] <= step <= window[1]}
     steps = 0
     while window[0] + steps in times and isinstance(times[window[0] + steps], (int, float)):
         steps += 1

@@ -99,9 +99,9 @@ def test_a_trial_whose_zygote_dies_is_a_failed_trial(tmp_path, rows_dir, runner)
 
 def test_the_zygote_loads_dynamo_but_not_inductor():
     """A process that has imported ``torch._inductor.compile_fx`` cannot hand CUDA to a forked child (measured on an
-    H200, bench/compile_preload.py), so the zygote's preload stops at Dynamo and the engine's parallelize step."""
+    H200, bench/compile_preload.py), so the zygote's preload stops at Dynamo."""
     code = ("import sys, torch; import openrecipes.train.loop; from openrecipes.tune.zygote import preload_dynamo; "
-            "preload_dynamo(); print(sorted(m for m in ('torch._dynamo', 'openrecipes.parallel.parallelize', "
-            "'torch._inductor.compile_fx') if m in sys.modules), torch.cuda.is_initialized())")
+            "preload_dynamo(); print(sorted(m for m in ('torch._dynamo', 'torch._inductor.compile_fx') "
+            "if m in sys.modules), torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "['openrecipes.parallel.parallelize', 'torch._dynamo'] False"
+    assert out == "['torch._dynamo'] False"

@@ -73,13 +73,11 @@ def _returncode(status: int) -> int:
 
 def preload_dynamo() -> None:
     """What every trial imports while it builds its model: Dynamo (``with torch.device("meta")`` and the recompute
-    wrappers import it; on one H200 host, seconds a trial) and the engine's parallelize step. Not Inductor: once
-    ``torch._inductor.compile_fx`` is imported, a forked child can no longer initialise CUDA ("Cannot re-initialize
-    CUDA in forked subprocess", bench/compile_preload.py on an H200), so each compiled trial still imports it."""
+    wrappers import it; on one H200 host, seconds a trial). Not Inductor: once ``torch._inductor.compile_fx`` is
+    imported, a forked child can no longer initialise CUDA ("Cannot re-initialize CUDA in forked subprocess",
+    bench/compile_preload.py on an H200), so each compiled trial still imports it."""
     import torch._dynamo  # noqa: F401
     import torch.utils._device  # noqa: F401
-
-    import openrecipes.parallel.parallelize  # noqa: F401
 
 
 def serve(tuner_pid: int) -> None:

@@ -1,6 +1,7 @@
 """Whether the trial zygote (tune/zygote.py) could import the compiler before it forks, and what that would save: in a
 process that has imported what ``openrecipes train`` imports, import one set of compiler modules (none, Dynamo,
-Dynamo and Inductor's compile_fx, those and Inductor's Triton runtime), check that torch has not initialised CUDA,
+Dynamo and Inductor's compile_fx, those and Inductor's Triton runtime; Inductor also with torch's NVML-based CUDA
+check), check that torch has not initialised CUDA,
 then fork a child that compiles and runs a small function on the GPU (as a forked trial does) and time its first
 call; a child that fails reports its error. One process per set, in turn. JSON lines on stdout.
 
@@ -20,12 +21,15 @@ import openrecipes.train.cli, openrecipes.train.loop
 imported = time.monotonic() - started
 import importlib
 modules = [m for m in sys.argv[1].split(",") if m]
+nvml = sys.argv[2] == "nvml"
+if nvml:
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 t = time.monotonic()
 for module in modules:
     importlib.import_module(module)
 preload_s = time.monotonic() - t
 import torch
-parent = {"preload": modules, "import_s": round(imported, 3), "preload_s": round(preload_s, 3),
+parent = {"preload": modules, "nvml_check": nvml, "import_s": round(imported, 3), "preload_s": round(preload_s, 3),
           "cuda_initialized": torch.cuda.is_initialized()}
 read, write = os.pipe()
 pid = os.fork()
@@ -33,6 +37,8 @@ if pid == 0:
     os.close(read)
     try:
         import traceback
+        bad_fork = torch.cuda._is_in_bad_fork()
+        os.write(write, json.dumps({"bad_fork": bad_fork}).encode() + b"\n")
         t = time.monotonic()
         x = torch.randn(4096, 4096, device="cuda")
         cuda_s = time.monotonic() - t
@@ -49,19 +55,23 @@ if pid == 0:
         os._exit(1)
 os.close(write)
 _, status = os.waitpid(pid, 0)
-child = json.loads(os.read(read, 65536) or b"{}")
+child = {}
+for line in os.read(read, 65536).splitlines():
+    child.update(json.loads(line))
 print(json.dumps({**parent, **child, "child_exit": os.waitstatus_to_exitcode(status)}))
 '''
 
 
-PRELOADS = ("", "torch._dynamo", "torch._dynamo,torch._inductor.compile_fx",
-            "torch._dynamo,torch._inductor.compile_fx,torch._inductor.runtime.triton_heuristics")
+INDUCTOR = "torch._dynamo,torch._inductor.compile_fx"
+# (modules, how torch answers "is CUDA available": "runtime", its default, or "nvml", PYTORCH_NVML_BASED_CUDA_CHECK=1)
+PRELOADS = (("", "runtime"), ("torch._dynamo", "runtime"), (INDUCTOR, "runtime"), (INDUCTOR, "nvml"),
+            (INDUCTOR + ",torch._inductor.runtime.triton_heuristics", "nvml"))
 
 
 def main(rounds: int = 1) -> None:
     for index in range(rounds):
-        for modules in PRELOADS:
-            result = subprocess.run([sys.executable, "-c", CHILD, modules], capture_output=True, text=True,
+        for modules, check in PRELOADS:
+            result = subprocess.run([sys.executable, "-c", CHILD, modules, check], capture_output=True, text=True,
                                     timeout=300)
             line = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else json.dumps(
                 {"preload": modules, "error": result.stderr.strip()[-400:]})

@@ -3,6 +3,7 @@ and ended with a killed tuner, as trials started as new processes are."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,11 +98,27 @@ def test_a_trial_whose_zygote_dies_is_a_failed_trial(tmp_path, rows_dir, runner)
     assert time.monotonic() - started < 100
 
 
-def test_the_zygote_loads_dynamo_but_not_inductor():
-    """A process that has imported ``torch._inductor.compile_fx`` cannot hand CUDA to a forked child (measured on an
-    H200, bench/compile_preload.py), so the zygote's preload stops at Dynamo."""
-    code = ("import sys, torch; import openrecipes.train.loop; from openrecipes.tune.zygote import preload_dynamo; "
-            "preload_dynamo(); print(sorted(m for m in ('torch._dynamo', 'torch._inductor.compile_fx') "
-            "if m in sys.modules), torch.cuda.is_initialized())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "['torch._dynamo'] False"
+def test_the_zygote_loads_the_compiler_and_leaves_cuda_to_its_children():
+    """Dynamo and Inductor are imported before the fork, with torch's NVML check so that Inductor's question "is CUDA
+    available" leaves forks able to initialise CUDA (measured on an H200, bench/compile_preload.py)."""
+    code = ("import os, sys, torch; import openrecipes.train.loop; from openrecipes.tune import zygote; "
+            "zygote.preload(os.getpid(), inductor=True); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor.compile_fx') if m in sys.modules), "
+            "torch.cuda.is_initialized(), os.environ.get(zygote.NVML_CHECK), zygote.forks_can_use_cuda())")
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "['torch._dynamo', 'torch._inductor.compile_fx'] False 1 True"
+
+
+def test_a_zygote_whose_forks_cannot_use_cuda_starts_again_without_inductor():
+    """Where importing Inductor left forks unable to initialise CUDA, the zygote replaces itself (same pid) with one
+    that imports Dynamo only, and says so when it is ready."""
+    code = ("import os; from openrecipes.tune import zygote; zygote.forks_can_use_cuda = lambda: False; "
+            "zygote.serve(os.getppid())")
+    zygote = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready = json.loads(zygote.stdout.readline())
+    finally:
+        zygote.stdin.close()
+        zygote.wait(timeout=60)
+    assert ready == {"ready": zygote.pid, "inductor": False}

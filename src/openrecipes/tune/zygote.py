@@ -1,8 +1,9 @@
 """One-process trials forked from a warm process: the interpreter and its imports (torch, Dynamo, DTensor, the
 engine) are paid once per tuning instead of once per trial.
 
-``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports and Dynamo, touches no
-device (CUDA is initialized by each trial, after the fork, as a new process would), and then forks one child per
+``python -m openrecipes.tune.zygote TUNER_PID`` imports what ``openrecipes train`` imports and the compiler (Dynamo
+and Inductor), touches no device (CUDA is initialized by each trial, after the fork, as a new process would), checks
+that a forked child can still initialize CUDA (else it starts again without Inductor), and then forks one child per
 request read from its stdin, a JSON line ``{"argv": [...], "log": PATH}``. A child starts a session of its own (so the
 tuner stops it and anything it starts with one signal to its group), writes its output to PATH and runs ``openrecipes
 ARGV``; the zygote answers ``{"pid": N}`` and later ``{"exited": N, "returncode": R}`` (R as subprocess reports it:
@@ -21,6 +22,8 @@ import traceback
 from pathlib import Path
 
 READY = "ready"
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+WITHOUT_INDUCTOR = "--without-inductor"
 
 
 def _run_child(argv: list[str], log: str) -> None:
@@ -73,26 +76,57 @@ def _returncode(status: int) -> int:
 
 def preload_dynamo() -> None:
     """What every trial imports while it builds its model: Dynamo (``with torch.device("meta")`` and the recompute
-    wrappers import it; on one H200 host, seconds a trial). Not Inductor: once ``torch._inductor.compile_fx`` is
-    imported, a forked child can no longer initialise CUDA ("Cannot re-initialize CUDA in forked subprocess",
-    bench/compile_preload.py on an H200), so each compiled trial still imports it."""
+    wrappers import it; on one H200 host, seconds a trial)."""
     import torch._dynamo  # noqa: F401
     import torch.utils._device  # noqa: F401
 
 
-def serve(tuner_pid: int) -> None:
+def preload_inductor() -> None:
+    """What a compiled trial imports besides (about 3 s of its start on one H200 host). Inductor's import asks torch
+    whether CUDA is available; torch's CUDA-runtime answer marks every later fork as unable to initialise CUDA
+    ("Cannot re-initialize CUDA in forked subprocess", bench/compile_preload.py on an H200), NVML's answer does not:
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` is torch's switch for processes that fork. Trials inherit it, as they inherit
+    the rest of the zygote's environment."""
+    os.environ.setdefault(NVML_CHECK, "1")
+    import torch._inductor.compile_fx  # noqa: F401
+
+
+def forks_can_use_cuda() -> bool:
+    """Whether a child forked now could initialise CUDA (torch has not marked forks as bad), without initialising
+    it here or in the child."""
+    pid = os.fork()
+    if pid == 0:
+        import torch
+
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def preload(tuner_pid: int, *, inductor: bool) -> None:
+    """The zygote's imports; where Inductor's import left forks unable to use CUDA, the zygote replaces itself
+    (``exec``, which clears torch's mark) with one that does not import Inductor."""
+    preload_dynamo()
+    if inductor:
+        preload_inductor()
+        if not forks_can_use_cuda():
+            os.execv(sys.executable,
+                     [sys.executable, "-m", "openrecipes.tune.zygote", str(tuner_pid), WITHOUT_INDUCTOR])
+
+
+def serve(tuner_pid: int, *, inductor: bool = True) -> None:
     from openrecipes.train.run_lock import exit_with_launcher
 
     exit_with_launcher(parent_pid=tuner_pid)
     import openrecipes.train.cli  # noqa: F401
     import openrecipes.train.loop  # noqa: F401 (with it torch, DTensor and the engine)
 
-    preload_dynamo()
+    preload(tuner_pid, inductor=inductor)
 
     def say(message: dict) -> None:
         os.write(1, (json.dumps(message) + "\n").encode())
 
-    say({READY: os.getpid()})
+    say({READY: os.getpid(), "inductor": "torch._inductor.compile_fx" in sys.modules})
     pending = b""
     children: set[int] = set()
     while True:
@@ -150,9 +184,10 @@ class Zygote:
         self.exited: dict[int, int] = {}
         self._answers: list[dict] = []
         self._pending = b""
-        self.pid = self._answer(READY)
+        ready = self._answer(READY)
+        self.pid, self.inductor = int(ready[READY]), bool(ready.get("inductor"))
 
-    def _answer(self, key: str, limit_s: float = 120.0) -> int:
+    def _answer(self, key: str, limit_s: float = 120.0) -> dict:
         deadline = time.monotonic() + limit_s
         while not any(key in answer for answer in self._answers):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -160,7 +195,7 @@ class Zygote:
             self.read_reports(0.05)
         answer = next(a for a in self._answers if key in a)
         self._answers.remove(answer)
-        return int(answer[key])
+        return answer
 
     def read_reports(self, wait_s: float) -> None:
         readable, _, _ = select.select([self.process.stdout], [], [], wait_s)
@@ -181,7 +216,7 @@ class Zygote:
     def fork(self, argv: list[str], log: Path) -> ForkedTrial:
         self.process.stdin.write((json.dumps({"argv": argv, "log": str(log)}) + "\n").encode())
         self.process.stdin.flush()
-        return ForkedTrial(self, self._answer("pid"))
+        return ForkedTrial(self, int(self._answer("pid")["pid"]))
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -193,4 +228,4 @@ class Zygote:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), inductor=WITHOUT_INDUCTOR not in sys.argv[2:])

@@ -4,19 +4,24 @@ keeps that clock for a running search."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from openrecipes.config.recipe import Recipe
 from openrecipes.tune.journal import Journal
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import Calibration, Prediction, Target
 from openrecipes.tune.progress import Progress
-from openrecipes.tune.space import Candidate
+from openrecipes.tune.space import Candidate, Settings
 
 # verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
 # (the component test took 11.6 s on two CPU cores; on one H200 210 s at the full CUDA shape, which the tuner no
 # longer runs (tune/verification.py TUNER_COMPONENT_TEST); 60 s holds its eighth of the expert weights)
 VERIFY_FIXED_S = {"cpu": 30.0, "gpu": 60.0}
 CARD_S = 15.0  # the card and the site, what is left after the remeasurement
+# what the first compile of a candidate's blocks adds to its trial, beyond the eager start's cost outside its steps,
+# until a compiled trial was measured (one H200, 48 layers of LoRA, calls zz4 and zz5: 28-30 s, FlexAttention's 55 s)
+FIRST_COMPILE_S = 30.0
 
 
 def verify_fixed_s(on_cpu: bool) -> float:
@@ -46,22 +51,43 @@ def rerun_wall_s(record: dict[str, Any], start: dict[str, Any], compile_cache_sh
     return record["wall_s"] - max(0.0, first(record) - first(start))
 
 
-def estimated_wall_s(start: dict[str, Any], trial_steps: int, step_time_s: float | None) -> float:
-    """A trial's expected wall time from the start's measured record: its cost before and around its steps plus
-    the predicted steps (``step_time_s`` None: the start's own wall time)."""
+def outside_steps_s(record: dict[str, Any], trial_steps: int) -> float:
+    """A measured trial's time before, around and after its steps (its steps at their measured mean)."""
+    return max(0.0, record["wall_s"] - trial_steps * record["measured"]["step_time_mean_s"])
+
+
+def compiled_graphs(settings: Settings) -> Settings:
+    """What a compiled trial's graphs depend on: every knob but the optimizer offload's, which runs outside them."""
+    return replace(settings, offload=0.0, offload_update="device", overlap=False)
+
+
+def compile_s(measured: list[tuple[Settings, float]], settings: Settings, cache_shared: bool) -> float:
+    """What compiling adds to a trial of ``settings`` beyond an eager start, from ``measured`` (settings, extra
+    seconds) of the compiled trials run: the least of those with the same graphs where trials share a compile cache
+    (traced once already), else the most of any (a first compile), else FIRST_COMPILE_S."""
+    same = [extra for other, extra in measured if compiled_graphs(other) == compiled_graphs(settings)]
+    if cache_shared and same:
+        return min(same)
+    return max((extra for _, extra in measured), default=FIRST_COMPILE_S)
+
+
+def estimated_wall_s(start: dict[str, Any], trial_steps: int, step_time_s: float | None,
+                     compile_extra_s: float = 0.0) -> float:
+    """A trial's expected wall time from the start's measured record: its cost before and around its steps, what
+    compiling adds, and the predicted steps (``step_time_s`` None: the start's own wall time)."""
     if step_time_s is None:
-        return start["wall_s"]
-    fixed = max(0.0, start["wall_s"] - trial_steps * start["measured"]["step_time_mean_s"])
-    return fixed + trial_steps * step_time_s
+        return start["wall_s"] + compile_extra_s
+    return outside_steps_s(start, trial_steps) + compile_extra_s + trial_steps * step_time_s
 
 
 class SearchBudget:
     """The clock of a ``Search``, a mixin reading the search's state (the attributes below): a trial starts only when
-    its estimated time (the start's fixed cost before step 0 plus its predicted steps) and the reserve for
-    verification and remeasurement (``reserve_s``) fit in what is left, and its time limit ends where the reserve
-    begins."""
+    its estimated time (the start's cost outside its steps, what compiling adds, and its predicted steps) and the
+    reserve for verification and remeasurement (``reserve_s``) fit in what is left, and its time limit ends where the
+    reserve begins."""
 
     options: TuneOptions
+    start: Recipe
     runner: Any  # a tune.runner Runner; ``compile_cache_shared`` where its trials share one compile cache
     target: Target
     journal: Journal
@@ -120,24 +146,39 @@ class SearchBudget:
     def _rerun_wall_s(self, record: dict[str, Any]) -> float:
         return rerun_wall_s(record, self._measured("start"), getattr(self.runner, "compile_cache_shared", False))
 
-    def estimated_wall_s(self, prediction: Prediction | None) -> float:
+    def _compile_s(self, prediction: Prediction | None, settings: Settings | None) -> float:
+        """What compiling adds to the trial of ``settings`` (predicted ``prediction``) beyond the start's cost: 0
+        for an eager trial or a compiled start (its measured cost holds a compile already)."""
+        if prediction is None or not prediction.compiled or settings is None or self.start.kernels.compile:
+            return 0.0
+        start_outside = outside_steps_s(self._measured("start"), self.options.trial_steps)
+        measured = [(self.tried[r["key"]].settings,
+                     max(0.0, outside_steps_s(r, self.options.trial_steps) - start_outside))
+                    for r in self.journal.records
+                    if r["status"] == "ok" and r["key"] in self.tried and (r.get("prediction") or {}).get("compiled")]
+        return compile_s(measured, settings, getattr(self.runner, "compile_cache_shared", False))
+
+    def estimated_wall_s(self, prediction: Prediction | None, settings: Settings | None = None) -> float:
         """A trial's expected wall time (the module's ``estimated_wall_s``); 0 before the start was measured."""
         start = self._measured("start")
         if start is None:
             return 0.0
         step_time = self.calibration.step_time_s(prediction) if prediction is not None else None
-        return estimated_wall_s(start, self.options.trial_steps, step_time)
+        return estimated_wall_s(start, self.options.trial_steps, step_time, self._compile_s(prediction, settings))
 
-    def within_budget(self, prediction: Prediction | None = None) -> bool:
-        wall = self.estimated_wall_s(prediction)
+    def within_budget(self, prediction: Prediction | None = None, settings: Settings | None = None) -> bool:
+        wall = self.estimated_wall_s(prediction, settings)
         return wall + self.reserve_s(wall) <= self.progress.left_s()
 
-    def _budget_left(self, prediction: Prediction | None = None) -> bool:
-        return self.trial_index < self.options.trials and self.within_budget(prediction)
+    def _budget_left(self, prediction: Prediction | None = None, settings: Settings | None = None) -> bool:
+        return self.trial_index < self.options.trials and self.within_budget(prediction, settings)
 
-    def _spent(self, prediction: Prediction | None) -> str:
+    def _spent(self, prediction: Prediction | None, settings: Settings | None = None) -> str:
         """Why the search stops when the next trial, predicted ``prediction``, is not ``_budget_left``."""
-        return (f"the budget is spent: the next trial would take about "
-                f"{(wall := self.estimated_wall_s(prediction)):.0f} s and "
+        return "the budget is spent: the next trial " + self._needs(prediction, settings)
+
+    def _needs(self, prediction: Prediction | None, settings: Settings | None = None) -> str:
+        """What a trial would take against what is left, in words."""
+        return (f"would take about {(wall := self.estimated_wall_s(prediction, settings)):.0f} s and "
                 f"{self.reserve_s(wall):.0f} s would be reserved for verification, "
                 f"{max(0.0, self.progress.left_s()):.0f} s are left")

@@ -118,7 +118,7 @@ def ablate(search: Search, winner: Candidate, winner_tps: float) -> Ablations:
                                          measured_tokens_per_s_per_gpu=None, contribution=None,
                                          note="needed: without it the recipe is predicted not to fit or is refused"))
             continue
-        if not search.within_budget(prediction):
+        if not search.within_budget(prediction, candidate.settings):
             result.skipped.append(knob)
             continue
         record = search.run_trial(candidate, prediction, "ablation")

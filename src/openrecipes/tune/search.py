@@ -112,6 +112,7 @@ class Search(SearchBudget):
         self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
         self.refused: dict[str, str] = {}
+        self.passed_over: set[str] = set()  # candidates whose trial did not fit in the time left when next in line
         self.pruned: list[dict[str, Any]] = []
         self.trial_index = 0
         self.searching = True  # False once the search is over: only the card is left to reserve time for
@@ -360,11 +361,10 @@ class Search(SearchBudget):
     def _search(self) -> None:
         """The trials after the start: the given candidates, the planner's ranking, then around the best."""
         for text in self.options.tries:
-            if self._budget_left():
-                given = self._given(text)
-                if given.key not in self.tried:
-                    self._search_trial(given, self._prediction_or_none(given), "given",
-                                       refusal=self.planner.refusal(given.recipe))
+            given = self._given(text)
+            prediction = self._prediction_or_none(given)
+            if given.key not in self.tried and self._budget_left(prediction, given.settings):
+                self._search_trial(given, prediction, "given", refusal=self.planner.refusal(given.recipe))
         first = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
         first += self._solved(first)
         ranked = [r for s in dict.fromkeys(first) if (c := self._candidate(s)) and (r := self._rank_one(c))]
@@ -377,18 +377,30 @@ class Search(SearchBudget):
             if self.trial_index >= first_phase and (best := self._best()):
                 pool = self._order(self._around(best[0]))
             pool = pool or self._order(ranked)
-            if (not pool or not self._budget_left(pool[0].prediction)) and self.in_flight.count:
+            chosen = self._first_within_budget(pool)
+            if chosen is None and self.in_flight.count:
                 self._collect(below=self.in_flight.count)  # the next to end refits: then look again
                 continue
             if not pool:
                 self.progress.say("no untried candidate left")
                 break
-            if not self._budget_left(pool[0].prediction):
-                self.progress.say(self._spent(pool[0].prediction))
+            if chosen is None:
+                self.progress.say(self._spent(pool[0].prediction, pool[0].candidate.settings))
                 break
-            self._search_trial(pool[0].candidate, pool[0].prediction, "ranked" if self.trial_index < first_phase
+            self._search_trial(chosen.candidate, chosen.prediction, "ranked" if self.trial_index < first_phase
                                else "around-best")
         self._collect(below=1)
+
+    def _first_within_budget(self, pool: list[Ranked]) -> Ranked | None:
+        """The fastest predicted candidate whose trial fits in the time left. Those ahead of it that do not (a first
+        compile late in the budget, say) are said once and stay in the pool."""
+        chosen = next((r for r in pool if self._budget_left(r.prediction, r.candidate.settings)), None)
+        for ranked in pool[:pool.index(chosen)] if chosen else []:
+            if ranked.candidate.key not in self.passed_over:
+                self.passed_over.add(ranked.candidate.key)
+                self.progress.say(f"passed over {describe_changes(ranked.candidate.changes)}: its trial "
+                                  + self._needs(ranked.prediction, ranked.candidate.settings))
+        return chosen
 
     def _prediction_or_none(self, candidate: Candidate) -> Prediction | None:
         if self.planner.refusal(candidate.recipe):

@@ -99,3 +99,31 @@ def test_a_compiled_candidate_that_no_longer_fits_is_passed_over(start_yaml, tmp
     clock.now = search.options.minutes * 60 - 1.0
     assert search._first_within_budget(ranked) is None
 
+
+
+def test_the_reserve_holds_the_next_trial_only_where_it_may_win_and_without_its_compile(start_yaml, tmp_path):
+    from openrecipes.tune.budget import CARD_S, pairs_reserve_s
+    from openrecipes.tune.space import Candidate
+
+    clock = FakeClock()
+    search = _search(start_yaml, tmp_path / "out", CompilingRunner(clock, compile_s=28.0, cached_s=3.0),
+                     trials=10, minutes=10, clock=clock)
+    start = Candidate(settings=start_settings(search.start, search.facts), recipe=search.start, changes={})
+    record = search.run_trial(start, search.planner.predict(search.start), "start")
+    start_tps, start_wall = record["measured"]["tokens_per_s_per_gpu"], record["wall_s"]
+    compiled = search.candidate_or_none(_settings(search, compile=True))
+    planned = search.planner.predict(compiled.recipe)
+
+    def predicted_at(fraction: float):  # the same trial predicted at ``fraction`` of the start's throughput
+        scale = fraction * start_tps / search.calibration.tokens_per_s_per_gpu(planned)
+        return replace(planned, tokens_per_s_per_gpu=planned.tokens_per_s_per_gpu * scale)
+
+    def reserve_for(wall: float) -> float:
+        return pairs_reserve_s(start_wall, wall, search.options.remeasure, on_cpu=True)
+
+    assert search.reserve_s(100.0, predicted_at(0.5)) == CARD_S  # slower than the start: never remeasured
+    assert search.reserve_s(100.0, predicted_at(0.95)) == pytest.approx(reserve_for(100.0))
+    assert search.reserve_s(100.0) == pytest.approx(reserve_for(100.0))  # no prediction: held, to be safe
+    wall, reserve = search._time_needed(predicted_at(2.0), compiled.settings)
+    assert wall == pytest.approx(search.estimated_wall_s(predicted_at(2.0), compiled.settings))
+    assert reserve == pytest.approx(reserve_for(wall - FIRST_COMPILE_S))  # rerun with its graphs cached

@@ -127,3 +127,15 @@ def test_the_reserve_holds_the_next_trial_only_where_it_may_win_and_without_its_
     wall, reserve = search._time_needed(predicted_at(2.0), compiled.settings)
     assert wall == pytest.approx(search.estimated_wall_s(predicted_at(2.0), compiled.settings))
     assert reserve == pytest.approx(reserve_for(wall - FIRST_COMPILE_S))  # rerun with its graphs cached
+
+
+def test_the_start_s_optimizer_set_up_scales_with_the_offloaded_share():
+    from openrecipes.tune.budget import estimated_wall_s, start_outside_s
+
+    start = {"wall_s": 89.0, "measured": {"step_time_mean_s": 3.8}, "startup_s": {"optimizer": 17.0, "build": 0.2}}
+    outside = 89.0 - 12 * 3.8
+    assert start_outside_s(start, 12) == pytest.approx(outside)
+    assert start_outside_s(start, 12, offload_share=0.15) == pytest.approx(outside - 17.0 * 0.85)
+    assert start_outside_s(start, 12, offload_share=0.0) == pytest.approx(outside - 17.0)
+    assert start_outside_s({**start, "startup_s": None}, 12, 0.0) == pytest.approx(outside)  # phases unknown
+    assert estimated_wall_s(start, 12, 1.8, 4.0, 0.15) == pytest.approx(outside - 17.0 * 0.85 + 4.0 + 12 * 1.8)

@@ -23,9 +23,9 @@ CARD_S = 15.0  # the card and the site, what is left after the remeasurement
 # until a compiled trial was measured (one H200, 48 layers of LoRA, calls zz4 and zz5: 28-30 s, FlexAttention's 55 s)
 FIRST_COMPILE_S = 30.0
 # a next trial predicted at least this fraction of the best measured throughput may become the winner, so its rerun is
-# reserved; one predicted slower is not. (One H200, 2026-12-04: refitted predictions within 6.5 % of the measured in
-# call b; the first compiled trial of call a, before any was measured, 16 % low. A winner missed by this rule costs
-# its rerun beyond the best's, at most.)
+# reserved; one predicted slower is not. (One H200, 2026-12-04: call b's ranked trials predicted within 6.2 % of the
+# measured, its ablation 15 % high; call a's first compiled trial, before any was measured, 16 % low. A winner missed
+# by this rule costs its rerun beyond the best's, at most.)
 CONTENDER_FRACTION = 0.9
 
 
@@ -57,7 +57,10 @@ def rerun_wall_s(record: dict[str, Any], start: dict[str, Any], compile_cache_sh
 
 
 def outside_steps_s(record: dict[str, Any], trial_steps: int) -> float:
-    """A measured trial's time before, around and after its steps (its steps at their measured mean)."""
+    """A measured trial's time before, around and after its steps: its record's ``overhead_s`` (tune/trial.py), or
+    for a record without one its ``trial_steps`` at their measured mean taken from its wall time."""
+    if record.get("overhead_s") is not None:
+        return record["overhead_s"]
     return max(0.0, record["wall_s"] - trial_steps * record["measured"]["step_time_mean_s"])
 
 
@@ -159,8 +162,12 @@ class SearchBudget:
         pair = self._measured("start")["wall_s"] + self._rerun_wall_s(winner)
         return remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
 
+    @property
+    def _cache_shared(self) -> bool:
+        return getattr(self.runner, "compile_cache_shared", False)
+
     def _rerun_wall_s(self, record: dict[str, Any]) -> float:
-        return rerun_wall_s(record, self._measured("start"), getattr(self.runner, "compile_cache_shared", False))
+        return rerun_wall_s(record, self._measured("start"), self._cache_shared)
 
     def _compile_s(self, prediction: Prediction | None, settings: Settings | None) -> float:
         """What compiling adds to the trial of ``settings`` (predicted ``prediction``) beyond the start's cost: 0
@@ -175,7 +182,7 @@ class SearchBudget:
                 trial = self.tried[record["key"]].settings
                 expected = start_outside_s(start, steps, self._offload_share(trial))
                 measured.append((trial, max(0.0, outside_steps_s(record, steps) - expected)))
-        return compile_s(measured, settings, getattr(self.runner, "compile_cache_shared", False))
+        return compile_s(measured, settings, self._cache_shared)
 
     def _offload_share(self, settings: Settings | None) -> float:
         """The trial's offloaded optimizer state as a share of the start's (1 where the start offloads none)."""
@@ -194,7 +201,7 @@ class SearchBudget:
         step_time = self.calibration.step_time_s(prediction) if prediction is not None else None
         extra = self._compile_s(prediction, settings)
         wall = estimated_wall_s(start, self.options.trial_steps, step_time, extra, self._offload_share(settings))
-        return wall, wall - extra if getattr(self.runner, "compile_cache_shared", False) else wall
+        return wall, wall - extra if self._cache_shared else wall
 
     def _time_needed(self, prediction: Prediction | None, settings: Settings | None) -> tuple[float, float]:
         """(the trial's expected wall time, the reserve that must be left after it)."""

@@ -43,8 +43,14 @@ CPU = "cpu"
 # measured step-time ratio eager / compiled blocks (BENCHMARKS.md, one H200, 8 layers at Qwen3-30B-A3B widths, full
 # recompute: 0.202 s eager, 0.170 s compiled); targets without a measurement get no prior and rank compile later
 COMPILE_SPEEDUP_PRIOR = {"H200": 0.202 / 0.170}
-# the share of a device's memory a solved knob (offload fraction, recomputed layers) leaves free
+# the share of a device's memory a ranked candidate (and a solved knob: offload fraction, recomputed layers) leaves
+# free until measured peaks say how far off the refitted model is (``refined_margin``)
 MEMORY_MARGIN = 0.05
+# measured, the margin is the worst under-prediction seen plus MARGIN_ALLOWANCE, never below MIN_MEMORY_MARGIN (a few
+# trials predicted well are not evidence that a candidate may fill the device) nor above MEMORY_MARGIN (a larger
+# error is bounded by the out-of-memory it causes and the refit after it, not by a margin)
+MIN_MEMORY_MARGIN = 0.02
+MARGIN_ALLOWANCE = 0.01
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
 # settings that close (an offload fraction of a small model, say) differ by less than its error
 OUT_OF_MEMORY_TOLERANCE = 0.002
@@ -137,6 +143,7 @@ class Calibration:
     out_of_memory_gib: float | None = None  # the smallest planner peak (uncorrected) of a trial that ran out
     # measured peak reserved / peak allocated of the trials, (eager, compiled); None: not measured, the planner's prior
     reserve_ratio: tuple[float | None, float | None] = (None, None)
+    memory_margin: float = MEMORY_MARGIN  # the share of the device a candidate must leave free (refined_margin)
 
     def eager_step_time_s(self, p: Prediction) -> float:
         return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches
@@ -171,29 +178,49 @@ class Calibration:
     def fits(self, p: Prediction, margin: float = 0.0) -> bool:
         return self.peak_gib(p) <= p.capacity_gib * (1.0 - margin) and not self.above_out_of_memory(p)
 
+    def leaves_margin(self, p: Prediction) -> bool:
+        """Whether ``p`` fits with ``memory_margin`` of the device left free: what a ranked candidate must."""
+        return self.fits(p, margin=self.memory_margin)
+
     def misfit_reason(self, p: Prediction) -> str:
         if self.above_out_of_memory(p):
             return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB uncorrected, a trial "
                     f"predicted {self.out_of_memory_gib:.1f} GiB ran out")
         return (f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB with "
-                f"{100 * MEMORY_MARGIN:g} % left free")
+                f"{100 * self.memory_margin:.3g} % left free")
+
+    def memory_model(self) -> tuple[Any, ...]:
+        """What of the refit decides which candidates fit: when it changes, the solved knobs are solved again."""
+        return (self.memory_offset_gib, self.compiled_saving_bytes, self.out_of_memory_gib, self.reserve_ratio,
+                self.memory_margin)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def refined_margin(under_predicted: list[float]) -> float:
+    """The memory margin once trials measured how far off the refitted model's peaks were: ``under_predicted`` holds,
+    per trial predicted under a refit, (measured peak - expected peak) / device memory (an out-of-memory: what its
+    expected peak left free). None measured: MEMORY_MARGIN."""
+    if not under_predicted:
+        return MEMORY_MARGIN
+    return min(MEMORY_MARGIN, max(MIN_MEMORY_MARGIN, max(under_predicted) + MARGIN_ALLOWANCE))
+
+
 def fit_calibration(pairs: list[tuple[Prediction, float, float | None]], *,
                     out_of_memory: list[Prediction] = (), compile_prior: float = 1.0,
-                    saving_prior: float = 0.0, reserved: list[tuple[bool, float, float]] = ()) -> Calibration:
+                    saving_prior: float = 0.0, reserved: list[tuple[bool, float, float]] = (),
+                    under_predicted: list[float] = ()) -> Calibration:
     """Refit from (prediction, measured tokens/s/GPU, measured peak GiB or None) of the finished trials, the
-    predictions of the trials that ran out of memory and (compiled, peak allocated, peak reserved) measured."""
+    predictions of the trials that ran out of memory, (compiled, peak allocated, peak reserved) measured and the
+    peaks' under-predictions (``refined_margin``)."""
     offset, saving = _fit_memory(pairs, saving_prior)
     ratios = _reserve_ratios(reserved)
     # an out-of-memory bounds its region, not the whole space: the planner's error differs between regions (rows
     # per microbatch, offload), so it prunes what is predicted to need as much and leaves the offset as measured
     bound = min((p.peak_reserved_gib for p in out_of_memory), default=None)
     memory = dict(memory_offset_gib=offset, compiled_saving_bytes=saving, out_of_memory_gib=bound,
-                  reserve_ratio=ratios)
+                  reserve_ratio=ratios, memory_margin=refined_margin(list(under_predicted)))
     if not pairs:
         return Calibration(compile_speedup=compile_prior, **memory)
     scale, per_unit = _fit_step(pairs, compile_prior)

@@ -27,12 +27,13 @@ from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.budget import SearchBudget
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
-from openrecipes.tune.predict import (MEMORY_MARGIN, Calibration, Planner, Prediction, Target, fit_calibration,
+from openrecipes.tune.predict import (Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
 from openrecipes.tune.progress import Progress, failure_text
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
-from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, early_end_s, trial_record, write_trial_recipe
+from openrecipes.tune.trial import (TRIAL_RECIPE, OpenTrial, early_end_s, peak_under_prediction, trial_record,
+                                   write_trial_recipe)
 from openrecipes.tune.solve import solved_offload, solved_recompute_layers
 from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
@@ -111,9 +112,13 @@ class Search(SearchBudget):
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
         self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
-        self.refused: dict[str, str] = {}
+        self.predicted: dict[Settings, Ranked | None] = {}  # None: refused
+        self.solving: dict[Settings, Prediction | None] = {}  # the planner's predictions the solved knobs bisect
+        self.refused: dict[str, str] = {}  # for good: train or the planner refuses it, or it would fail as a trial did
         self.passed_over: set[str] = set()  # candidates whose trial did not fit in the time left when next in line
-        self.pruned: list[dict[str, Any]] = []
+        # every candidate left out, by key, with its latest reason; one predicted not to fit stays a candidate, the
+        # refit may later say it fits (its margin refined from measured peaks, say)
+        self.pruned: dict[str, dict[str, Any]] = {}
         self.trial_index = 0
         self.searching = True  # False once the search is over: only the card is left to reserve time for
         # several search trials at once (Slurm's --max-parallel); the start, remeasurements and ablations run alone
@@ -139,14 +144,19 @@ class Search(SearchBudget):
             return None
 
     def _prune(self, settings: Settings, candidate: Candidate | None, reason: str,
-               prediction: Prediction | None = None) -> None:
+               prediction: Prediction | None = None, *, for_good: bool = True) -> None:
         key = candidate.key if candidate else repr(settings)
         if key in self.refused:
             return
-        self.refused[key] = reason
-        self.pruned.append({"key": key, "changes": candidate.changes if candidate else None,
+        if for_good:
+            self.refused[key] = reason
+        self.pruned[key] = {"key": key, "changes": candidate.changes if candidate else None,
                             "label": describe_changes(candidate.changes) if candidate else repr(settings),
-                            "reason": reason, "prediction": prediction.to_dict() if prediction else None})
+                            "reason": reason, "prediction": prediction.to_dict() if prediction else None}
+
+    def _left_out(self) -> list[dict[str, Any]]:
+        """The pruned candidates that never ran."""
+        return [entry for key, entry in self.pruned.items() if key not in self.tried]
 
     def _rank_one(self, candidate: Candidate) -> Ranked | None:
         if candidate.key in self.refused:
@@ -160,18 +170,20 @@ class Search(SearchBudget):
         except ValueError as error:
             self._prune(candidate.settings, candidate, f"refused by the planner: {error}")
             return None
-        ranked = Ranked(candidate=candidate, prediction=prediction)
-        return ranked if self._still_fits(ranked) else None
+        return Ranked(candidate=candidate, prediction=prediction)
 
     def _still_fits(self, ranked: Ranked) -> bool:
-        """Whether the candidate fits under the latest refit and fails no way a measured trial did (else pruned)."""
+        """Whether the candidate fits under the latest refit and fails no way a measured trial did (else pruned:
+        for good when it would fail as a trial did)."""
         candidate, prediction = ranked.candidate, ranked.prediction
-        reason = (self.calibration.misfit_reason(prediction)
-                  if not self.calibration.fits(prediction, margin=MEMORY_MARGIN)
-                  else self._failed_like(candidate))
-        if reason:
+        if (reason := self._failed_like(candidate)) is not None:
             self._prune(candidate.settings, candidate, reason, prediction)
-        return reason is None
+            return False
+        if not self.calibration.leaves_margin(prediction):
+            self._prune(candidate.settings, candidate, self.calibration.misfit_reason(prediction), prediction,
+                        for_good=False)
+            return False
+        return True
 
     def _failed_like(self, candidate: Candidate) -> str | None:
         """Why ``candidate`` would fail as a measured trial did: it makes every change of a trial that failed (other
@@ -186,10 +198,12 @@ class Search(SearchBudget):
         return None
 
     def _fits(self, settings: Settings) -> bool | None:
-        """Whether the memory model says ``settings`` fit with MEMORY_MARGIN free (None: refused)."""
-        candidate = self.candidate_or_none(settings)
-        prediction = None if candidate is None else self._prediction_or_none(candidate)
-        return None if prediction is None else self.calibration.fits(prediction, margin=MEMORY_MARGIN)
+        """Whether the memory model says ``settings`` fit with the refit's margin free (None: refused)."""
+        if settings not in self.solving:
+            candidate = self.candidate_or_none(settings)
+            self.solving[settings] = None if candidate is None else self._prediction_or_none(candidate)
+        prediction = self.solving[settings]
+        return None if prediction is None else self.calibration.leaves_margin(prediction)
 
     def _solved(self, settings: list[Settings]) -> list[Settings]:
         """The offload fraction and the recomputed layers solved for every distinct setting of the other knobs."""
@@ -215,13 +229,21 @@ class Search(SearchBudget):
         """Candidates one knob from the best measured (and its offload and recomputed layers solved again under the
         refitted memory model), then two knobs from its most promising neighbours."""
         moves = [s for _, s in neighbours(best.settings, self.start, self.facts)]
-        moves += self._solved([best.settings])
-        one = [r for s in dict.fromkeys(moves) if (c := self._candidate(s)) and (r := self._rank_one(c))]
+        one = self._ranked(moves + self._solved([best.settings]))
         found = {r.candidate.key: r for r in one}
         for seed in self._order(one)[:TWO_KNOB_SEEDS]:
-            for _, s in neighbours(seed.candidate.settings, self.start, self.facts):
-                if (c := self._candidate(s)) and c.key not in found and (r := self._rank_one(c)):
-                    found[c.key] = r
+            for r in self._ranked([s for _, s in neighbours(seed.candidate.settings, self.start, self.facts)]):
+                found.setdefault(r.candidate.key, r)
+        return list(found.values())
+
+    def _ranked(self, settings: list[Settings]) -> list[Ranked]:
+        """The candidates of ``settings`` the planner predicts (once each), in order, without repeats."""
+        found: dict[str, Ranked] = {}
+        for one in dict.fromkeys(settings):
+            if one not in self.predicted:
+                self.predicted[one] = (c := self._candidate(one)) and self._rank_one(c)
+            if (ranked := self.predicted[one]) is not None:
+                found.setdefault(ranked.candidate.key, ranked)
         return list(found.values())
 
     def _given(self, text: str) -> Candidate:
@@ -316,7 +338,14 @@ class Search(SearchBudget):
             elif record["failure"]["class"] == "out_of_memory":
                 out_of_memory.append(Prediction(**raw))
         prior = self.planner.compile_prior or 1.0
-        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior, reserved=reserved)
+        under = [u for r in self.journal.records
+                 if r["key"] in self.tried and (u := peak_under_prediction(r)) is not None]
+        margin = self.calibration.memory_margin
+        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior, reserved=reserved,
+                                           under_predicted=under)
+        if self.calibration.memory_margin != margin:
+            self.progress.say(f"memory margin now {100 * self.calibration.memory_margin:.3g} % of the device: measured "
+                              f"peaks were at most {100 * max(under):+.2g} % of it above their prediction")
         self.progress.reserve_s = self.reserve_s()
 
     def candidate_or_none(self, settings: Settings) -> Candidate | None:
@@ -328,7 +357,7 @@ class Search(SearchBudget):
     def prediction_if_fits(self, candidate: Candidate) -> Prediction | None:
         """The planner's prediction when train would run the candidate and it is predicted to fit, else None."""
         prediction = self._prediction_or_none(candidate)
-        return prediction if prediction and self.calibration.fits(prediction, margin=MEMORY_MARGIN) else None
+        return prediction if prediction and self.calibration.leaves_margin(prediction) else None
 
     def run(self) -> SearchResult:
         start = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
@@ -352,10 +381,10 @@ class Search(SearchBudget):
             self._search()
         self.progress.projected_finish(self.reserve_s())
         self.searching = False
-        write_pruned(self.out, self.pruned)
+        write_pruned(self.out, self._left_out())
         return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
                             records=[r for r in self.journal.records if r["key"] in self.tried],
-                            candidates=self.tried, pruned=len(self.pruned), calibration=self.calibration,
+                            candidates=self.tried, pruned=len(self._left_out()), calibration=self.calibration,
                             options=self.options, trial_s=self.progress.elapsed_s())
 
     def _search(self) -> None:
@@ -365,14 +394,15 @@ class Search(SearchBudget):
             prediction = self._prediction_or_none(given)
             if given.key not in self.tried and self._budget_left(prediction, given.settings):
                 self._search_trial(given, prediction, "given", refusal=self.planner.refusal(given.recipe))
-        first = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
-        first += self._solved(first)
-        ranked = [r for s in dict.fromkeys(first) if (c := self._candidate(s)) and (r := self._rank_one(c))]
-        self.progress.say(f"{len(ranked)} candidates ranked by the planner, {len(self.pruned)} pruned "
-                          f"(reasons in {self.out / 'pruned.jsonl'})")
+        space = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
+        ranked, solved_under = self._ranked(space + self._solved(space)), self.calibration.memory_model()
+        self.progress.say(f"{len(self._order(ranked))} candidates ranked by the planner, {len(self._left_out())} "
+                          f"pruned (reasons in {self.out / 'pruned.jsonl'})")
         first_phase = self.trial_index + math.ceil((self.options.trials - self.trial_index) / 2)
         while self.trial_index < self.options.trials:
             self._collect(below=self.in_flight.max_parallel)  # room for one more
+            if self.calibration.memory_model() != solved_under:  # a refit moved it: the solved knobs move with it
+                ranked, solved_under = self._ranked(space + self._solved(space)), self.calibration.memory_model()
             pool: list[Ranked] = []
             if self.trial_index >= first_phase and (best := self._best()):
                 pool = self._order(self._around(best[0]))

@@ -3,9 +3,9 @@
 Two knobs trade speed for memory monotonically: the optimizer offload fraction (more offloaded, less device memory,
 more host-link time) and the number of layers recomputed whole (more layers, less memory, more compute). The fastest
 setting of either is the least one that fits, so the tuner asks the (refitted) memory model for it: the smallest
-fraction on a grid of ``FRACTION_STEP`` and the fewest layers whose predicted peak leaves ``MEMORY_MARGIN`` of the
-device free. Both are found by bisection over the planner's predictions; 0 and 1 (and none and every layer) stay
-candidates of their own.
+fraction on a grid of ``FRACTION_STEP`` and the fewest layers whose predicted peak leaves the refit's margin of the
+device free (``Calibration.memory_margin``: 5 %, less once measured peaks warrant it). Both are found by bisection
+over the planner's predictions; 0 and 1 (and none and every layer) stay candidates of their own.
 """
 
 from __future__ import annotations

@@ -60,6 +60,23 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
     }
 
 
+def peak_under_prediction(record: dict[str, Any]) -> float | None:
+    """How far the trial's peak reserved memory was above what the search expected under the refit it was ranked
+    with, as a share of the device (an out-of-memory: all the device that expectation left free); None for a trial
+    predicted before any measurement (the start) or without the peaks to compare."""
+    prediction = record.get("prediction") or {}
+    expected, capacity = prediction.get("calibrated_peak_gib"), prediction.get("capacity_gib")
+    if not expected or not capacity or not (prediction.get("calibration") or {}).get("fitted_on"):
+        return None
+    if record["status"] != "ok":
+        failed = (record.get("failure") or {}).get("class") == "out_of_memory"
+        return max(0.0, capacity - expected) / capacity if failed else None
+    reserved = (record.get("measured") or {}).get("peak_reserved_gib")
+    if not reserved:
+        return None
+    return (reserved + prediction.get("context_gib", 0.0) - expected) / capacity
+
+
 def early_end_s(phase: str, records: list[dict[str, Any]], stable_cv: float | None) -> float | None:
     """The step time above which a stable trial of ``phase`` ends early (runner.TrialRun). Remeasured and ablation
     runs are only measured: any stable window ends them. A search trial must run all its steps to be verified as a

@@ -84,6 +84,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     **_rules(PERFORMANCE, "the LM head and cross entropy computed over chunks of tokens are the same products and "
              "the same fp32 loss; only the weight gradient's sum over tokens is blocked differently (rounding)",
              "kernels.loss_chunk_tokens"),
+    **_rules(PERFORMANCE, "where the allocator places tensors in device memory; no value changes",
+             "kernels.allocator"),
     **_rules(PERFORMANCE, _LAYOUT_REASON, "layout.tp", "layout.pp", "layout.cp", "layout.ep", "layout.etp",
              "layout.dp", "layout.vpp", "layout.sequence_parallel", "layout.pp_first_stage_layers",
              "layout.pp_last_stage_layers"),

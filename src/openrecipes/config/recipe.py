@@ -201,6 +201,10 @@ class Kernels(BaseModel):
     compile: bool = False
     # > 0: the LM head and the loss run this many tokens at a time, never holding all the logits (train/chunked_loss.py)
     loss_chunk_tokens: int = Field(0, ge=0)
+    # the CUDA caching allocator's segments: "expandable" grows one mapping in place, so freed blocks of odd sizes do
+    # not strand device memory (on one H200 the 22-layer start's compiled 4-row microbatch ran without optimizer
+    # offload only so, at the same speed: BENCHMARKS.md, call d); "caching": fixed-size segments, torch's default
+    allocator: Literal["expandable", "caching"] = "expandable"
 
 
 class Debug(BaseModel):

@@ -44,6 +44,17 @@ class ParallelState:
         return self.world_size > 1
 
 
+def use_cuda_allocator(kind: str) -> None:
+    """``kernels.allocator``: expandable segments on or off for this process's CUDA allocations (nothing on CPU)."""
+    if not torch.cuda.is_available():
+        return
+    setting = f"expandable_segments:{kind == 'expandable'}"
+    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if set_settings is None:  # torch before 2.9
+        set_settings = torch.cuda.memory._set_allocator_settings
+    set_settings(setting)
+
+
 def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.device]:
     """Join the process group torchrun describes in the environment (or stay single-process)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

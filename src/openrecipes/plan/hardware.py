@@ -27,6 +27,7 @@ class Efficiency:
 @dataclass(kw_only=True, frozen=True)
 class MemoryOverheads:
     allocator_overhead: float
+    expandable_allocator_overhead: float
     cuda_context_gib: float
     fixed_overhead_gib: float
     comm_buffer_gib: float

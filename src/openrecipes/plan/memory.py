@@ -61,6 +61,7 @@ class TrainingSetup:
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
     compiled: bool = False  # kernels.compile: this engine's compiled blocks and fused loss
+    allocator: str = "caching"  # kernels.allocator: "expandable" segments need less reserve above the allocated peak
     # recompute applies to the first this many layers of each stage, the rest keep every activation (the block
     # method); None: every layer (uniform)
     recompute_layers: int | None = None
@@ -282,7 +283,8 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             stage=i, layers=layers, inflight_microbatches=min(layout.pp - i, m),
             parts_gib={k: round(v, 3) for k, v in parts.items()},
             allocated_gib=allocated,
-            reserved_gib=allocated * mem.allocator_overhead + mem.cuda_context_gib,
+            reserved_gib=allocated * (mem.expandable_allocator_overhead if setup.allocator == "expandable"
+                                      else mem.allocator_overhead) + mem.cuda_context_gib,
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
         state_elements = dense / (layout.dp * layout.cp) + experts / edp

@@ -66,10 +66,11 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     resolved it already (``checkpoint.hf.recipe_model_config``, what `openrecipes train` does once per process)."""
     from openrecipes.config.layout import LayoutError
 
-    from openrecipes.parallel.mesh import build_parallel_state, init_distributed
+    from openrecipes.parallel.mesh import build_parallel_state, init_distributed, use_cuda_allocator
     from openrecipes.train.startup import StartupClock
 
     clock = StartupClock()
+    use_cuda_allocator(recipe.kernels.allocator)  # before the first allocation: segments are mapped as they grow
     rank, world, default_device = init_distributed(recipe.distributed_timeout_minutes)
     device = device or default_device
     run_dir = Path(recipe.run_dir)

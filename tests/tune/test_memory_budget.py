@@ -24,7 +24,7 @@ from openrecipes.tune.solve import least_fitting, solved_offload
 from openrecipes.tune.space import first_ranking_space, start_settings
 from openrecipes.tune.verification import choose_winner
 
-from .conftest import SyntheticRunner
+from .conftest import SyntheticRunner, write_start
 
 
 class FakeClock:
@@ -88,7 +88,9 @@ def test_the_offload_fraction_is_solved_where_memory_binds(start_yaml, tmp_path)
     assert solved.offload in ranked
 
 
-def test_a_measured_allocator_reserve_refines_the_solved_fraction(start_yaml, tmp_path):
+def test_a_measured_allocator_reserve_refines_the_solved_fraction(rows_dir, tmp_path):
+    # fixed-size segments: their measured reserve is what had to fit (expandable ones keep the planner's)
+    start_yaml = write_start(tmp_path / "start.yaml", rows_dir, kernels={"allocator": "caching"})
     search = _search(start_yaml, tmp_path / "out", SyntheticRunner())
     base = start_settings(search.start, search.facts)
     none, full = _peak(search, replace(base, offload=0.0)), _peak(search, replace(base, offload=1.0))

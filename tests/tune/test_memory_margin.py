@@ -71,3 +71,20 @@ def test_peaks_measured_as_predicted_lower_the_margin_and_the_solved_fraction(st
     offloads = [(r["phase"], load_recipe(search.out / r["run_dir"] / "recipe.yaml").offload.fraction)
                 for r in search.journal.records if r["phase"] != "start"]
     assert ("ranked", 0.35) in offloads and min(f for _, f in offloads) == 0.35
+
+
+def test_under_expandable_segments_a_measured_reserve_is_not_a_need():
+    from openrecipes.tune.predict import Calibration, Prediction
+
+    def prediction(expandable):
+        return Prediction(tokens_per_s_per_gpu=1.0, step_time_s=1.0, layer_microbatches=1, allocated_gib=130.0,
+                          peak_reserved_gib=130.0 * 1.015 + 0.6, capacity_gib=140.4, context_gib=0.6,
+                          expandable=expandable)
+
+    measured = Calibration(reserve_ratio=(1.06, 1.06))  # what trials kept above their allocated peak
+    assert measured.peak_gib(prediction(False)) == pytest.approx(130.0 * 1.06 + 0.6)
+    assert measured.peak_gib(prediction(True)) == pytest.approx(130.0 * 1.015 + 0.6)  # the planner's, at the edge
+    record = {"status": "ok", "measured": {"peak_memory_gib": 131.4, "peak_reserved_gib": 136.0},
+              "prediction": {**prediction(True).to_dict(), "calibrated_peak_gib": 132.55,
+                             "calibrated_allocated_gib": 130.0, "calibration": {"fitted_on": 1}}}
+    assert peak_under_prediction(record) == pytest.approx(1.4 / 140.4)  # allocated against allocated

@@ -127,6 +127,9 @@ class Prediction:
     compiled: bool = False  # kernels.compile: the planner's step time is eager; the calibration scales it
     logits_gib_per_byte: float = 0.0  # logits elements of the busiest stage's loss, in GiB per byte each
     context_gib: float = 0.0  # the part of ``peak_reserved_gib`` outside the caching allocator (CUDA context)
+    # kernels.allocator "expandable": what must fit is the planner's reserve over the allocated peak; a measured
+    # reserve is what the allocator kept because it could (it gives it back under pressure), not what it needed
+    expandable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -159,10 +162,11 @@ class Calibration:
 
     def peak_gib(self, p: Prediction) -> float:
         """The peak reserved memory expected, what must fit the device: the allocated peak times the allocator's
-        reserve as measured on trials of the same compile mode (else of the other; else the planner's prior)."""
+        reserve as measured on trials of the same compile mode (else of the other; else, and under expandable
+        segments, the planner's)."""
         eager, compiled = self.reserve_ratio
         ratio = (compiled or eager) if p.compiled else (eager or compiled)
-        if ratio is None:
+        if ratio is None or p.expandable:
             return p.peak_reserved_gib + self.offset_gib(p)
         return self.allocated_gib(p) * ratio + p.context_gib
 
@@ -324,7 +328,8 @@ class Planner:
                           allocated_gib=max(s.allocated_gib for s in plan.stages),
                           peak_reserved_gib=plan.peak_memory_gib, capacity_gib=plan.capacity_gib,
                           compiled=recipe.kernels.compile, logits_gib_per_byte=self._logits_gib_per_byte(recipe, layout),
-                          context_gib=self.hardware.memory.cuda_context_gib)
+                          context_gib=self.hardware.memory.cuda_context_gib,
+                          expandable=recipe.kernels.allocator == "expandable")
 
     def _logits_gib_per_byte(self, recipe: Recipe, layout: LayoutConfig) -> float:
         chunk = recipe.kernels.loss_chunk_tokens

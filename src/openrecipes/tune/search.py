@@ -332,7 +332,7 @@ class Search(SearchBudget):
             if record["status"] == "ok":
                 measured = record["measured"]
                 pairs.append((Prediction(**raw), measured["tokens_per_s_per_gpu"], measured.get("peak_memory_gib")))
-                if measured.get("peak_memory_gib") and measured.get("peak_reserved_gib"):
+                if measured.get("peak_memory_gib") and measured.get("peak_reserved_gib") and not raw.get("expandable"):
                     reserved.append((raw.get("compiled", False), measured["peak_memory_gib"],
                                      measured["peak_reserved_gib"]))
             elif record["failure"]["class"] == "out_of_memory":

@@ -62,7 +62,8 @@ def trial_record(opened: OpenTrial, outcome: Outcome, *, out: Path, trial_steps:
 
 def peak_under_prediction(record: dict[str, Any]) -> float | None:
     """How far the trial's peak reserved memory was above what the search expected under the refit it was ranked
-    with, as a share of the device (an out-of-memory: all the device that expectation left free); None for a trial
+    with, as a share of the device (an out-of-memory: all the device that expectation left free; under expandable
+    segments the allocated peak against the allocated expected, the reserve being the planner's); None for a trial
     predicted before any measurement (the start) or without the peaks to compare."""
     prediction = record.get("prediction") or {}
     expected, capacity = prediction.get("calibrated_peak_gib"), prediction.get("capacity_gib")
@@ -71,7 +72,11 @@ def peak_under_prediction(record: dict[str, Any]) -> float | None:
     if record["status"] != "ok":
         failed = (record.get("failure") or {}).get("class") == "out_of_memory"
         return max(0.0, capacity - expected) / capacity if failed else None
-    reserved = (record.get("measured") or {}).get("peak_reserved_gib")
+    measured = record.get("measured") or {}
+    if prediction.get("expandable"):
+        allocated, expected_allocated = measured.get("peak_memory_gib"), prediction.get("calibrated_allocated_gib")
+        return None if not allocated or not expected_allocated else (allocated - expected_allocated) / capacity
+    reserved = measured.get("peak_reserved_gib")
     if not reserved:
         return None
     return (reserved + prediction.get("context_gib", 0.0) - expected) / capacity

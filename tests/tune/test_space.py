@@ -3,11 +3,13 @@ does refuse one."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from dataclasses import replace
 
 from openrecipes.config.layout import rows_per_microbatch
-from openrecipes.config.recipe import load_recipe
+from openrecipes.config.recipe import Kernels, load_recipe
 from openrecipes.tune import space
 from openrecipes.tune.space import (ModelFacts, candidate_recipe, check_performance_only, first_ranking_space,
                                     neighbours, start_settings)
@@ -145,4 +147,19 @@ def test_the_knob_table_is_the_space(start_yaml):
             else:
                 assert changes and all(path.split(".")[0] in ("layout", "recompute") for path in changes), changes
     ranked = {knob.name for knob in space.KNOB_TABLE if knob.first}
-    assert ranked == {"layout", "rows", "recompute", "offload", "compile"}
+    assert ranked == {"layout", "rows", "recompute", "offload", "compile", "allocator"}
+
+
+def test_a_caching_start_ranks_expandable_segments_on_gpus_only(start_yaml):
+    """Expandable segments never reserve more than the caching allocator: on GPUs every first-ranked candidate of a
+    caching start uses them (and no candidate goes back); on CPU, where the setting does nothing, it stays."""
+    start = load_recipe(start_yaml).model_copy(update={"kernels": Kernels(allocator="caching")})
+    for cuda, expected in ((True, {"expandable"}), (False, {"caching"})):
+        facts = replace(FACTS, cuda=cuda)
+        first = list(itertools.islice(space.first_ranking_space(start, facts), 50))
+        assert first and {s.allocator for s in first} == expected
+        moves = [s for knob, s in space.neighbours(space.start_settings(start, facts), start, facts)
+                 if knob == "allocator"]
+        assert [s.allocator for s in moves] == (["expandable"] if cuda else [])
+        if cuda:
+            assert candidate_recipe(start, moves[0], facts).changes == {"kernels.allocator": "expandable"}

@@ -3,7 +3,7 @@
 A candidate is the starting recipe with some *knobs* turned. Each knob sets performance-only fields
 (``openrecipes.verify.rules``): the parallel layout, rows per microbatch (at the same global batch), recompute,
 optimizer offload (its fraction, overlap and where the update runs), activation offload, the attention and expert
-kernels, compiled blocks and the chunked loss. ``candidate_recipe`` builds the recipe and
+kernels, compiled blocks, the chunked loss and the CUDA allocator. ``candidate_recipe`` builds the recipe and
 refuses it unless ``compare_recipes`` against the start finds no numerics-affecting difference, so a candidate that
 changes what the run computes can never reach a trial.
 """
@@ -82,6 +82,7 @@ class Settings:
     offload_update: str = "device"
     offload_activations: bool = False
     loss_chunk: int = 0  # kernels.loss_chunk_tokens
+    allocator: str = "expandable"  # kernels.allocator
 
     def layout_dict(self) -> dict[str, Any]:
         return dict(self.layout)
@@ -304,6 +305,13 @@ def _kernel_values(kind: str) -> Callable[[Recipe, ModelFacts, Settings], list[A
                                          if backend_runs(kind, k, cuda=facts.cuda, bf16=start.precision == "bf16")]
 
 
+def _allocator_values(start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
+    # expandable segments on GPUs: never more memory reserved than the caching allocator's, and the same speed where
+    # both fit (one H200, two workloads: BENCHMARKS.md, call d), so a caching start is moved, never the other way;
+    # on CPU the setting does nothing and stays the start's
+    return ["expandable"] if facts.cuda else [start.kernels.allocator]
+
+
 def _first_compile(start: Recipe, facts: ModelFacts, around: Settings, with_compile: bool) -> list[Any]:
     allowed = compile_options(around.layout_dict())
     return allowed if with_compile else [around.compile and around.compile in allowed]
@@ -327,6 +335,8 @@ KNOB_TABLE: tuple[Knob, ...] = (
          first=_first_compile),
     Knob("offload_activations", "offload.activations", lambda start, facts, around: [False, True]),
     Knob("loss_chunk", "kernels.loss_chunk_tokens", lambda start, facts, around: list(LOSS_CHUNKS)),
+    Knob("allocator", "kernels.allocator", _allocator_values,
+         first=lambda start, facts, around, compiled: _allocator_values(start, facts, around)),
 )
 KNOB_BY_NAME = {knob.name: knob for knob in KNOB_TABLE}
 KNOBS = tuple(KNOB_BY_NAME)

@@ -12,7 +12,7 @@ import yaml
 from .card_fixtures import CATALOG, REPO
 
 from openrecipes.cards.cli import _validate
-from openrecipes.cards.paths import absolute_paths, is_catalog_path, paths_in_text, relative_to
+from openrecipes.cards.paths import absolute_paths, is_catalog_path, named_by_file, paths_in_text, relative_to
 from openrecipes.cards.validate import find_card_files, validate_file, validate_paths
 
 TUNED_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "qwen3-30b-a3b-16l-tune-start-tuned.yaml"
@@ -146,3 +146,14 @@ def test_card_new_writes_paths_under_the_working_directory_relative():
         "notes": "- from run directory runs/x (started); rows /w/rows; https://h/w/repo/y",
         "list": [".", "/w/repository/z"], "n": 3}
     assert relative_to(tree, "/") == tree  # every path is under the root: nothing is rewritten
+
+
+def test_a_card_that_must_hold_no_machine_path_names_each_by_its_last_part():
+    tree = {"dataset": {"name": "/tmp/in/docs.jsonl", "source": "files: /data/a.jsonl, C:\\d\\b.jsonl; hf://x/y"},
+            "tokenizer": "~/tok/qwen3/ (vocabulary 151669)", "n": 3}
+    named = named_by_file(tree)
+    assert not absolute_paths(named)
+    assert named["dataset"]["name"] == "docs.jsonl (a path on the machine it ran on)"
+    assert "a.jsonl (a path" in named["dataset"]["source"] and "b.jsonl (a path" in named["dataset"]["source"]
+    assert named["dataset"]["source"].endswith("hf://x/y") and named["n"] == 3
+    assert named["tokenizer"].startswith("qwen3 (a path on the machine it ran on)")

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from openrecipes.cards.paths import absolute_paths
 from openrecipes.cards.validate import validate_file
 from openrecipes.config.recipe import load_recipe
 from openrecipes.tune.progress import Progress
@@ -65,6 +67,12 @@ def test_search_finds_a_faster_verified_recipe_and_records_a_failure(start_yaml,
     assert f"measured {start_tps:,.1f} tokens/s/GPU; tuned to {best:,.1f}" in card.notes
     tuned = load_recipe(published.recipe)
     assert compare_recipes(tuned, result.start).passed and tuned.data == result.start.data
+    # a card anyone can rerun: no machine path of this run (the output and the rows lie under /tmp here), the
+    # trials named inside the tuning output, the recipe the tuned one
+    text = published.card.read_text()
+    assert str(tmp_path) not in text and not absolute_paths(yaml.safe_load(text)), absolute_paths(yaml.safe_load(text))
+    assert f"run directory {winner.record['run_dir']}" in card.notes
+    assert yaml.safe_load(card.recipe)["run_dir"] == tuned.run_dir
     page = (published.site / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.html").read_text()
     assert 'id="tuning-chart"' in page and page.count('class="measured') == 5
     assert page.count('<g class="failed"') == 1 and 'class="start-line"' in page

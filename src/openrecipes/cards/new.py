@@ -43,6 +43,10 @@ class NewCardOptions:
     notes: tuple[str, ...] = ()  # written first in the card's notes (e.g. by openrecipes tune)
     tuning: dict[str, Any] | None = None  # the card's tuning block (openrecipes tune)
     run_command: str | None = None  # the card's run: (default: the run's own command from run.json)
+    recipe: Any = None  # the recipe the card holds and its run trains (default: the measured run's own)
+    # where the run directories lie (openrecipes tune --out): paths under it are written relative to it and any other
+    # absolute machine path by its last part, so the card holds none and validates as a catalog card
+    output_dir: Path | None = None
 
 
 class _CardDumper(yaml.SafeDumper):
@@ -323,7 +327,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         "patches": [],
         "run": options.run_command or str(run.require("command", run_origin)),
         "notes": notes_text,
-        "recipe": dump_recipe(recipe),
+        "recipe": dump_recipe(options.recipe if options.recipe is not None else recipe),
         "curves": {"candidate": curve_points(candidate_curve, run_dir, measured.gpus),
                    "reference": curve_points(reference_curve),
                    "memory_phases_gib": memory_phases(run_dir, measured.window)},
@@ -341,7 +345,7 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
     import pydantic
 
     from openrecipes.cards.checks import check_card
-    from openrecipes.cards.paths import is_catalog_path, relative_to
+    from openrecipes.cards.paths import is_catalog_path, named_by_file, relative_to
     from openrecipes.cards.schema import RecipeCard
     from openrecipes.cards.validate import format_loc, path_findings, validate_file
     from openrecipes.utils import atomic_write_text, check_output_file
@@ -353,6 +357,8 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
         raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
     # paths under the working directory as a clone of it names them; others stay absolute (card validate flags them)
     data = relative_to(build_card_data(options), Path.cwd())
+    if options.output_dir is not None:
+        data = named_by_file(relative_to(data, options.output_dir))
     try:
         card = RecipeCard.model_validate(data)
     except pydantic.ValidationError as error:
@@ -361,7 +367,8 @@ def new_card(options: NewCardOptions) -> tuple[Path, list[Any]]:
                          f"{format_loc(first['loc'])}: {first['msg']}") from None
     if options.status == "verified":
         blocking = [f for f in check_card(card) if f.severity == "error"]
-        blocking += path_findings(data, published=True) if is_catalog_path(out) else []
+        publishable = is_catalog_path(out) or options.output_dir is not None
+        blocking += path_findings(data, published=True) if publishable else []
         if blocking:
             raise ValueError("--status verified refused: " + "; ".join(
                 f"{format_loc(f.loc)}: {f.message}" for f in blocking))

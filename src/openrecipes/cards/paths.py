@@ -121,3 +121,22 @@ def relative_to(tree: Any, base: str | os.PathLike) -> Any:
         return text(value) if isinstance(value, str) else value
 
     return walk(tree)
+
+
+def named_by_file(tree: Any) -> Any:
+    """A copy of ``tree`` whose absolute machine paths are named by their last part and where they were, for a card
+    that must hold none (the tuner's): the rows are named by their build and hash beside such a name."""
+    def text(value: str) -> str:
+        for path in paths_in_text(value):
+            name = PurePosixPath(path.replace("\\", "/").rstrip("/")).name or path.strip("/\\:~")
+            value = value.replace(path, f"{name} (a path on the machine it ran on)")
+        return value
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        return text(value) if isinstance(value, str) else value
+
+    return walk(tree)

@@ -130,7 +130,8 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
     recipe_path = out / TUNED_FILE
     atomic_write_text(recipe_path, f"# written by openrecipes tune from {result.start_path}; only performance-only "
                       "fields differ from it\n" + dump_recipe(tuned))
-    notes = notes_for(result, record, status, failed, gain, ablations)
+    notes = [*notes_for(result, record, status, failed, gain, ablations),
+             "The run directories named here (trials/...) are in the tuning output (openrecipes tune --out)."]
     gpu_dir = "cpu" if result.target.is_cpu else result.target.gpu_type.lower()
     catalog = Path("recipes") / safe_name(result.start.model) / gpu_dir
     card = out / catalog / f"{name}.yaml"
@@ -144,7 +145,8 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
         run_dir=out / record["run_dir"], reference=out / start["run_dir"], out=card, author=result.options.author,
         window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
         status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
-        tuning=_tuning_block(result, record["key"], gain, ablations), run_command=run_command))
+        tuning=_tuning_block(result, record["key"], gain, ablations), run_command=run_command, recipe=tuned,
+        output_dir=out))
     errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
     if errors:
         raise ValueError(f"{card}: the card does not validate: {errors[0]}")

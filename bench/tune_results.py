@@ -14,13 +14,16 @@ from pathlib import Path
 
 def trial_row(record: dict, trial_steps: int) -> dict:
     measured, predicted = record.get("measured") or {}, record.get("prediction") or {}
-    steps_s = trial_steps * measured["step_time_mean_s"] if measured else None
+    # the steps it ran: all, or up to its window's end when it ended once stable (tune/trial.steps_run)
+    steps = min(trial_steps, measured["window"][1] + 1) if measured.get("window") else trial_steps
+    steps_s = steps * measured["step_time_mean_s"] if measured else None
     return {"trial": record["index"] + 1, "phase": record["phase"], "changes": record["label"],
             "status": record["status"], "failure": (record.get("failure") or {}).get("class"),
             "tokens_per_s_per_gpu": measured.get("tokens_per_s_per_gpu"),
             "predicted_tokens_per_s_per_gpu": predicted.get("calibrated_tokens_per_s_per_gpu"),
             "peak_memory_gib": measured.get("peak_memory_gib"),
             "predicted_allocated_gib": predicted.get("calibrated_allocated_gib"),
+            "steps_run": steps if measured else None,
             "wall_s": record["wall_s"], "outside_steps_s": None if steps_s is None else record["wall_s"] - steps_s,
             "wall_over_steps": None if not steps_s else record["wall_s"] / steps_s,
             "startup_s": record.get("startup_s")}

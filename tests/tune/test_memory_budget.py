@@ -281,13 +281,19 @@ def test_the_reserve_costs_a_rerun_without_the_compile_a_shared_cache_keeps():
     assert rerun_wall_s(winner, start, compile_cache_shared=True) == 22.0  # the 24 s of compiling traced once
     assert rerun_wall_s(winner, start, compile_cache_shared=False) == 46.0  # another node may compile again
     assert rerun_wall_s({"wall_s": 20.0}, start, compile_cache_shared=True) == 20.0  # no startup record
+    # a remeasured run ends at its first stable window: 4 of a stable 7-step window (call e's start: 78 s, rerun 52 s)
+    stable = {"wall_s": 78.0, "measured": {"window": [5, 11], "step_time_cv": 0.006, "step_time_mean_s": 3.6}}
+    assert rerun_wall_s(stable, stable, compile_cache_shared=True, stable_cv=0.02) == pytest.approx(78.0 - 3 * 3.6)
+    noisy = {**stable, "measured": {**stable["measured"], "step_time_cv": 0.05}}
+    assert rerun_wall_s(noisy, noisy, compile_cache_shared=True, stable_cv=0.02) == 78.0  # it may run every step
+    assert rerun_wall_s(stable, stable, compile_cache_shared=True, stable_cv=None) == 78.0  # no early end
 
     class Budget(SearchBudget):
         def __init__(self, shared: bool) -> None:
             records = {"start": {**start, "measured": {"tokens_per_s_per_gpu": 1.0}}, "w": winner}
             self.journal = SimpleNamespace(find=records.get, records=list(records.values()))
             self.runner = SimpleNamespace(compile_cache_shared=shared)
-            self.options = SimpleNamespace(remeasure=2)
+            self.options = SimpleNamespace(remeasure=2, stable_cv=0.02)
             self.target = SimpleNamespace(is_cpu=False)
             self.tried, self.searching = {"start": None, "w": SimpleNamespace(key="w")}, True
 

@@ -12,6 +12,7 @@ from openrecipes.tune.journal import Journal
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import Calibration, Prediction, Target
 from openrecipes.tune.progress import Progress
+from openrecipes.tune.runner import STABLE_MIN_STEPS
 from openrecipes.tune.space import Candidate, Settings
 
 # verification besides the remeasured trials: the optimizer component test, the card and the site, in seconds
@@ -46,14 +47,21 @@ def remeasure_pairs(pair_wall_s: float, left_s: float, remeasure: int, on_cpu: b
     return max(min(1, remeasure), min(remeasure, fits))
 
 
-def rerun_wall_s(record: dict[str, Any], start: dict[str, Any], compile_cache_shared: bool) -> float:
-    """What running ``record``'s trial again is expected to take: its wall time, less what its first step took
+def rerun_wall_s(record: dict[str, Any], start: dict[str, Any], compile_cache_shared: bool,
+                 stable_cv: float | None = None) -> float:
+    """What measuring ``record``'s trial again is expected to take: its wall time, less what its first step took
     beyond the start's where the compile cache is shared (its shapes are traced by then; a trial of another node
-    may compile again)."""
-    if not compile_cache_shared:
-        return record["wall_s"]
-    first = lambda r: (r.get("startup_s") or {}).get("first_step", 0.0)  # noqa: E731
-    return record["wall_s"] - max(0.0, first(record) - first(start))
+    may compile again), and less the window steps past the fewest an early end needs where its measured window was
+    stable (``stable_cv``: a remeasured run ends at the first stable window, tune/trial.early_end_s)."""
+    wall = record["wall_s"]
+    if compile_cache_shared:
+        first = lambda r: (r.get("startup_s") or {}).get("first_step", 0.0)  # noqa: E731
+        wall -= max(0.0, first(record) - first(start))
+    measured = record.get("measured") or {}
+    window, cv = measured.get("window"), measured.get("step_time_cv")
+    if stable_cv is not None and window and cv is not None and cv <= stable_cv:
+        wall -= max(0, window[1] - window[0] + 1 - STABLE_MIN_STEPS) * measured["step_time_mean_s"]
+    return wall
 
 
 def outside_steps_s(record: dict[str, Any], trial_steps: int) -> float:
@@ -155,11 +163,11 @@ class SearchBudget:
         winner_wall = max(best_wall, next_wall_s)
         if not winner_wall:
             return CARD_S  # nothing but the start was measured: nothing to remeasure
-        return pairs_reserve_s(start["wall_s"], winner_wall, self.options.remeasure, self.target.is_cpu)
+        return pairs_reserve_s(self._rerun_wall_s(start), winner_wall, self.options.remeasure, self.target.is_cpu)
 
     def remeasure_pairs(self, winner: dict[str, Any]) -> int:
         """The module's ``remeasure_pairs`` for this search's start and ``winner``."""
-        pair = self._measured("start")["wall_s"] + self._rerun_wall_s(winner)
+        pair = self._rerun_wall_s(self._measured("start")) + self._rerun_wall_s(winner)
         return remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
 
     @property
@@ -167,7 +175,7 @@ class SearchBudget:
         return getattr(self.runner, "compile_cache_shared", False)
 
     def _rerun_wall_s(self, record: dict[str, Any]) -> float:
-        return rerun_wall_s(record, self._measured("start"), self._cache_shared)
+        return rerun_wall_s(record, self._measured("start"), self._cache_shared, self.options.stable_cv)
 
     def _compile_s(self, prediction: Prediction | None, settings: Settings | None) -> float:
         """What compiling adds to the trial of ``settings`` (predicted ``prediction``) beyond the start's cost: 0

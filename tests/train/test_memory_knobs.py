@@ -110,3 +110,19 @@ def test_activation_offload_leaves_weights_and_their_views():
     layer(x).sum().backward()
     assert offload.offloaded_bytes == x.numel() * 4
     assert layer.weight.grad is not None
+
+
+def test_an_offloaded_activation_comes_back_with_the_strides_it_was_saved_with():
+    """A compiled backward asserts the strides of what it saved: a transposed view (attention's query) is copied to
+    the host as it is laid out, and what cannot keep its strides (an expanded view) is copied dense, values equal."""
+    from openrecipes.parallel.activation_offload import host_copy
+
+    transposed = torch.randn(2, 16, 4, 8).transpose(1, 2)
+    expanded = torch.randn(3, 1).expand(3, 5)
+    for saved in (transposed, expanded):
+        host = host_copy(saved, pin_memory=False)
+        restored = host.to(saved.device)
+        torch.testing.assert_close(restored, saved, rtol=0, atol=0)
+        assert host.untyped_storage().data_ptr() != saved.untyped_storage().data_ptr()
+    assert host_copy(transposed, pin_memory=False).stride() == transposed.stride() != transposed.contiguous().stride()
+    assert host_copy(expanded, pin_memory=False).stride() == (5, 1)

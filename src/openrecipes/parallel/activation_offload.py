@@ -45,16 +45,23 @@ class ActivationOffload:
         self.offloaded_bytes += tensor.numel() * tensor.element_size()
         if tensor.device.type == "cpu":
             return tensor
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
-        host.copy_(tensor, non_blocking=True)
-        return tensor.device, host
+        return tensor.device, host_copy(tensor, pin_memory=True)
 
     @staticmethod
     def unpack(packed):
         if isinstance(packed, torch.Tensor):
             return packed
         device, host = packed
-        return host.to(device, non_blocking=True)
+        return host.to(device, non_blocking=True)  # preserve_format: the host copy's strides
+
+
+def host_copy(tensor: torch.Tensor, *, pin_memory: bool) -> torch.Tensor:
+    """``tensor`` copied to host memory with its strides (a dense one's: a transposed view stays transposed), so what
+    comes back is laid out as what was saved: a compiled backward asserts the strides of what it saved (one H200,
+    2026-12-04: SDPA's transposed query under compiled blocks failed there with contiguous host copies)."""
+    host = torch.empty_like(tensor, device="cpu", pin_memory=pin_memory)
+    host.copy_(tensor, non_blocking=pin_memory)
+    return host
 
 
 def _storage(tensor: torch.Tensor) -> int | None:

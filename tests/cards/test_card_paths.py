@@ -157,3 +157,5 @@ def test_a_card_that_must_hold_no_machine_path_names_each_by_its_last_part():
     assert "a.jsonl (a path" in named["dataset"]["source"] and "b.jsonl (a path" in named["dataset"]["source"]
     assert named["dataset"]["source"].endswith("hf://x/y") and named["n"] == 3
     assert named["tokenizer"].startswith("qwen3 (a path on the machine it ran on)")
+    nested = named_by_file("rows /w/rows from /w/rows/in.jsonl")
+    assert nested == "rows rows (a path on the machine it ran on) from in.jsonl (a path on the machine it ran on)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 Loc = tuple[str | int, ...]
 
@@ -113,30 +113,25 @@ def relative_to(tree: Any, base: str | os.PathLike) -> Any:
             last = match.start() + len(token)
         return "".join(pieces) + value[last:]
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: walk(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [walk(item) for item in value]
-        return text(value) if isinstance(value, str) else value
-
-    return walk(tree)
+    return _map_strings(tree, text)
 
 
 def named_by_file(tree: Any) -> Any:
     """A copy of ``tree`` whose absolute machine paths are named by their last part and where they were, for a card
     that must hold none (the tuner's): the rows are named by their build and hash beside such a name."""
     def text(value: str) -> str:
-        for path in paths_in_text(value):
+        for path in sorted(paths_in_text(value), key=len, reverse=True):  # /a/b/c before /a/b
             name = PurePosixPath(path.replace("\\", "/").rstrip("/")).name or path.strip("/\\:~")
             value = value.replace(path, f"{name} (a path on the machine it ran on)")
         return value
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: walk(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [walk(item) for item in value]
-        return text(value) if isinstance(value, str) else value
+    return _map_strings(tree, text)
 
-    return walk(tree)
+
+def _map_strings(tree: Any, text: Callable[[str], str]) -> Any:
+    """A copy of a loaded YAML tree with ``text`` applied to every string in it."""
+    if isinstance(tree, dict):
+        return {key: _map_strings(item, text) for key, item in tree.items()}
+    if isinstance(tree, list):
+        return [_map_strings(item, text) for item in tree]
+    return text(tree) if isinstance(tree, str) else tree

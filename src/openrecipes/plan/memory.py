@@ -61,7 +61,10 @@ class TrainingSetup:
     loss_chunk_tokens: int = 0  # > 0: the LM head and loss run this many tokens at a time (kernels.loss_chunk_tokens)
     offload_activations: bool = False  # the layers' saved activations wait in host memory (offload.activations)
     compiled: bool = False  # kernels.compile: this engine's compiled blocks and fused loss
-    allocator: str = "caching"  # kernels.allocator: "expandable" segments need less reserve above the allocated peak
+    # kernels.allocator: "expandable" segments need less reserve above the allocated peak. A recipe's setup passes its
+    # own (plan/host.recipe_setup, default expandable); without a recipe (`openrecipes plan`, the seeds' runs of other
+    # frameworks) the planner assumes torch's default allocator, the larger reserve
+    allocator: str = "caching"
     # recompute applies to the first this many layers of each stage, the rest keep every activation (the block
     # method); None: every layer (uniform)
     recompute_layers: int | None = None

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine (Debian, root) for the tests, around one command:
+# A Slurm cluster of two nodes on this machine (Debian, root) for the tests, around one command:
 #   bash .ci/slurm-cluster.sh COMMAND [ARG...]
-# installs slurm-wlm and munge if missing, starts munged, slurmctld and slurmd with every file under a fresh
-# temporary folder, waits until the node is idle, runs COMMAND with SLURM_CONF exported (its exit status is this
-# script's), then cancels the cluster's jobs and stops the three daemons by the pids it started. Nothing outside the
-# temporary folder is written besides the packages and the jobs' memory cgroups, which it removes.
+# installs slurm-wlm and munge if missing, starts munged, slurmctld and one slurmd per node (SLURM_NODES of them,
+# default 2: Debian's slurmd runs several on one host, each with its own node name and port on the loopback address)
+# with every file under a fresh temporary folder, waits until every node is idle, runs COMMAND with SLURM_CONF
+# exported (its exit status is this script's), then cancels the cluster's jobs and stops the daemons by the pids it
+# started. Nothing outside the temporary folder is written besides the packages and the jobs' memory cgroups, which
+# it removes; nothing outside this machine is contacted.
 set -euo pipefail
 umask 022  # munged refuses a socket whose folders others cannot traverse (mktemp -d makes 0700)
 
@@ -40,8 +42,11 @@ chmod 755 "$STATE"
 mkdir "$STATE/munge" "$STATE/save" "$STATE/spool"
 DAEMONS=()
 CONTROLLER=
+NODE_NAMES=()
+for i in $(seq "${SLURM_NODES:-2}"); do NODE_NAMES+=("ci$i"); done
 # slurmd (Debian's, built for several slurmds a host) puts its jobs' memory cgroups under slurm_NODENAME
-MEMORY_CGROUP=/sys/fs/cgroup/memory/slurm_$(hostname -s)
+MEMORY_CGROUPS=()
+for node in "${NODE_NAMES[@]}"; do MEMORY_CGROUPS+=("/sys/fs/cgroup/memory/slurm_$node"); done
 OWN_CGROUP=
 
 daemons_alive() {
@@ -74,7 +79,7 @@ teardown() {
     wait "${DAEMONS[@]}" 2>/dev/null
   fi
   # the jobs' cgroups are empty once their processes are gone: rmdir is all a cgroup folder takes
-  [ -n "$OWN_CGROUP" ] && find "$MEMORY_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null
+  [ -n "$OWN_CGROUP" ] && find "${MEMORY_CGROUPS[@]}" -depth -type d -exec rmdir {} + 2>/dev/null
   rm -rf "$STATE"
   exit $status
 }
@@ -102,17 +107,20 @@ done
 # made here, not by slurmd, so that a second cluster on the machine, whose slurmd would share it, runs without; and
 # where slurmd cannot start with task/cgroup (a machine whose cgroups it cannot use), the cluster starts again
 # without it.
-# Preemption: partition ci (the default, PreemptMode=OFF) behaves as with no preemption; a job in ci-high
-# (PriorityTier=2) that needs a ci-low job's CPUs cancels it, and Slurm reports that job PREEMPTED.
+# Preemption: partition ci (the default, every node, PreemptMode=OFF) behaves as with no preemption; a job in
+# ci-high (PriorityTier=2) that needs a ci-low job's CPUs cancels it, and Slurm reports that job PREEMPTED. Both hold
+# the first node only, so that a whole-node ci-high job must take the ci-low job's node.
+# A node whose slurmd stops answering is DOWN after SlurmdTimeout (short here, so that a test can lose a node).
 cpus=${SLURM_NODE_CPUS:-8}
 mem_per_cpu=4096
 task_plugin=task/none
-if mkdir "$MEMORY_CGROUP" 2>/dev/null; then
+if mkdir "${MEMORY_CGROUPS[@]}" 2>/dev/null; then
   OWN_CGROUP=1
   task_plugin=task/cgroup
   printf 'CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\n' >"$STATE/cgroup.conf"
 else
-  say "no memory cgroup $MEMORY_CGROUP (cgroup v1 not writable, or another cluster holds it): memory is not enforced"
+  rmdir "${MEMORY_CGROUPS[@]}" 2>/dev/null
+  say "no memory cgroups ${MEMORY_CGROUPS[*]} (cgroup v1 not writable, or another cluster holds them): memory is not enforced"
 fi
 export SLURM_CONF=$STATE/slurm.conf
 
@@ -121,17 +129,16 @@ cat > "$SLURM_CONF" <<EOF
 ClusterName=openrecipes-ci
 SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$STATE/munge/socket
 StateSaveLocation=$STATE/save
-SlurmdSpoolDir=$STATE/spool
+SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd-%n.pid
 SlurmctldLogFile=$STATE/slurmctld.log
-SlurmdLogFile=$STATE/slurmd.log
+SlurmdLogFile=$STATE/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=$task_plugin
 SelectType=select/cons_tres
@@ -142,28 +149,47 @@ ReturnToService=2
 # finished jobs stay readable (scontrol show job) this long: no accounting database is needed
 MinJobAge=3600
 KillWait=5
+SlurmdTimeout=10
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
-NodeName=$(hostname -s) NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$((cpus * mem_per_cpu)) State=UNKNOWN
+$(node_lines)
 PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
-PartitionName=ci-low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
-PartitionName=ci-high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=ci-low Nodes=${NODE_NAMES[0]} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName=ci-high Nodes=${NODE_NAMES[0]} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
+}
+
+node_lines() {  # every node on this host's loopback address, each slurmd on its own port
+  local i
+  for i in "${!NODE_NAMES[@]}"; do
+    echo "NodeName=${NODE_NAMES[$i]} NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=${slurmd_ports[$i]}" \
+      "CPUs=$cpus RealMemory=$((cpus * mem_per_cpu)) State=UNKNOWN"
+  done
+}
+
+nodes_idle() {  # every node known to the controller and idle
+  local listed
+  listed=$(timeout 5 sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
+  [ "$(grep -c ' idle$' <<<"$listed")" -eq "${#NODE_NAMES[@]}" ] && [ "$(wc -l <<<"$listed")" -eq "${#NODE_NAMES[@]}" ]
 }
 
 start_slurm() {  # 0 once the node is idle; 1 if a daemon exited before (both stopped then)
   ctld_port=$(free_port)
-  slurmd_port=$(free_port)
+  slurmd_ports=()
+  local node
+  for node in "${NODE_NAMES[@]}"; do slurmd_ports+=("$(free_port)"); mkdir -p "$STATE/spool/$node"; done
   write_config
   slurmctld -D -f "$SLURM_CONF" >"$STATE/slurmctld.out" 2>&1 &
   CONTROLLER=$!
   DAEMONS+=("$CONTROLLER")
-  slurmd -D -f "$SLURM_CONF" >"$STATE/slurmd.out" 2>&1 &
-  DAEMONS+=($!)
+  for node in "${NODE_NAMES[@]}"; do
+    slurmd -D -N "$node" -f "$SLURM_CONF" >"$STATE/slurmd-$node.out" 2>&1 &
+    DAEMONS+=($!)
+  done
   local until=$((SECONDS + UP_DEADLINE_S))
-  until [ "$(timeout 5 sinfo -h -o %T 2>/dev/null)" = idle ]; do
+  until nodes_idle; do
     if ! daemons_alive; then
       show_logs
       kill "${DAEMONS[@]:1}" 2>/dev/null
@@ -172,23 +198,23 @@ start_slurm() {  # 0 once the node is idle; 1 if a daemon exited before (both st
       CONTROLLER=
       return 1
     fi
-    [ $SECONDS -lt $until ] || { show_logs; fail "the node was not idle within $UP_DEADLINE_S s"; }
+    [ $SECONDS -lt $until ] || { show_logs; fail "the nodes were not idle within $UP_DEADLINE_S s"; }
     sleep 0.2
   done
 }
 
 if ! start_slurm; then
-  [ "$task_plugin" = task/cgroup ] || fail "a Slurm daemon exited before the node was idle"
+  [ "$task_plugin" = task/cgroup ] || fail "a Slurm daemon exited before the nodes were idle"
   # a machine whose cgroups slurmd cannot use: the cluster runs without memory enforcement, as where none is made
   say "slurmd did not start with task/cgroup: starting again without memory enforcement"
-  rmdir "$MEMORY_CGROUP" 2>/dev/null
+  rmdir "${MEMORY_CGROUPS[@]}" 2>/dev/null
   rm -f "$STATE/cgroup.conf"
   OWN_CGROUP=
   task_plugin=task/none
   rm -rf "$STATE/save" "$STATE/spool" && mkdir "$STATE/save" "$STATE/spool"
-  start_slurm || fail "a Slurm daemon exited before the node was idle"
+  start_slurm || fail "a Slurm daemon exited before the nodes were idle"
 fi
-say "node $(hostname -s) idle after ${SECONDS} s; SLURM_CONF=$SLURM_CONF"
+say "nodes ${NODE_NAMES[*]} idle after ${SECONDS} s; SLURM_CONF=$SLURM_CONF"
 
 set +e
 "$@"

@@ -64,3 +64,8 @@ def require_memory_limits() -> None:
 def memory_hog(megabytes: int) -> str:
     """A job script's line that holds ``megabytes`` of touched memory for a few seconds."""
     return f"python3 -c 'import time; held = bytearray({megabytes} * 2**20); time.sleep(5)'"
+
+
+def scancel(job_id: str) -> None:
+    """What a user's own ``scancel ID`` does (the tool itself never cancels on an id alone)."""
+    subprocess.run(["scancel", job_id], check=True, timeout=30)

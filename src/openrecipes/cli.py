@@ -20,7 +20,7 @@ VERB_MODULES: dict[str, str] = {
     "models": "openrecipes.models.cli",
     "convert": "openrecipes.checkpoint.cli",
     "train": "openrecipes.train.cli",
-    "launch": "openrecipes.train.launch",
+    "launch": "openrecipes.train.slurm_cli",
     "plan": "openrecipes.plan.cli",
     "data": "openrecipes.data.cli",
     "measure": "openrecipes.measure.cli",

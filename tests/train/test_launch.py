@@ -28,7 +28,7 @@ def test_slurm_script(tmp_path, capsys):
     text = out.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text and "#SBATCH --partition=gpu" in text
     assert "srun --kill-on-bad-exit=1" in text and "--nproc 4 --nnodes 2" in text and "--set layout.dp=8" in text
-    assert '--node-rank "$SLURM_NODEID"' in text and '--rdzv-endpoint "$head_node:29500"' in text
+    assert '--node-rank "$SLURM_NODEID"' in text and '--rdzv-endpoint "$MASTER_ADDR:29500"' in text
     assert "sbatch" in capsys.readouterr().out
 
 

@@ -6,16 +6,17 @@ memory. Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/s
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import time
 
 import pytest
 
-from openrecipes.train.slurm import cancel, follow, job_state, submit
+from openrecipes.train.slurm import follow, job_identity, job_state, submit
 from openrecipes.tune.runner import TRAIN_LOG, TrialRun
 from openrecipes.tune.slurm_runner import SlurmJob, SlurmRunner
 
-from ..slurm_fixtures import POLL_S, memory_hog, require_memory_limits, slurm_config
+from ..slurm_fixtures import POLL_S, memory_hog, require_memory_limits, scancel, slurm_config
 from ..slurm_fixtures import slurm_cluster  # noqa: F401 (a fixture)
 from .conftest import write_start
 
@@ -41,11 +42,13 @@ def _trial(tmp_path, rows_dir, name: str, *, steps: int, timeout_s: float = 240.
 
 
 def _job_named(name: str) -> str:
-    """The id of the job the runner submitted (named after its recipe file)."""
-    listed = subprocess.run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                            timeout=30, check=True).stdout.split()
-    assert len(listed) == 1, listed
-    return listed[0]
+    """The id of the job the runner submitted for the recipe file ``name`` (its job name: the tool's prefix, the
+    recipe's name, a random token)."""
+    listed = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %j"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout.splitlines()
+    ids = [line.split()[0] for line in listed if re.fullmatch(rf"\S+ openrecipes-{name}-[0-9a-f]{{8}}", line)]
+    assert len(ids) == 1, listed
+    return ids[0]
 
 
 @pytest.mark.slow  # a training job
@@ -78,7 +81,7 @@ def _when_running(name: str, action):
 
 def test_a_job_cancelled_with_scancel_is_a_cancelled_trial(slurm_cluster, runner, tmp_path, rows_dir):
     outcome = runner.run(_trial(tmp_path, rows_dir, "scancelled", steps=100000),
-                         tick=_when_running("scancelled", cancel))
+                         tick=_when_running("scancelled", scancel))
     assert outcome.failure == "cancelled" and "CANCELLED" in outcome.detail
 
 
@@ -110,28 +113,35 @@ def test_slurms_own_time_limit_is_a_timeout_trial(slurm_cluster, runner, tmp_pat
     assert 60 <= outcome.wall_s < 120
 
 
-def _node() -> str:
-    return subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30,
+def _job_node(job_id: str) -> str:
+    """The node the job runs on (a one-node job)."""
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=30,
                           check=True).stdout.strip()
 
 
 def test_a_node_taken_down_under_a_job_is_a_node_fail_trial(slurm_cluster, runner, tmp_path, rows_dir):
+    downed: list[str] = []
+
     def take_down(job_id: str) -> None:
-        subprocess.run(["scontrol", "update", f"nodename={_node()}", "state=down", "reason=test"], check=True,
-                       timeout=30)
+        if not downed:
+            downed.append(_job_node(job_id))
+            subprocess.run(["scontrol", "update", f"nodename={downed[0]}", "state=down", "reason=test"], check=True,
+                           timeout=30)
 
     try:
         outcome = runner.run(_stalled(tmp_path, rows_dir, "downed"), tick=_when_running("downed", take_down))
-    finally:  # the one node back for the other tests
-        subprocess.run(["scontrol", "update", f"nodename={_node()}", "state=resume"], timeout=30)
-        deadline = time.monotonic() + 60
-        while "idle" not in _node_state() and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+    finally:  # the node back for the other tests
+        for node in downed:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30)
+            deadline = time.monotonic() + 60
+            while "idle" not in _node_state(node) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
     assert outcome.failure == "node_fail" and "NODE_FAIL" in outcome.detail, (outcome.failure, outcome.detail)
 
 
-def _node_state() -> str:
-    return subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30).stdout
+def _node_state(node: str) -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout
 
 
 def test_tune_refuses_a_node_without_gpus_and_reports_sbatch_errors(slurm_cluster, start_yaml, tmp_path, capsys):
@@ -188,6 +198,7 @@ def test_a_job_slurm_ends_out_of_memory_is_an_out_of_memory_trial(slurm_cluster,
     script = tmp_path / "hog.sh"
     script.write_text(f"#!/bin/bash\n{memory_hog(400)}\n")
     job_id = submit(script, ("--mem", "100M", "--output", str(tmp_path / "hog.out")))
-    job = SlurmJob(trial=_trial(tmp_path, rows_dir, "hog", steps=4), job_id=job_id, submitted=time.time())
+    job = SlurmJob(trial=_trial(tmp_path, rows_dir, "hog", steps=4), job_id=job_id, submitted=time.time(),
+                   identity=job_identity(job_id))
     outcome = runner.wait_any([job])[1]
     assert outcome.failure == "out_of_memory" and outcome.detail == f"job {job_id} OUT_OF_MEMORY", outcome.detail

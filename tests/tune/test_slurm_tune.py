@@ -49,12 +49,17 @@ def _start_job(out: Path, tuner: subprocess.Popen) -> str:
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         assert tuner.poll() is None, tuner.communicate()[0]
-        if job_file.is_file():
-            job_id = json.loads(job_file.read_text())["job_id"]
-            if job_state(job_id).state == "RUNNING":
-                return job_id
+        job_id = _recorded_id(job_file)
+        if job_id is not None and job_state(job_id).state == "RUNNING":
+            return job_id
         time.sleep(POLL_S)
     raise AssertionError(f"the start's job did not run within {START_WAIT_S} s")
+
+
+def _recorded_id(job_file: Path) -> str | None:
+    """The job id the tuner recorded for a trial: None before sbatch answered (the file holds the job's identity
+    from before submission)."""
+    return json.loads(job_file.read_text())["job_id"] if job_file.is_file() else None
 
 
 def _our_jobs() -> set[str]:
@@ -128,8 +133,8 @@ def test_ctrl_c_with_two_trials_running_cancels_both_jobs(slurm_cluster, one_wor
     while len(running) < 2 and time.monotonic() < deadline:
         assert tuner.poll() is None, tuner.communicate()[0]
         for job_file in (out / TRIALS_DIR).glob("00[12]-*/" + JOB_FILE):
-            job_id = json.loads(job_file.read_text())["job_id"]
-            if job_state(job_id).state == "RUNNING":
+            job_id = _recorded_id(job_file)
+            if job_id is not None and job_state(job_id).state == "RUNNING":
                 running[job_file.parent.name] = job_id
         time.sleep(POLL_S)
     assert len(running) == 2, f"two search trials' jobs did not run at once within {2 * START_WAIT_S} s: {running}"

@@ -211,6 +211,7 @@ class LayoutWorkload:
     # features are added after each of them)
     image_first_stage_layers: int = 0
     aux_loss_coef: float = 0.0  # moe.aux_loss_coef
+    recompute_block_layers: int | None = None  # recompute.num_layers of method block: the first layers of a stage
 
 
 def layout_problems(layout: LayoutConfig, *, world_size: int, model: LayoutModel | None = None,
@@ -223,6 +224,7 @@ def layout_problems(layout: LayoutConfig, *, world_size: int, model: LayoutModel
     model, workload = model or LayoutModel(), workload or LayoutWorkload()
     found = _size_problems(layout, world_size, model)
     found += _stage_problems(layout, model.num_layers)
+    found += _recompute_problems(layout, model.num_layers, workload.recompute_block_layers)
     found += [p for p in (_rows_fit_problem(layout, workload.row_tokens),
                           compile_problem(layout, workload.compile)) if p]
     found += _image_problems(layout, model.num_layers, workload)
@@ -260,6 +262,20 @@ def _heads_problem(tp: int, model: LayoutModel) -> LayoutProblem | None:
     if not any(n % tp for n in heads):
         return None
     return LayoutProblem("tp", f"tp={tp} must divide the {model.heads} query and {model.kv_heads} key/value heads")
+
+
+def _recompute_problems(layout: LayoutConfig, num_layers: int | None, block_layers: int | None) -> list[LayoutProblem]:
+    """Block recompute names the first layers of each pipeline stage: no more than the largest stage holds."""
+    if num_layers is None or block_layers is None:
+        return []
+    try:
+        most = max(stage_layer_counts(layout, num_layers))
+    except ValueError:  # the stages themselves are wrong: _stage_problems says so
+        return []
+    held = (f"the {most} decoder layers of the largest pipeline stage" if layout.pp > 1
+            else f"the model's {most} decoder layers")
+    return [] if block_layers <= most else [LayoutProblem(
+        "recompute.num_layers", f"recompute.num_layers={block_layers} (method block) is more than {held}")]
 
 
 def _stage_problems(layout: LayoutConfig, num_layers: int | None) -> list[LayoutProblem]:

@@ -40,10 +40,7 @@ def _world_size(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     """The recipe of RECIPE or the run being resumed, its dp worked out from the world size when it sets none."""
-    from openrecipes.config.layout import with_world_size
-
-    recipe = _load_recipe(args)
-    return recipe.model_copy(update={"layout": with_world_size(recipe.layout, _world_size(args))})
+    return _with_world(_load_recipe(args), _world_size(args))
 
 
 def _check_layout(recipe, config, world_size: int) -> None:
@@ -60,6 +57,37 @@ def _check_layout(recipe, config, world_size: int) -> None:
     reason = unsupported_reason(recipe.layout)
     if reason:
         raise ValueError(reason)
+
+
+def check_job_recipe(recipe_file: str, overrides: list[str], *, world_size: int):
+    """The recipe of a job another machine will run (``launch slurm``), refused here as ``openrecipes train`` would
+    refuse it before starting a process: its fields, model overrides and layout, over ``world_size`` processes."""
+    from openrecipes.config.recipe import load_recipe
+
+    from openrecipes.checkpoint.hf import recipe_model_config
+
+    recipe = _with_world(load_recipe(recipe_file, overrides), world_size)
+    config = recipe_model_config(recipe)
+    _check_job_inputs(recipe, recipe_file)
+    _check_layout(recipe, config, world_size)
+    return recipe
+
+
+def _check_job_inputs(recipe, recipe_file: str) -> None:
+    """Every file the job's run reads must exist here, where the job is written (a login node sees the cluster's
+    files), so a placeholder such as /path/to/data fails now rather than on the job's first node."""
+    from openrecipes.train.run_inputs import named_run_inputs
+
+    for key, path in named_run_inputs(recipe).items():
+        if not path.exists():
+            raise ValueError(f"{recipe_file}: {key}: {path} does not exist (the job would read it); give the path "
+                             f"as the cluster sees it, e.g. --set {key}=PATH")
+
+
+def _with_world(recipe, world_size: int):
+    from openrecipes.config.layout import with_world_size
+
+    return recipe.model_copy(update={"layout": with_world_size(recipe.layout, world_size)})
 
 
 def _check_host_memory(recipe, config, processes: int, available_bytes: int | None = None) -> None:

@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
                           cpu=args.slurm_cpu, cpus_per_task=args.slurm_cpus_per_task,
                           poll_s=args.slurm_poll_seconds, max_parallel=args.max_parallel) if args.slurm is not None
               else LocalRunner(warm=not args.cold_trials))
+    if isinstance(runner, SlurmRunner):
+        runner.check_out(options.out)
     progress = Progress(trials=options.trials, minutes=options.minutes)
     search = Search(options, runner, progress)
     from openrecipes.train.slurm import SlurmError

@@ -1,25 +1,33 @@
-"""Trials as Slurm jobs: one sbatch script per trial (srun + torchrun, the launcher's template
-``openrecipes.train.launch.write_sbatch``), submitted with the trial's time limit and followed to its end; the job's
+"""Trials as Slurm jobs: one sbatch script per trial (srun + torchrun, the launcher's writer
+``openrecipes.train.sbatch.write_sbatch``), submitted with the trial's time limit and followed to its end; the job's
 output is the trial's train.log.
 
-A job outlives the tuner that submitted it, so its id is written into the trial's folder (``slurm-job.json``) the
-moment it is queued. A rerun of the same tune command follows a job that is still queued or running, or takes the
-measurement of one that completed meanwhile, instead of submitting the trial again (``resumable``). Up to
+A job outlives the tuner that submitted it, so its identity (name with a random token, user, script) is written into
+the trial's folder (``slurm-job.json``) before it is queued, and its id the moment sbatch answers. A rerun of the
+same tune command follows a job that is still queued or running, or takes the measurement of one that completed
+meanwhile, instead of submitting the trial again (``resumable``), but only a job the controller shows with that
+identity: a job id alone (reused after a controller reset, or another user's) is never followed or cancelled. Up to
 ``max_parallel`` jobs run at once during the search (``InFlight``); the first that ends is collected first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from openrecipes.train.slurm import JobIdentity
 from openrecipes.tune.runner import TRAIN_LOG, Outcome, TrialRun, classify_failure, measured_outcome
+
+if TYPE_CHECKING:
+    from openrecipes.train.sbatch import SbatchScript
 
 JOB_FILE = "slurm-job.json"
 # a Slurm job's end other than COMPLETED or FAILED, as a trial's failure class (journal.FAILURE_CLASSES)
@@ -43,8 +51,9 @@ def slurm_minutes(timeout_s: float) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class SlurmJob:
-    trial: TrialRun
+    trial: TrialRun | None  # None only while an earlier tuner's job is looked up, before it is given its trial
     job_id: str
+    identity: JobIdentity
     submitted: float  # time.time() when it was queued (by this tuner or an earlier one)
     adopted: bool = False  # queued by an earlier tuner
 
@@ -54,25 +63,41 @@ class SlurmJob:
         return time.monotonic() + self.trial.timeout_s - (time.time() - self.submitted)
 
 
-def _recorded_job(trial_dir: Path) -> tuple[str, float] | None:
-    """(job id, submit time) written into ``trial_dir`` when its job was queued, None without a readable one."""
+def _recorded_job(trial_dir: Path) -> tuple[str | None, JobIdentity, float] | None:
+    """(job id, or None before sbatch answered; identity; submit time) written into ``trial_dir`` for its job, None
+    without a readable one (an older tuner's record holds no identity: its job is not followed)."""
     try:
         record = json.loads((trial_dir / JOB_FILE).read_text())
-        job_id, submitted = str(record["job_id"]), float(record["submitted"])
-    except (OSError, ValueError, KeyError, TypeError):
+        job_id, submitted = record.get("job_id"), float(record["submitted"])
+        identity = JobIdentity.from_record(record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return (job_id, submitted) if job_id.isdigit() else None
+    if identity is None or not (job_id is None or (isinstance(job_id, str) and job_id.isdigit())):
+        return None
+    return job_id, identity, submitted
 
 
-def _followed_job(trial_dir: Path) -> tuple[str, float] | None:
-    """The recorded job of ``trial_dir`` when the controller says it is queued, running or completed."""
-    from openrecipes.train.slurm import job_state
+def _followed_job(trial_dir: Path) -> SlurmJob | None:
+    """The recorded job of ``trial_dir`` when the controller shows it with the recorded identity and says it is
+    queued, running or completed; a job under the recorded id that is not that one is left alone, with a line."""
+    from openrecipes.train.slurm import find_job, is_ours, job_state
 
     recorded = _recorded_job(trial_dir)
     if recorded is None:
         return None
-    state = job_state(recorded[0])
-    return recorded if state is not None and state.state in FOLLOWED_STATES else None
+    job_id, identity, submitted = recorded
+    if job_id is None:  # the tuner stopped between sbatch and recording its answer: the job is found by its name
+        job_id = find_job(identity)
+        if job_id is None:
+            return None
+    elif not is_ours(job_id, identity):
+        print(f"openrecipes tune: {trial_dir.name}: job {job_id} is not the job recorded in {JOB_FILE} (its name, user "
+              "or script differ); it is left alone and the trial runs anew", file=sys.stderr, flush=True)
+        return None
+    state = job_state(job_id)
+    if state is None or state.state not in FOLLOWED_STATES:
+        return None
+    return SlurmJob(trial=None, job_id=job_id, identity=identity, submitted=submitted, adopted=True)
 
 
 @dataclass(kw_only=True)
@@ -90,11 +115,16 @@ class SlurmRunner:
     compile_cache_shared = False
 
     def __post_init__(self) -> None:
+        from openrecipes.train.sbatch import slurm_names
+
         if self.max_parallel < 1:
             raise ValueError(f"--max-parallel: at least 1 trial job at once, got {self.max_parallel}")
+        for option, value in (("--slurm-partition", self.partition), ("--slurm-account", self.account)):
+            if value is not None:
+                slurm_names(option, value)
 
-    def script(self, trial: TrialRun) -> Path:
-        from openrecipes.train.launch import write_sbatch
+    def script(self, trial: TrialRun) -> "SbatchScript":
+        from openrecipes.train.sbatch import write_sbatch
 
         if trial.nproc % self.gpus_per_node:
             raise ValueError(f"--nproc: {trial.nproc} processes are not whole nodes of {self.gpus_per_node} GPUs")
@@ -114,20 +144,29 @@ class SlurmRunner:
         earlier = sorted(p for p in trial_dir.parent.iterdir() if same.fullmatch(p.name) and (p / JOB_FILE).is_file())
         return next((p for p in ([trial_dir] if trial_dir in earlier else []) + earlier if _followed_job(p)), None)
 
+    def check_out(self, out: Path) -> None:
+        """Refuse an output folder the trials' scripts and sbatch's --output cannot hold (one line, naming --out)."""
+        from openrecipes.train.sbatch import slurm_filename
+
+        slurm_filename("--out", out.resolve())
+
     def start(self, trial: TrialRun) -> SlurmJob:
         """Queue the trial's job, or follow the one an earlier tuner queued for it (see ``resumable``)."""
+        from openrecipes.train.sbatch import slurm_filename
         from openrecipes.train.slurm import submit
-        from openrecipes.utils import atomic_write_text
 
         trial_dir = trial.run_dir.parent
         earlier = _followed_job(trial_dir)
         if earlier is not None:
-            return SlurmJob(trial=trial, job_id=earlier[0], submitted=earlier[1], adopted=True)
+            return dataclasses.replace(earlier, trial=trial)
+        script = self.script(trial)
         submitted = time.time()
+        _record_job(trial_dir, None, script.identity, submitted)  # before sbatch: a job is never left unnamed
         # not requeued after a node failure: the trial ends as node_fail, and its folder is not written twice
-        job_id = submit(self.script(trial), ("--output", str((trial_dir / TRAIN_LOG).resolve()), "--no-requeue"))
-        atomic_write_text(trial_dir / JOB_FILE, json.dumps({"job_id": job_id, "submitted": submitted}) + "\n")
-        return SlurmJob(trial=trial, job_id=job_id, submitted=submitted)
+        output = slurm_filename("--out", (trial_dir / TRAIN_LOG).resolve())
+        job_id = submit(script.path, ("--output", output, "--no-requeue"), script.identity)
+        _record_job(trial_dir, job_id, script.identity, submitted)
+        return SlurmJob(trial=trial, job_id=job_id, identity=script.identity, submitted=submitted)
 
     def wait_any(self, jobs: list[SlurmJob], tick: Callable[[float], None] | None = None) -> tuple[SlurmJob, Outcome]:
         """Follow the jobs until one ends (or passes its trial's limit: cancelled); that job and its outcome."""
@@ -138,8 +177,8 @@ class SlurmRunner:
         job = by_id[state.job_id]
         wall = time.time() - job.submitted
         if not state.final:
-            cancel(job.job_id)
-            return job, Outcome(failure="timeout", detail=f"job {job.job_id} cancelled at the trial limit of "
+            done = "cancelled" if cancel(job.job_id, job.identity) else "no longer ours (not cancelled)"
+            return job, Outcome(failure="timeout", detail=f"job {job.job_id} {done} at the trial limit of "
                                                           f"{job.trial.timeout_s:.0f} s", wall_s=wall)
         if state.state in SLURM_FAILURES:
             return job, Outcome(failure=SLURM_FAILURES[state.state], detail=f"job {job.job_id} {state.describe()}",
@@ -161,13 +200,21 @@ class SlurmRunner:
             raise
 
 
+def _record_job(trial_dir: Path, job_id: str | None, identity: JobIdentity, submitted: float) -> None:
+    from openrecipes.utils import atomic_write_text
+
+    record = {"job_id": job_id, "submitted": submitted, **identity.record()}
+    atomic_write_text(trial_dir / JOB_FILE, json.dumps(record) + "\n")
+
+
 def cancel_jobs(jobs: list[SlurmJob]) -> None:
-    """scancel each job by its id; a controller that does not answer leaves the error that stopped the tuner."""
+    """scancel each job that is still ours; a controller that does not answer leaves the error that stopped the
+    tuner."""
     from openrecipes.train.slurm import SlurmError, cancel
 
     for job in jobs:
         with contextlib.suppress(SlurmError):
-            cancel(job.job_id)
+            cancel(job.job_id, job.identity)
 
 
 class InFlight:

@@ -69,3 +69,23 @@ def memory_hog(megabytes: int) -> str:
 def scancel(job_id: str) -> None:
     """What a user's own ``scancel ID`` does (the tool itself never cancels on an id alone)."""
     subprocess.run(["scancel", job_id], check=True, timeout=30)
+
+
+def require_two_nodes() -> None:
+    """Skip (fail under OPENRECIPES_REQUIRE_SLURM=1) unless the default partition has the two nodes of
+    .ci/slurm-cluster.sh."""
+    listed = subprocess.run(["sinfo", "-h", "-N", "-p", "ci", "-o", "%N"], capture_output=True, text=True, timeout=30,
+                            check=True).stdout.split()
+    if not {"ci1", "ci2"} <= set(listed):
+        message = f"needs the two nodes ci1 and ci2 of .ci/slurm-cluster.sh (partition ci has {sorted(set(listed))})"
+        if os.environ.get("OPENRECIPES_REQUIRE_SLURM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def job_nodes(job_id: str) -> tuple[str, str]:
+    """(how many nodes, which) the job ran on, as squeue lists them."""
+    shown = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%D|%N"], capture_output=True,
+                           text=True, timeout=30, check=True).stdout.strip()
+    count, _, nodes = shown.partition("|")
+    return count, nodes

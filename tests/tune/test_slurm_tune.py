@@ -19,7 +19,8 @@ from openrecipes.train.slurm import follow, job_state
 from openrecipes.tune.journal import TRIALS_DIR, TRIALS_FILE
 from openrecipes.tune.slurm_runner import JOB_FILE
 
-from ..slurm_fixtures import POLL_S, slurm_cluster  # noqa: F401 (a fixture)
+from ..slurm_fixtures import POLL_S, job_nodes, require_two_nodes
+from ..slurm_fixtures import slurm_cluster  # noqa: F401 (a fixture)
 from .conftest import write_start
 
 START_WAIT_S = 120
@@ -146,3 +147,21 @@ def test_ctrl_c_with_two_trials_running_cancels_both_jobs(slurm_cluster, one_wor
     queued = set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30,
                                 check=True).stdout.split())  # pending, running and completing jobs only
     assert not queued & set(running.values()), queued
+
+
+@pytest.mark.slow  # the start's trial on two nodes
+def test_a_trial_runs_over_two_nodes(slurm_cluster, tmp_path, rows_dir, monkeypatch):
+    from openrecipes.cli import main
+
+    require_two_nodes()
+    start = write_start(tmp_path / "four.yaml", rows_dir, layout={"dp": 4, "ep": 1, "max_tokens_per_gpu": 256},
+                        global_batch=4)
+    out = tmp_path / "out"
+    args = ["tune", str(start), "--gpus", "cpu", "--slurm", "2", "--slurm-cpu", "--slurm-cpus-per-task", "2",
+            "--slurm-poll-seconds", str(POLL_S), "--trial-steps", "3", "--remeasure", "0", "--trials", "1",
+            "--out", str(out)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # sbatch passes it on to the job
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / TRIALS_FILE).read_text().splitlines()]
+    assert [(r["key"], r["status"]) for r in records] == [("start", "ok")]
+    assert job_nodes(_recorded_id(out / TRIALS_DIR / "000-start" / JOB_FILE)) == ("2", "ci[1-2]")

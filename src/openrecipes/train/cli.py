@@ -59,16 +59,16 @@ def _check_layout(recipe, config, world_size: int) -> None:
         raise ValueError(reason)
 
 
-def check_job_recipe(recipe_file: str, overrides: list[str], *, world_size: int):
-    """The recipe of a job another machine will run (``launch slurm``), refused here as ``openrecipes train`` would
-    refuse it before starting a process: its fields, model overrides and layout, over ``world_size`` processes."""
-    from openrecipes.config.recipe import load_recipe
-
+def check_job_recipe(recipe_file: str | None, overrides: list[str], *, world_size: int, resume: str | None = None):
+    """The recipe of a job another machine will run (``launch slurm``: RECIPE, or the run ``resume`` continues),
+    refused here as ``openrecipes train`` would refuse it before starting a process: its fields, model overrides and
+    layout, over ``world_size`` processes."""
     from openrecipes.checkpoint.hf import recipe_model_config
 
-    recipe = _with_world(load_recipe(recipe_file, overrides), world_size)
+    job = argparse.Namespace(recipe=recipe_file, overrides=overrides, resume=resume)
+    recipe = _with_world(_load_recipe(job), world_size)
     config = recipe_model_config(recipe)
-    _check_job_inputs(recipe, recipe_file)
+    _check_job_inputs(recipe, recipe_file or resume)
     _check_layout(recipe, config, world_size)
     return recipe
 

@@ -18,6 +18,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from openrecipes.config.rundir import RECIPE_FILE
 from openrecipes.train.slurm import JobIdentity, current_user
 from openrecipes.utils import atomic_write_text, check_output_file
 
@@ -38,7 +39,7 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(sinfo -h -N -n "$head_node" -o %o | head -n 1)
 export MASTER_ADDR=${{head_addr:-$head_node}} MASTER_PORT={port}
 srun --kill-on-bad-exit=1 bash -c 'exec python -m openrecipes train "$@" --node-rank "$SLURM_NODEID"' train \\
-  {recipe} --nproc {gpus_per_node} --nnodes {nodes}{rendezvous}{overrides}
+  {what} --nproc {gpus_per_node} --nnodes {nodes}{rendezvous}{overrides}
 """
 
 
@@ -96,28 +97,33 @@ class SbatchScript:
         return ("--output", slurm_filename("--out", self.output_dir) + "/%x-%j.out")
 
 
-def write_sbatch(recipe: str, out: Path, *, nodes: int, gpus_per_node: int, overrides: list[str],
-                 partition: str | None = None, account: str | None = None, time: str = "04:00:00",
-                 cpus_per_task: int = 16, port: int = 29500, cpu: bool = False) -> SbatchScript:
-    """Write the job script; ``cpu``: request no GPUs (the workers, ``gpus_per_node`` of them, run on CPU)."""
+def write_sbatch(recipe: str | None, out: Path, *, nodes: int, gpus_per_node: int, overrides: list[str],
+                 resume: str | None = None, partition: str | None = None, account: str | None = None,
+                 time: str = "04:00:00", cpus_per_task: int = 16, port: int = 29500, cpu: bool = False) -> SbatchScript:
+    """Write the job script of ``recipe`` (or of the run ``resume`` continues); ``cpu``: request no GPUs (the
+    workers, ``gpus_per_node`` of them, run on CPU). The job is not requeued after a node failure: it ends NODE_FAIL
+    and ``--resume`` continues it from its last checkpoint."""
     if nodes < 1 or gpus_per_node < 1 or cpus_per_task < 1:
         raise ValueError(f"--nodes, --gpus-per-node and --cpus-per-task must be >= 1, got {nodes}, {gpus_per_node} "
                          f"and {cpus_per_task}")
     if not 0 < port < 65536:
         raise ValueError(f"--port: {port} is not a TCP port")
-    recipe_path = Path(plain_value("recipe file name", str(recipe))).resolve()
-    if not recipe_path.is_file():
-        raise FileNotFoundError(f"recipe {recipe} does not exist")
+    if (recipe is None) == (resume is None):
+        raise ValueError("give either RECIPE or --resume RUN_DIR")
+    source = Path(plain_value("recipe file name" if resume is None else "--resume", str(recipe or resume))).resolve()
+    if not (source.is_dir() if resume else source.is_file()):
+        raise FileNotFoundError(f"{'run directory' if resume else 'recipe'} {recipe or resume} does not exist")
     out = Path(plain_value("--out", str(out)))
-    _check_script_out(out, recipe)
-    script = SbatchScript(path=out, identity=new_identity(recipe_path.stem, out), output_dir=out.parent.resolve())
-    options = [f"--job-name={script.identity.name}", f"--nodes={nodes}", "--ntasks-per-node=1",
+    _check_script_out(out, recipe or source / RECIPE_FILE)
+    script = SbatchScript(path=out, identity=new_identity(source.stem, out), output_dir=out.parent.resolve())
+    options = [f"--job-name={script.identity.name}", f"--nodes={nodes}", "--ntasks-per-node=1", "--no-requeue",
                *([] if cpu else [f"--gpus-per-node={gpus_per_node}"]), f"--cpus-per-task={cpus_per_task}",
                f"--time={slurm_time(time)}", f"--output={_sbatch_quoted(script.output_args()[1])}",
                *(f"--{key}={slurm_names('--' + key, value)}" for key, value in
                  (("partition", partition), ("account", account)) if value)]
     body = _BODY.format(
-        gpus_per_node=gpus_per_node, nodes=nodes, port=port, recipe=shlex.quote(str(recipe_path)),
+        gpus_per_node=gpus_per_node, nodes=nodes, port=port,
+        what=shlex.join(["--resume", str(source)] if resume else [str(source)]),
         overrides="".join(f" \\\n  --set {shlex.quote(plain_value('--set', o))}" for o in overrides),
         # one node: torchrun's standalone rendezvous on a free port; several: the first node's port
         rendezvous=f' --rdzv-endpoint "$MASTER_ADDR:{port}"' if nodes > 1 else "")

@@ -1,5 +1,6 @@
-"""`openrecipes launch slurm RECIPE`: check the recipe as `openrecipes train` would, write its sbatch script
-(``train.sbatch``) and, with ``--submit``, queue it and follow the job to its end (``train.slurm``)."""
+"""`openrecipes launch slurm RECIPE` (or ``--resume RUN_DIR``): check the recipe as `openrecipes train` would,
+write its sbatch script (``train.sbatch``) and, with ``--submit``, queue it and follow the job to its end
+(``train.slurm``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ def register(subparsers) -> None:
     slurm = schedulers.add_parser("slurm", help="an sbatch script: srun starts one torchrun per node",
                                   description="Write an sbatch script (srun + torchrun) and print how to submit "
                                   "it; with --submit, submit it and follow the job to its end (docs/slurm.md).")
-    slurm.add_argument("recipe", help="recipe YAML file (checked here, before the job is queued)")
+    slurm.add_argument("recipe", nargs="?", help="recipe YAML file (checked here, before the job is queued)")
+    slurm.add_argument("--resume", metavar="RUN_DIR", help="instead of a recipe: continue the run in RUN_DIR from "
+                       "its last checkpoint (after a node failure, a time limit, a cancel)")
     slurm.add_argument("--nodes", type=int, required=True, help="nodes of the job (one torchrun each)")
     slurm.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (workers) per node")
     slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -22,7 +25,7 @@ def register(subparsers) -> None:
     slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
     slurm.add_argument("--account", help="Slurm account (default: yours)")
     slurm.add_argument("--time", default="04:00:00", help="wall-clock limit (default 04:00:00)")
-    slurm.add_argument("--out", default=None, help="script path (default: <recipe name>.sbatch)")
+    slurm.add_argument("--out", default=None, help="script path (default: <recipe or run directory name>.sbatch)")
     slurm.add_argument("--cpus-per-task", type=int, default=16, help="CPUs per node's task (default 16)")
     slurm.add_argument("--port", type=int, default=29500, help="the rendezvous port on the job's first node "
                        "(default 29500)")
@@ -60,11 +63,11 @@ def _write_and_submit(args) -> int:
     if args.poll_seconds <= 0 or (args.wait_minutes is not None and args.wait_minutes <= 0):
         raise ValueError("--poll-seconds and --wait-minutes must be > 0")
     # the checks `openrecipes train` makes before its workers start: a bad recipe fails here, not on the cluster
-    check_job_recipe(args.recipe, args.overrides, world_size=args.nodes * args.gpus_per_node)
-    out = Path(args.out or f"{Path(args.recipe).stem}.sbatch")
+    check_job_recipe(args.recipe, args.overrides, world_size=args.nodes * args.gpus_per_node, resume=args.resume)
+    out = Path(args.out or f"{Path(args.recipe or Path(args.resume).resolve()).stem}.sbatch")
     if args.submit:
         check_controller()  # no controller: nothing is written
-    script = write_sbatch(args.recipe, out, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+    script = write_sbatch(args.recipe, out, resume=args.resume, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                           overrides=args.overrides, partition=args.partition, account=args.account, time=args.time,
                           cpus_per_task=args.cpus_per_task, port=args.port, cpu=args.cpu)
     if not args.submit:

@@ -71,6 +71,11 @@ teardown() {
     local until=$((SECONDS + DRAIN_DEADLINE_S))
     while [ -n "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && [ $SECONDS -lt $until ]; do sleep 0.2; done
   fi
+  # a slurmd a test started again (after losing its node on purpose) is known by its pid file only
+  local pid_file
+  for pid_file in "$STATE"/slurmd-*.pid; do
+    [ -s "$pid_file" ] && DAEMONS+=("$(cat "$pid_file")")
+  done
   if [ ${#DAEMONS[@]} -gt 0 ]; then
     kill "${DAEMONS[@]}" 2>/dev/null
     local _

@@ -74,6 +74,20 @@ def slurm_filename(option: str, path: Path) -> str:
     return text.replace("%", "%%")
 
 
+def check_script_values(*, recipe: str | None, resume: str | None, out: str | Path | None, overrides: list[str],
+                        partition: str | None, account: str | None, time: str) -> None:
+    """Refuse, naming its flag or file, any value the script would hold that could end one of its lines or is not
+    what Slurm reads there: before a recipe is loaded or a file written."""
+    for option, value in (("recipe file name", recipe), ("--resume", resume), ("--out", out),
+                          *(("--set", item) for item in overrides)):
+        if value is not None:
+            plain_value(option, str(value))
+    for option, value in (("--partition", partition), ("--account", account)):
+        if value is not None:
+            slurm_names(option, value)
+    slurm_time(time)
+
+
 def _sbatch_quoted(value: str) -> str:
     """A word of an #SBATCH line as sbatch reads it: in double quotes, a double quote or backslash escaped."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -110,21 +124,22 @@ def write_sbatch(recipe: str | None, out: Path, *, nodes: int, gpus_per_node: in
         raise ValueError(f"--port: {port} is not a TCP port")
     if (recipe is None) == (resume is None):
         raise ValueError("give either RECIPE or --resume RUN_DIR")
-    source = Path(plain_value("recipe file name" if resume is None else "--resume", str(recipe or resume))).resolve()
+    check_script_values(recipe=recipe, resume=resume, out=out, overrides=overrides, partition=partition,
+                        account=account, time=time)
+    source = Path(str(recipe or resume)).resolve()
     if not (source.is_dir() if resume else source.is_file()):
         raise FileNotFoundError(f"{'run directory' if resume else 'recipe'} {recipe or resume} does not exist")
-    out = Path(plain_value("--out", str(out)))
+    out = Path(out)
     _check_script_out(out, recipe or source / RECIPE_FILE)
     script = SbatchScript(path=out, identity=new_identity(source.stem, out), output_dir=out.parent.resolve())
     options = [f"--job-name={script.identity.name}", f"--nodes={nodes}", "--ntasks-per-node=1", "--no-requeue",
                *([] if cpu else [f"--gpus-per-node={gpus_per_node}"]), f"--cpus-per-task={cpus_per_task}",
-               f"--time={slurm_time(time)}", f"--output={_sbatch_quoted(script.output_args()[1])}",
-               *(f"--{key}={slurm_names('--' + key, value)}" for key, value in
-                 (("partition", partition), ("account", account)) if value)]
+               f"--time={time}", f"--output={_sbatch_quoted(script.output_args()[1])}",
+               *(f"--{key}={value}" for key, value in (("partition", partition), ("account", account)) if value)]
     body = _BODY.format(
         gpus_per_node=gpus_per_node, nodes=nodes, port=port,
         what=shlex.join(["--resume", str(source)] if resume else [str(source)]),
-        overrides="".join(f" \\\n  --set {shlex.quote(plain_value('--set', o))}" for o in overrides),
+        overrides="".join(f" \\\n  --set {shlex.quote(o)}" for o in overrides),
         # one node: torchrun's standalone rendezvous on a free port; several: the first node's port
         rendezvous=f' --rdzv-endpoint "$MASTER_ADDR:{port}"' if nodes > 1 else "")
     # every #SBATCH line before the first command: sbatch reads none after it

@@ -57,11 +57,13 @@ def _write_and_submit(args) -> int:
     from pathlib import Path
 
     from openrecipes.train.cli import check_job_recipe
-    from openrecipes.train.sbatch import write_sbatch
+    from openrecipes.train.sbatch import check_script_values, write_sbatch
     from openrecipes.train.slurm import check_controller, submit_and_follow
 
     if args.poll_seconds <= 0 or (args.wait_minutes is not None and args.wait_minutes <= 0):
         raise ValueError("--poll-seconds and --wait-minutes must be > 0")
+    check_script_values(recipe=args.recipe, resume=args.resume, out=args.out, overrides=args.overrides,
+                        partition=args.partition, account=args.account, time=args.time)
     # the checks `openrecipes train` makes before its workers start: a bad recipe fails here, not on the cluster
     check_job_recipe(args.recipe, args.overrides, world_size=args.nodes * args.gpus_per_node, resume=args.resume)
     out = Path(args.out or f"{Path(args.recipe or Path(args.resume).resolve()).stem}.sbatch")

@@ -138,5 +138,5 @@ def test_launch_slurm_refuses_what_train_refuses(tmp_path, capsys, sets, names):
     assert main(_launch(tmp_path, EXAMPLE, *overrides)) == 2
     launch_error = _one_line_error(capsys, names).removeprefix("openrecipes launch: error: ")
     if "does not exist (the job would read it)" not in launch_error:
-        assert launch_error.split(" (--nproc")[0] == train_error.split(" (--nproc")[0]
+        assert launch_error.replace("--nodes x --gpus-per-node", "--nproc x --nnodes") == train_error
     assert not (tmp_path / "job.sbatch").exists() and not (tmp_path / "run").exists()

@@ -43,7 +43,7 @@ def _load(args: argparse.Namespace):
     return _with_world(_load_recipe(args), _world_size(args))
 
 
-def _check_layout(recipe, config, world_size: int) -> None:
+def _check_layout(recipe, config, world_size: int, world_from: str = "--nproc x --nnodes") -> None:
     """Refuse a layout the job cannot run before any worker starts (one line, naming the field); ``config``: the
     recipe's model config."""
     from openrecipes.config.layout import LayoutError, unsupported_reason
@@ -53,13 +53,14 @@ def _check_layout(recipe, config, world_size: int) -> None:
     problems = layout_problems_for(recipe, config, world_size=world_size,
                                    rows=rows_directory(recipe.data.rows, recipe.run_dir))
     if problems:
-        raise ValueError(f"{LayoutError(problems[0])} (--nproc x --nnodes = {world_size} processes)")
+        raise ValueError(f"{LayoutError(problems[0])} ({world_from} = {world_size} processes)")
     reason = unsupported_reason(recipe.layout)
     if reason:
         raise ValueError(reason)
 
 
-def check_job_recipe(recipe_file: str | None, overrides: list[str], *, world_size: int, resume: str | None = None):
+def check_job_recipe(recipe_file: str | None, overrides: list[str], *, world_size: int, resume: str | None = None,
+                     world_from: str = "--nodes x --gpus-per-node"):
     """The recipe of a job another machine will run (``launch slurm``: RECIPE, or the run ``resume`` continues),
     refused here as ``openrecipes train`` would refuse it before starting a process: its fields, model overrides and
     layout, over ``world_size`` processes."""
@@ -69,7 +70,7 @@ def check_job_recipe(recipe_file: str | None, overrides: list[str], *, world_siz
     recipe = _with_world(_load_recipe(job), world_size)
     config = recipe_model_config(recipe)
     _check_job_inputs(recipe, recipe_file or resume)
-    _check_layout(recipe, config, world_size)
+    _check_layout(recipe, config, world_size, world_from)
     return recipe
 
 

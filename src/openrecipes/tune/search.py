@@ -80,6 +80,10 @@ class Search(SearchBudget):
         if self.nproc != self.target.count:
             raise ValueError(f"--nproc {self.nproc}: this runner starts all {self.target.count} processes of a "
                              "trial on one machine; several nodes need the Slurm runner (docs/tune.md)")
+        if isinstance(runner, SlurmRunner):  # the start becomes a job: refused here as train (and launch) refuse it
+            from openrecipes.train.cli import check_job_recipe
+
+            check_job_recipe(str(options.start), [], world_size=self.target.count, world_from="--gpus")
         if options.remeasure < 0:
             raise ValueError(f"--remeasure: 0 or more (start, winner) pairs, got {options.remeasure}")
         if options.trials < 1:

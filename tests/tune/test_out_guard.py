@@ -48,13 +48,28 @@ def test_a_marked_link_or_working_directory_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["--max-parallel", "2"], "--max-parallel 2: trials run one at a time on this machine"),
-    (["--max-parallel", "0", "--slurm", "1"], "--max-parallel: K must be >= 1, got 0"),
+    (["--max-parallel", "0", "--slurm", "1"], "argument --max-parallel: 0 is not an integer >= 1"),
+    # numbers checked when they are parsed, before a start trial runs: NaN would disable the limit it sets
+    (["--trial-timeout", "nan"], "argument --trial-timeout: nan is not a finite number > 0"),
+    (["--trial-timeout", "0"], "argument --trial-timeout: 0 is not a finite number > 0"),
+    (["--trial-timeout", "-1"], "argument --trial-timeout: -1 is not a finite number > 0"),
+    (["--minutes", "0"], "argument --minutes: 0 is not a finite number > 0"),
+    (["--minutes", "-5"], "argument --minutes: -5 is not a finite number > 0"),
+    (["--minutes", "nan"], "argument --minutes: nan is not a finite number > 0"),
+    (["--minutes", "inf"], "argument --minutes: inf is not a finite number > 0"),
+    (["--nproc", "0"], "argument --nproc: 0 is not an integer >= 1"),
+    (["--stable-cv", "nan"], "argument --stable-cv: nan is not a finite number >= 0"),
+    (["--remeasure", "-1"], "argument --remeasure: -1 is not an integer >= 0"),
+    (["--slurm", "1", "--slurm-poll-seconds", "nan"], "argument --slurm-poll-seconds: nan is not a finite number > 0"),
 ])
-def test_max_parallel_is_refused_before_anything_runs(tmp_path, capsys, argv, message):
+def test_options_are_refused_before_anything_runs(tmp_path, capsys, argv, message):
     from openrecipes.cli import main
 
     start = tmp_path / "start.yaml"
     start.write_text("name: x\n")
-    assert main(["tune", str(start), "--gpus", "cpu", "--out", str(tmp_path / "out"), *argv]) == 2
-    assert message in capsys.readouterr().err
+    try:
+        status = main(["tune", str(start), "--gpus", "cpu", "--out", str(tmp_path / "out"), *argv])
+    except SystemExit as refused:  # argparse's refusal of an option's value
+        status = refused.code
+    assert status == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

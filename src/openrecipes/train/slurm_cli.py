@@ -9,6 +9,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from openrecipes.numbers import positive
+
     slurm_parent = subparsers.add_parser("launch", help="write a job script for a cluster scheduler",
                                          description="Write a job script that runs `openrecipes train` on a cluster.")
     schedulers = slurm_parent.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True)
@@ -18,16 +20,16 @@ def register(subparsers) -> None:
     slurm.add_argument("recipe", nargs="?", help="recipe YAML file (checked here, before the job is queued)")
     slurm.add_argument("--resume", metavar="RUN_DIR", help="instead of a recipe: continue the run in RUN_DIR from "
                        "its last checkpoint (after a node failure, a time limit, a cancel)")
-    slurm.add_argument("--nodes", type=int, required=True, help="nodes of the job (one torchrun each)")
-    slurm.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (workers) per node")
+    slurm.add_argument("--nodes", type=positive(int), required=True, help="nodes of the job (one torchrun each)")
+    slurm.add_argument("--gpus-per-node", type=positive(int), required=True, help="GPUs (workers) per node")
     slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe key, e.g. --set steps=5 (repeatable)")
     slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
     slurm.add_argument("--account", help="Slurm account (default: yours)")
     slurm.add_argument("--time", default="04:00:00", help="wall-clock limit (default 04:00:00)")
     slurm.add_argument("--out", default=None, help="script path (default: <recipe or run directory name>.sbatch)")
-    slurm.add_argument("--cpus-per-task", type=int, default=16, help="CPUs per node's task (default 16)")
-    slurm.add_argument("--port", type=int, default=29500, help="the rendezvous port on the job's first node "
+    slurm.add_argument("--cpus-per-task", type=positive(int), default=16, help="CPUs per node's task (default 16)")
+    slurm.add_argument("--port", type=positive(int), default=29500, help="the rendezvous port on the job's first node "
                        "(default 29500)")
     slurm.add_argument("--cpu", action="store_true", help="request no GPUs: the workers (--gpus-per-node of them "
                        "per node) run on CPU over gloo, as on a CPU partition or a test cluster")
@@ -36,9 +38,9 @@ def register(subparsers) -> None:
                             "until it ends and report its state; exit status 0 only for COMPLETED; Ctrl-C cancels "
                             "the job")
     submitting.add_argument("--dry-run", action="store_true", help="only write the script (the default)")
-    slurm.add_argument("--poll-seconds", type=float, default=5.0, help="with --submit: seconds between looks at "
+    slurm.add_argument("--poll-seconds", type=positive(float), default=5.0, help="with --submit: seconds between looks at "
                        "the job's state (default 5)")
-    slurm.add_argument("--wait-minutes", type=float, default=None, help="with --submit: stop following after this "
+    slurm.add_argument("--wait-minutes", type=positive(float), default=None, help="with --submit: stop following after this "
                        "long, leaving the job queued (default: until it ends)")
     slurm.set_defaults(func=run_slurm)
 
@@ -60,8 +62,6 @@ def _write_and_submit(args) -> int:
     from openrecipes.train.sbatch import check_script_values, write_sbatch
     from openrecipes.train.slurm import check_controller, submit_and_follow
 
-    if args.poll_seconds <= 0 or (args.wait_minutes is not None and args.wait_minutes <= 0):
-        raise ValueError("--poll-seconds and --wait-minutes must be > 0")
     check_script_values(recipe=args.recipe, resume=args.resume, out=args.out, overrides=args.overrides,
                         partition=args.partition, account=args.account, time=args.time)
     # the checks `openrecipes train` makes before its workers start: a bad recipe fails here, not on the cluster

@@ -10,6 +10,7 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from openrecipes.config.hardware import add_gpus_option
+    from openrecipes.numbers import at_least, positive
     from openrecipes.tune.runner import STABLE_MIN_STEPS
 
     parser = subparsers.add_parser(
@@ -21,30 +22,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("start", help="the starting recipe (YAML); its numerics never change")
     add_gpus_option(parser, default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
                                                  "COUNTxTYPE such as 2xH200; the count is the start's world size")
-    parser.add_argument("--trials", type=int, default=12, help="trials, the starting point included (default 12)")
-    parser.add_argument("--minutes", type=float, default=30.0,
+    parser.add_argument("--trials", type=positive(int), default=12, help="trials, the starting point included (default 12)")
+    parser.add_argument("--minutes", type=positive(float), default=30.0,
                         help="wall time of the whole command, verification and card included (default 30)")
-    parser.add_argument("--remeasure", type=int, default=2, metavar="PAIRS",
+    parser.add_argument("--remeasure", type=at_least(int, 0), default=2, metavar="PAIRS",
                         help="interleaved (start, winner) pairs measured again before a gain is published (default 2)")
-    parser.add_argument("--trial-steps", type=int, default=20, help="steps per trial (default 20, window 5-19)")
-    parser.add_argument("--window", type=int, nargs=2, metavar=("FIRST", "LAST"),
+    parser.add_argument("--trial-steps", type=positive(int), default=20, help="steps per trial (default 20, window 5-19)")
+    parser.add_argument("--window", type=at_least(int, 0), nargs=2, metavar=("FIRST", "LAST"),
                         help="measurement window (default: steps 5 to the last, earlier for short trials)")
-    parser.add_argument("--stable-cv", type=float, default=0.02, metavar="CV",
+    parser.add_argument("--stable-cv", type=at_least(float, 0), default=0.02, metavar="CV",
                         help=f"end a trial once at least {STABLE_MIN_STEPS} steps of its window are recorded and "
                              "their step times' coefficient of variation is at most CV (default 0.02); 0: every "
                              "trial runs all its steps")
     parser.add_argument("--cold-trials", action="store_true",
                         help="start every trial as a new process (by default a one-process trial is forked from a "
                              "process that has already imported torch and the engine, docs/tune.md)")
-    parser.add_argument("--trial-timeout", type=float, default=900.0, metavar="SECONDS",
+    parser.add_argument("--trial-timeout", type=positive(float), default=900.0, metavar="SECONDS",
                         help="limit of one trial (default 900; after the start: at most 3x its time, at least 120)")
-    parser.add_argument("--nproc", type=int, help="processes per trial (default: the world size)")
+    parser.add_argument("--nproc", type=positive(int), help="processes per trial (default: the world size)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar='"KEY=VALUE ..."',
                         help="a candidate measured right after the start (performance-only fields), repeatable")
     parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
                                                           "output there is resumed")
     parser.add_argument("--author", default="openrecipes tune", help="the card's author")
-    parser.add_argument("--slurm", type=int, metavar="GPUS_PER_NODE",
+    parser.add_argument("--slurm", type=positive(int), metavar="GPUS_PER_NODE",
                         help="run each trial as a Slurm job of nodes of GPUS_PER_NODE (sbatch with the trial's time "
                              "limit, followed to its end, scancel on Ctrl-C); its script and output (train.log) land "
                              "in the trial's directory (docs/slurm.md)")
@@ -52,10 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--slurm-account", help="with --slurm: the account (default: yours)")
     parser.add_argument("--slurm-cpu", action="store_true", help="with --slurm: request no GPUs, the workers "
                         "(GPUS_PER_NODE of them per node) run on CPU")
-    parser.add_argument("--slurm-cpus-per-task", type=int, default=16, help="with --slurm: CPUs per node (default 16)")
-    parser.add_argument("--slurm-poll-seconds", type=float, default=5.0,
+    parser.add_argument("--slurm-cpus-per-task", type=positive(int), default=16, help="with --slurm: CPUs per node (default 16)")
+    parser.add_argument("--slurm-poll-seconds", type=positive(float), default=5.0,
                         help="with --slurm: seconds between looks at the trial jobs (default 5)")
-    parser.add_argument("--max-parallel", type=int, default=1, metavar="K",
+    parser.add_argument("--max-parallel", type=positive(int), default=1, metavar="K",
                         help="with --slurm: up to K search trials queued or running at once (default 1); the start, "
                              "the remeasured pairs and the ablations run one at a time (docs/slurm.md)")
     parser.set_defaults(func=run)
@@ -79,10 +80,6 @@ def run(args: argparse.Namespace) -> int:
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
                           remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv))
-    if args.slurm is not None and args.slurm < 1:
-        raise ValueError(f"--slurm: GPUS_PER_NODE must be >= 1, got {args.slurm}")
-    if args.max_parallel < 1:
-        raise ValueError(f"--max-parallel: K must be >= 1, got {args.max_parallel}")
     if args.max_parallel != 1 and args.slurm is None:
         raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
                          "several at once need --slurm")

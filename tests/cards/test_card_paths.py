@@ -29,6 +29,15 @@ TUNED_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "qwen3-30b-a3b-16l-tune-start-
     ("6,913.2 tokens/s/GPU at 0.32 $/1M tokens, 1/3 of the steps, 2026/12/01, TP/PP, a / b", []),
     ("https://huggingface.co/Qwen/x, hf://org/model, s3://bucket/key, https://h/p?x=/tmp/y", []),
     ("recipes/qwen3-30b-a3b/h200/x.recipe.yaml, ./rel/x, ../up/y, `scripts/run.py`, /1M, ~10/s", []),
+    # other spellings of the same: a file URL in any case, a device path, a folder that starts with a digit or -,
+    # a shell default, environment variables that name a home or profile folder
+    ("FILE:///tmp/x and File:///home/a", ["FILE:///tmp/x", "File:///home/a"]),
+    ("\\\\?\\C:\\Users\\a", ["\\\\?\\C:\\Users\\a"]),
+    ("/2024data/a, /-scratch/a", ["/2024data/a", "/-scratch/a"]),
+    ("${DATA:-/home/a/rows}", ["/home/a/rows"]),
+    ("%USERPROFILE%\\rows, $HOME/rows, ${HOME}/x", ["%USERPROFILE%\\rows", "$HOME/rows", "${HOME}/x"]),
+    ("+/-5 %, -/3, /3, 2-3/4 of the steps", []),
+    ("$KERNEL_CACHE/tilelang", []),  # the recipe's own variable: the reader sets it
 ])
 def test_paths_in_text(text, found):
     assert paths_in_text(text) == found
@@ -43,6 +52,11 @@ def test_absolute_paths_walks_the_tree_with_dotted_field_paths():
 
 def _errors(problems):
     return [p for p in problems if p.severity == "error"]
+
+
+def test_a_path_as_a_mapping_key_is_found():
+    assert absolute_paths({"env": {"/home/a/.cache": "1", "HF_HOME": "hub"}}) == [("env./home/a/.cache",
+                                                                                     "/home/a/.cache")]
 
 
 def test_a_published_card_with_an_absolute_run_or_notes_path_is_rejected(qwen, write_card):

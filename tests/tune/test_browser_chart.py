@@ -21,7 +21,7 @@ def test_the_card_page_charts_the_trials(start_yaml, tmp_path):
     options = TuneOptions(start=start_yaml, out=tmp_path / "out", gpus="cpu", trials=4, trial_steps=8,
                           tries=("debug.fail_at=[0,2]",))
     result = Search(options, SyntheticRunner(), Progress(trials=4, minutes=30, stream=io.StringIO())).run()
-    published = publish(result, *choose_winner(result))
+    published = publish(result, *choose_winner(result), minutes=0.5)
     server = make_server(published.site, 0, quiet=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

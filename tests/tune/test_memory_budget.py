@@ -171,7 +171,7 @@ def test_the_budget_holds_verification_and_the_gain_is_remeasured(start_yaml, tm
     assert len(runner.calls) == len(result.records) + 2 * pairs
     ablations = ablate(search, result.candidates[winner.record["key"]], max(gain.winner))
     assert clock.now <= minutes * 60 * 1.05
-    published = publish(result, winner, failed, gain=gain, ablations=ablations)
+    published = publish(result, winner, failed, minutes=0.5, gain=gain, ablations=ablations)
     loaded, problems = validate_file(published.card)
     assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
     tuning = loaded.card.tuning
@@ -220,12 +220,15 @@ def test_a_gain_inside_the_noise_is_no_faster_recipe(start_yaml, tmp_path, monke
     remeasured = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()
                   if json.loads(line)["phase"] == "remeasure"]
     assert len(remeasured) == 4  # start, winner, start, winner
-    # the trial named for remeasurement is numbered as its own progress lines number it (from 1)
+    # the trial named for remeasurement is numbered as trials.jsonl, the card and the trials/ folders number it
+    # (from 0, the start); the remeasured runs are labelled as such and counted apart from the 5 trials
     named = int(re.search(r"measuring the start and trial (\d+) again", progress).group(1))
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
-    winner = next(r for r in records if r["index"] == named - 1)
+    winner = next(r for r in records if r["index"] == named)
     assert winner["phase"] != "remeasure" and winner["changes"], winner
-    assert f"trial {named}/5: " in progress
+    assert f"trial {named} ({named + 1} of 5): " in progress
+    assert [f"trial {r['index']} (remeasure): " in progress for r in remeasured] == [True] * 4
+    assert all(int(n) <= 5 for n in re.findall(r"\((\d+) of 5\)", progress))  # no count past the trials asked
 
 
 class PeakRunner(SyntheticRunner):

@@ -138,7 +138,7 @@ def test_slurm_runner_writes_the_launcher_script(tmp_path, start_yaml):
     recipe.write_text(start_yaml.read_text())
     run = TrialRun(recipe_path=recipe, run_dir=trial_dir / "run", nproc=16, timeout_s=600, window=(5, 19))
     runner = SlurmRunner(gpus_per_node=8, partition="gpu")
-    script = runner.script(run).read_text()
+    script = runner.script(run).path.read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --partition=gpu" in script and str(recipe.resolve()) in script
     assert "-m openrecipes train" in script and "--nproc 8 --nnodes 2" in script

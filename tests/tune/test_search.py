@@ -56,7 +56,7 @@ def test_search_finds_a_faster_verified_recipe_and_records_a_failure(start_yaml,
     winner, rejected = choose_winner(result)
     assert winner is not None and not rejected
     assert winner.record["measured"]["tokens_per_s_per_gpu"] == best
-    published = publish(result, winner, rejected)
+    published = publish(result, winner, rejected, minutes=0.5)
     assert published.status == "verified"
     loaded, problems = validate_file(published.card)
     assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
@@ -64,7 +64,7 @@ def test_search_finds_a_faster_verified_recipe_and_records_a_failure(start_yaml,
     assert card.status == "verified" and card.correctness.result == "pass"
     assert card.tuning.start_tokens_per_s_per_gpu == start_tps and card.tuning.tuned_tokens_per_s_per_gpu == best
     assert [t.failure for t in card.tuning.trials].count("crash") == 1
-    assert f"measured {start_tps:,.1f} tokens/s/GPU; tuned to {best:,.1f}" in card.notes
+    assert f"{start_tps:,.1f} tokens/s/GPU; tuned to {best:,.1f} (one run each); 6 trials in 0.5 minutes" in card.notes
     tuned = load_recipe(published.recipe)
     assert compare_recipes(tuned, result.start).passed and tuned.data == result.start.data
     # a card anyone can rerun: no machine path of this run (the output and the rows lie under /tmp here), the

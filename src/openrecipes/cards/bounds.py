@@ -193,6 +193,8 @@ def _headline(card: RecipeCard) -> list[Finding]:
     """The headline against the candidate's curve: when the curve holds the time of every step of the window, the
     window's tokens over their summed time (what ``measure`` computed) and their spread are the result's figures."""
     first, last = card.result.window
+    if first > last:
+        return []  # the window check names it
     times = {p.step: p.step_time_s for p in (card.curves.candidate if card.curves else None) or []}
     window = [times.get(step) for step in range(first, last + 1)]
     if card.result.runs != 1 or any(t is None for t in window):

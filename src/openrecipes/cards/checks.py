@@ -13,6 +13,7 @@ from openrecipes.cards import reference
 from openrecipes.cards.bounds import card_peak_bound, check_card_bounds, throughput_finding
 from openrecipes.cards.findings import HEX40, Finding, Loc, half_unit
 from openrecipes.cards.schema import RecipeCard
+from openrecipes.cards.tuning_checks import check_tuning
 from openrecipes.config.layout import LayoutWorkload, layout_problems
 from openrecipes.measure.metrics import mfu
 
@@ -28,7 +29,7 @@ SKIPPED_SHARE = 0.2
 def check_card(card: RecipeCard) -> list[Finding]:
     findings: list[Finding] = []
     for check in (_check_layout, _check_window, _check_mfu, _check_price, _check_correctness,
-                  _check_curves, _check_patches, check_card_bounds):
+                  _check_curves, _check_patches, check_card_bounds, check_tuning):
         findings.extend(check(card))
     if card.status == "verified":
         findings.extend(_check_verified(card))

@@ -1,9 +1,14 @@
 """Absolute machine paths in a card: a reader rerunning a published card from a clone has none of them.
 
 A path counts when a whitespace-, quote-, bracket- or separator-delimited token starts with ``/`` and a letter,
-dot or underscore (``/tmp/x``, ``/home/u``, ``/.cache``), with ``~/`` or ``~user/``, with a drive (``C:\\``,
-``C:/``) or is a UNC share (``\\\\host\\share``); ``file:`` URLs too. Other URLs (``https://``, ``hf://``,
-``s3://``) are left out, and so is a ``/`` inside a token: ``tokens/s/GPU``, ``$/1M tokens``, ``1/3``, dates.
+dot or underscore (``/tmp/x``, ``/home/u``, ``/.cache``), or with ``/`` and a digit or ``-`` when another ``/``
+follows (``/2024data/a``, ``/-scratch/a``), with ``~/`` or ``~user/``, with a drive (``C:\\``, ``C:/``), with the
+home, profile or temporary folder's variable (``$HOME/x``, ``${HOME}/x``, ``%USERPROFILE%\\x``; a variable of the
+recipe's own, ``$KERNEL_CACHE/x``, is the reader's to set), or is a
+UNC share or device path (``\\\\host\\share``, ``\\\\?\\C:\\x``); ``file:`` URLs too, in any case
+(``FILE:///x``). A shell default such as ``${DATA:-/home/a/rows}`` holds the path after ``:-``. Other URLs
+(``https://``, ``hf://``, ``s3://``) are left out, and so is a ``/`` inside a token: ``tokens/s/GPU``, ``$/1M
+tokens``, ``1/3``, dates. Mapping keys are read as well as values.
 """
 
 from __future__ import annotations
@@ -15,19 +20,22 @@ from typing import Any, Callable, Iterator
 
 Loc = tuple[str | int, ...]
 
-# what may stand right before a path: start of text, whitespace, quotes, brackets, separators
-_BEFORE = r"(?<![^\s'\"`(\[{<=:,;|])"
+# what may stand right before a path: start of text, whitespace, quotes, brackets, separators, a shell default's -
+_BEFORE = r"(?<![^\s'\"`(\[{<=:,;|-])"
 # what a path token stops at
 _BODY = r"[^\s'\"`()\[\]{}<>,;|:=]*"
-_URL = re.compile(r"(?<![A-Za-z0-9+.-])(?!file:)[A-Za-z][A-Za-z0-9+.-]*://\S*")
-_FILE_URL = re.compile(r"(?<![A-Za-z0-9+.-])file:/\S*")
+_URL = re.compile(r"(?<![A-Za-z0-9+.-])(?!(?i:file):)[A-Za-z][A-Za-z0-9+.-]*://\S*")
+_FILE_URL = re.compile(r"(?<![A-Za-z0-9+.-])(?i:file):/\S*")
 _PATH = re.compile(_BEFORE + "(?:" + "|".join((
-    r"file:/" + _BODY,  # file:///tmp/x, file:/tmp/x
+    r"(?i:file):/" + _BODY,  # file:///tmp/x, file:/tmp/x, FILE:///x
     r"[A-Za-z]:[\\/](?![\\/])" + _BODY,  # C:\Users\x, C:/Users/x
-    r"\\\\[A-Za-z0-9._$-]+\\" + _BODY,  # \\host\share
+    r"\\\\[A-Za-z0-9._$?-]+\\" + _BODY + r"(?::[\\/]" + _BODY + ")?",  # \\host\share, \\?\C:\x, \\.\x
     r"~(?:[A-Za-z_][A-Za-z0-9_.-]*)?/" + _BODY,  # ~/x, ~user/x
+    r"\$(?:HOME|TMPDIR|\{HOME\}|\{TMPDIR\})/" + _BODY,  # $HOME/x, ${HOME}/x
+    r"(?i:%(?:USERPROFILE|HOMEPATH|APPDATA|LOCALAPPDATA|TEMP|TMP)%)[\\/]" + _BODY,  # %USERPROFILE%\x
 )) + ")")
-_POSIX = re.compile(_BEFORE + r"/[A-Za-z._]" + _BODY)
+# /tmp/x, /.cache, /_x; /2024data/a and /-scratch/a only with a second part (not /3 or /-)
+_POSIX = re.compile(_BEFORE + r"/(?:[A-Za-z._]|[0-9-][^\s'\"`()\[\]{}<>,;|:=/]*/)" + _BODY)
 _TRAILING = ".:"  # sentence punctuation after a path
 
 
@@ -52,6 +60,8 @@ def paths_in_text(text: str) -> list[str]:
 def _walk(tree: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
     if isinstance(tree, dict):
         for key, value in tree.items():
+            for path in paths_in_text(key) if isinstance(key, str) else ():  # an env key, a mapping's name
+                yield (*loc, str(key)), path
             yield from _walk(value, (*loc, str(key)))
     elif isinstance(tree, (list, tuple)):
         for index, value in enumerate(tree):

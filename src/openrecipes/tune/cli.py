@@ -112,13 +112,13 @@ def _tune(search, options, progress) -> int:
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
     for verdict in failed:
-        progress.say(f"trial {verdict.record['index'] + 1} failed verification: {'; '.join(verdict.failures)}; "
+        progress.say(f"trial {verdict.record['index']} failed verification: {'; '.join(verdict.failures)}; "
                      "trying the next fastest")
     gain = ablations = None
     if winner is not None:
         pairs = search.remeasure_pairs(winner.record)
         held = "" if pairs == options.remeasure else f" of the {options.remeasure} asked: the budget holds {pairs}"
-        progress.say(f"measuring the start and trial {winner.record['index'] + 1} again, interleaved "
+        progress.say(f"measuring the start and trial {winner.record['index']} again, interleaved "
                      f"({pairs} pairs{held})")
         gain = remeasure(search, winner.record, pairs)
         if gain.faster:
@@ -129,9 +129,10 @@ def _tune(search, options, progress) -> int:
         print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
               f"({len(result.records)} trials, {progress.elapsed_s() / 60:.1f} minutes; {options.out / 'trials.jsonl'})")
         return 0
-    published = publish(result, winner, failed, gain=gain, ablations=ablations)
-    print(f"openrecipes tune: {published.start_tps:,.1f} -> {published.tuned_tps:,.1f} tokens/s/GPU, gain "
-          f"{gain.describe()}, {published.status}, {progress.elapsed_s() / 60:.1f} of {options.minutes:g} minutes")
+    published = publish(result, winner, failed, minutes=progress.elapsed_s() / 60, gain=gain, ablations=ablations)
+    figures = published.figures  # the card's figures, quoted as it quotes them
+    print(f"openrecipes tune: {figures.start_tps:,.1f} -> {figures.tuned_tps:,.1f} tokens/s/GPU, gain "
+          f"{gain.describe()}, {published.status}, {figures.minutes:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"
           f"  site          {published.site / 'index.html'}\n  trials        {options.out / 'trials.jsonl'}")
     return 0

@@ -34,6 +34,7 @@ MARKER = ".openrecipes-tune"
 
 FAILURE_CLASSES = get_args(TrialFailure)  # the card's vocabulary: a journal's failure lands on a card
 PHASES = ("start", "given", "ranked", "around-best", "remeasure", "ablation")
+SEARCH_PHASES = PHASES[:4]  # the trials --trials counts; a remeasured or ablated run comes after the search
 # measured figures recomputed from the run must equal the record's to this relative difference (JSON round trips)
 FIGURE_TOLERANCE = 1e-9
 

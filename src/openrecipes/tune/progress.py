@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from openrecipes.tune.journal import SEARCH_PHASES
+
 
 def failure_text(failure: dict, limit: int = 160) -> str:
     """A trial's failure in one line, "class: detail", the detail cut at a word near ``limit`` characters."""
@@ -19,6 +21,14 @@ def failure_text(failure: dict, limit: int = 160) -> str:
     if len(detail) > limit:
         detail = detail[:limit].rsplit(" ", 1)[0] + " …"
     return f"{failure['class']}: {detail}"
+
+
+def trial_name(index: int, phase: str | None, trials: int) -> str:
+    """A trial as the card, trials.jsonl and the trials/ folders number it (0: the start), with what it is: one of
+    the ``--trials`` of the search, or a remeasured or ablated run after it."""
+    if phase in SEARCH_PHASES:
+        return f"trial {index} ({index + 1} of {trials})"
+    return f"trial {index} ({phase})" if phase else f"trial {index}"
 
 
 class Progress:
@@ -57,9 +67,9 @@ class Progress:
     def say(self, text: str) -> None:
         self._write(f"[tune] {text}", line=True)
 
-    def trial_started(self, index: int, label: str, prediction: float | None) -> None:
+    def trial_started(self, index: int, label: str, prediction: float | None, phase: str = "ranked") -> None:
         predicted = f", predicted {prediction:,.1f} tokens/s/GPU" if prediction else ""
-        self.current = f"trial {index + 1}/{self.trials}: {label}"
+        self.current = f"{trial_name(index, phase, self.trials)}: {label}"
         self._write(f"[tune] {self.current}{predicted}", line=True)
 
     def _left_text(self) -> str:
@@ -84,7 +94,8 @@ class Progress:
             tps = measured["tokens_per_s_per_gpu"]
             if record["key"] == "start":
                 self.start_tps = tps
-            if self.best is None or tps > self.best[0]:
+            # the best of the search: a remeasured or ablated run is another sample, not another candidate
+            if record.get("phase") in SEARCH_PHASES and (self.best is None or tps > self.best[0]):
                 self.best = (tps, record["label"])
             result = f"{tps:,.1f} tokens/s/GPU" + _memory_text(measured, record.get("prediction"))
         else:
@@ -94,7 +105,7 @@ class Progress:
             how += f", {record['overhead_s']:.0f} s of it outside the steps"
             if record.get("startup_s"):
                 how += " (" + ", ".join(f"{phase} {s:.0f} s" for phase, s in record["startup_s"].items()) + ")"
-        self._write(f"[tune] trial {record['index'] + 1}: {result} [{how}] | {self._best_text()} | "
+        self._write(f"[tune] {trial_name(record['index'], record.get('phase'), self.trials)}: {result} [{how}] | {self._best_text()} | "
                     f"{self._left_text()}", line=True)
 
     def elapsed_s(self) -> float:

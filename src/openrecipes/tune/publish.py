@@ -5,10 +5,15 @@ are ``measure``'s and its checks ``verify``'s; ``status: verified`` only when ev
 where the search started, where it ended, in how many trials and minutes, what changed, the gain as the median of
 the interleaved remeasurement with its spread (``tune/remeasure.py``) and, where the budget allowed, each changed
 knob's measured contribution.
+
+Every figure it quotes comes from one record (``headline``): the start's and the tuned tokens/s/GPU are the medians
+of the remeasured samples (each one's search trial first), the gain their pairs' median, the minutes the command's
+wall time up to the card; the console, the card's notes, its ``tuning`` block and the site all quote those.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +36,28 @@ class Published:
     card: Path
     site: Path
     status: str
-    start_tps: float
-    tuned_tps: float
+    figures: Headline
     notes: list[str]
 
 
+@dataclass(frozen=True)
+class Headline:
+    start_tps: float  # the start's tokens/s/GPU: the median of its samples
+    tuned_tps: float  # the winner's: the median of its samples
+    minutes: float  # the command's wall time up to the card
+
+
+def headline(result: SearchResult, winner: dict[str, Any], gain: Gain | None, minutes: float) -> Headline:
+    """The figures every place quotes: with remeasured pairs the medians of the samples, else the two trials'."""
+    start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
+    tuned = winner["measured"]["tokens_per_s_per_gpu"]
+    if gain is not None and gain.pairs:
+        start, tuned = statistics.median(gain.start), statistics.median(gain.winner)
+    return Headline(start_tps=start, tuned_tps=tuned, minutes=minutes)
+
+
 def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
-                  ablations: Ablations | None) -> dict[str, Any]:
+                  ablations: Ablations | None, figures: Headline) -> dict[str, Any]:
     trials = []
     for record in result.records:
         prediction = record.get("prediction") or {}
@@ -53,10 +73,8 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
             "wall_s": record.get("wall_s"),
             "overhead_s": record.get("overhead_s"),
         })
-    start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
-    tuned = next(r for r in result.records if r["key"] == winner_key)["measured"]["tokens_per_s_per_gpu"]
-    block = {"start_tokens_per_s_per_gpu": start, "tuned_tokens_per_s_per_gpu": tuned,
-             "minutes": round(result.trial_s / 60, 3), "pruned": result.pruned, "trials": trials}
+    block = {"start_tokens_per_s_per_gpu": figures.start_tps, "tuned_tokens_per_s_per_gpu": figures.tuned_tps,
+             "minutes": round(figures.minutes, 3), "pruned": result.pruned, "trials": trials}
     if gain is not None and gain.pairs:
         block["gain"] = gain.card_block()
     if ablations is not None:
@@ -82,14 +100,15 @@ def _shown(path: Path) -> str:
         return Path(path).name
 
 
-def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict],
+def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict], figures: Headline,
               gain: Gain | None = None, ablations: Ablations | None = None) -> list[str]:
     start = next(r for r in result.records if r["key"] == "start")
-    start_tps, tuned_tps = start["measured"]["tokens_per_s_per_gpu"], winner["measured"]["tokens_per_s_per_gpu"]
     failures = [r for r in result.records if r["status"] == "failed"]
-    notes = [f"openrecipes tune: starting point {_shown(result.start_path)} measured {start_tps:,.1f} tokens/s/GPU; tuned to "
-             f"{tuned_tps:,.1f} ({tuned_tps / start_tps - 1:+.1%}); {len(result.records)} trials in "
-             f"{result.trial_s / 60:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
+    measured = ("medians of the start's and the winner's runs" if gain is not None and len(gain.pairs) > 1
+                else "one run each")
+    notes = [f"openrecipes tune: starting point {_shown(result.start_path)}, {figures.start_tps:,.1f} tokens/s/GPU; "
+             f"tuned to {figures.tuned_tps:,.1f} ({measured}); {len(result.records)} trials in "
+             f"{figures.minutes:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
              "any trial)."]
     if winner["key"] == "start":
         notes.append("No measured candidate beat the starting point and passed verification: this card is the "
@@ -115,8 +134,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
     return notes
 
 
-def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict], *, gain: Gain | None = None,
-            ablations: Ablations | None = None) -> Published:
+def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict], *, minutes: float,
+            gain: Gain | None = None, ablations: Ablations | None = None) -> Published:
     from openrecipes.cards.new import NewCardOptions, new_card
     from openrecipes.site.build import build_site
 
@@ -125,12 +144,13 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
     record = winner.record if winner else start
     status = "verified" if winner else "unverified"
     candidate = result.candidates[record["key"]]
+    figures = headline(result, record, gain, minutes)
     name = safe_name(f"{result.start.name}-tuned")
     tuned = candidate.recipe.model_copy(update={"name": name, "run_dir": f"{result.start.run_dir}-tuned"})
     recipe_path = out / TUNED_FILE
     atomic_write_text(recipe_path, f"# written by openrecipes tune from {result.start_path}; only performance-only "
                       "fields differ from it\n" + dump_recipe(tuned))
-    notes = [*notes_for(result, record, status, failed, gain, ablations),
+    notes = [*notes_for(result, record, status, failed, figures, gain, ablations),
              "The run directories named here (trials/...) are in the tuning output (openrecipes tune --out)."]
     gpu_dir = "cpu" if result.target.is_cpu else result.target.gpu_type.lower()
     catalog = Path("recipes") / safe_name(result.start.model) / gpu_dir
@@ -145,12 +165,10 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
         run_dir=out / record["run_dir"], reference=out / start["run_dir"], out=card, author=result.options.author,
         window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
         status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
-        tuning=_tuning_block(result, record["key"], gain, ablations), run_command=run_command, recipe=tuned,
+        tuning=_tuning_block(result, record["key"], gain, ablations, figures), run_command=run_command, recipe=tuned,
         output_dir=out))
     errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
     if errors:
         raise ValueError(f"{card}: the card does not validate: {errors[0]}")
     site = build_site(out / "recipes", out / "site").out
-    return Published(recipe=recipe_path, card=card, site=site, status=status,
-                     start_tps=start["measured"]["tokens_per_s_per_gpu"],
-                     tuned_tps=record["measured"]["tokens_per_s_per_gpu"], notes=notes)
+    return Published(recipe=recipe_path, card=card, site=site, status=status, figures=figures, notes=notes)

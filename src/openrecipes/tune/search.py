@@ -60,7 +60,6 @@ class SearchResult:
     pruned: int
     calibration: Calibration
     options: TuneOptions
-    trial_s: float
 
 
 class Search(SearchBudget):
@@ -299,7 +298,7 @@ class Search(SearchBudget):
             self.tried[candidate.key] = candidate
         label = describe_changes(candidate.changes)
         calibrated = self.calibration.tokens_per_s_per_gpu(prediction) if prediction else None
-        self.progress.trial_started(index, label, calibrated)
+        self.progress.trial_started(index, label, calibrated, phase)
         record = self.journal.find(key)
         if record is not None:
             self.progress.trial_finished(record, reused=True)
@@ -389,7 +388,7 @@ class Search(SearchBudget):
         return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
                             records=[r for r in self.journal.records if r["key"] in self.tried],
                             candidates=self.tried, pruned=len(self._left_out()), calibration=self.calibration,
-                            options=self.options, trial_s=self.progress.elapsed_s())
+                            options=self.options)
 
     def _search(self) -> None:
         """The trials after the start: the given candidates, the planner's ranking, then around the best."""

@@ -106,3 +106,11 @@ def test_hostile_yaml_is_refused_by_the_same_loader(tmp_path, capsys):
     path.write_text(text + "extra: *hw\n")
     assert main(["card", "validate", str(path)]) == 1
     assert "anchor '&hw' is not allowed" in capsys.readouterr().err
+
+
+def test_a_workflow_that_is_not_the_runs_says_what_long_context_sft_is():
+    from openrecipes.cards.verify_item import _check_workflow
+
+    with pytest.raises(ValueError, match=r"--workflow long-context-sft, but run trained sft .*cp > 1, or rows of at "
+                                         r"least [\d,]+ tokens"):
+        _check_workflow("long-context-sft", "sft", 1, Path("run"))

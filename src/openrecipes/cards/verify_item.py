@@ -73,7 +73,7 @@ def _layout_label(sizes: dict[str, int]) -> str:
 
 
 def _training_item(options: ItemOptions) -> dict[str, Any]:
-    from openrecipes.cards.dataset import LONG_CONTEXT_ROW_TOKENS, card_workflow, dataset_block, read_rows_manifest
+    from openrecipes.cards.dataset import card_workflow, dataset_block, read_rows_manifest
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import (
         ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE, RECIPE_FILE, STEP_DIR_GLOB, decode_metric, read_metrics,
@@ -201,6 +201,8 @@ def _convergence_check(run_dir: Path, reference: Path, rows_sha256: str) -> dict
 def _check_workflow(claimed: str, trained: str, cp: int, run_dir: Path) -> None:
     """The workflow an item claims must be the one the run trained (``card_workflow``: its rows, its adapters, and
     context parallelism for long-context SFT)."""
+    from openrecipes.cards.dataset import LONG_CONTEXT_ROW_TOKENS
+
     if claimed != trained:
         hint = (" (long-context SFT is SFT rows with context parallelism, cp > 1, or rows of at least "
                 f"{LONG_CONTEXT_ROW_TOKENS:,} tokens)") if "long-context-sft" in (

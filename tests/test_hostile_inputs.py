@@ -146,3 +146,21 @@ def test_a_finite_model_override_is_kept_as_written():
     tree = {"model": "qwen3-moe-tiny", "data": {"rows": "rows"}, "layout": {"max_tokens_per_gpu": 64},
             "steps": 1, "global_batch": 1, "model_overrides": {"rope_theta": 20000.0}}
     assert yaml.safe_load(dump_recipe(recipe_from_dict(tree)))["model_overrides"] == {"rope_theta": 20000.0}
+
+
+@pytest.mark.parametrize("override, message", [
+    *[(f"data.build.template_kwargs={{{name}: x}}", f"data.build.template_kwargs: .*'{name}' is set by the builder")
+      for name in ("messages", "tools", "bos_token", "eos_token", "add_generation_prompt", "namespace")],
+    ('kernels.compile="yes"', "kernels.compile: Input should be a valid boolean"),
+    ("kernels.compile=1", "kernels.compile: Input should be a valid boolean"),
+    ('layout.sequence_parallel="false"', "layout.sequence_parallel: Input should be a valid boolean"),
+    ("debug.profile_timeline=true", "debug: .*profile_timeline: true needs profile_step"),
+])
+def test_a_recipe_field_the_run_cannot_take_as_written_is_refused_by_name(override, message):
+    from pathlib import Path
+
+    from openrecipes.config.recipe import load_recipe
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
+    with pytest.raises(ValueError, match=message):
+        load_recipe(example, [override])

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
            "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
@@ -39,7 +39,7 @@ class ParallelSizes(BaseModel):
     etp: int = Field(1, ge=1, description="expert tensor parallel size")
     dp: int = Field(1, ge=1, description="data parallel size")
     vpp: int = Field(1, ge=1, description="virtual pipeline stages per rank (interleaved 1F1B)")
-    sequence_parallel: bool = False
+    sequence_parallel: StrictBool = False
 
     @property
     def world_size(self) -> int:

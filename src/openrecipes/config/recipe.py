@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from openrecipes.config.hf_names import hf_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
@@ -23,6 +23,9 @@ from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# what the row builder itself hands a chat template (the conversation, its tools, the special tokens, the generation
+# prompt) and jinja's own namespace(): a recipe's or --template-kwargs' variable of these names is refused
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "namespace")
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
@@ -48,7 +51,7 @@ class DataBuild(BaseModel):
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42
-    template_kwargs: dict[str, str | bool] = Field(default_factory=dict)  # sft only
+    template_kwargs: dict[str, str | StrictBool] = Field(default_factory=dict)  # sft only
     chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
     eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
     # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)
@@ -64,6 +67,14 @@ class DataBuild(BaseModel):
     # sft only: image parts of the conversations are read, resized as this preprocessor_config.json (or a directory
     # holding one; "bundled": the bundled image-text set's) says; null: image parts are refused (docs/data.md)
     image_processor: str | None = None
+
+    @field_validator("template_kwargs")
+    @classmethod
+    def _not_the_builders(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(set(kwargs) & set(RESERVED_TEMPLATE_KWARGS))
+        if reserved:
+            raise ValueError(f"{', '.join(map(repr, reserved))} is set by the builder and cannot be overridden")
+        return kwargs
 
     @model_validator(mode="after")
     def _sft_fields_only_for_sft(self) -> "DataBuild":
@@ -112,8 +123,8 @@ class Optimizer(BaseModel):
     warmup_fraction: float = Field(0.0, ge=0, le=1)
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     grad_clip: float | None = Field(1.0, gt=0)
-    precision_aware: bool = False     # bf16 params + (remainders | fp32 masters), moments in moment_dtype
-    param_remainders: bool = True     # with precision_aware: int16 remainders instead of fp32 masters
+    precision_aware: StrictBool = False     # bf16 params + (remainders | fp32 masters), moments in moment_dtype
+    param_remainders: StrictBool = True     # with precision_aware: int16 remainders instead of fp32 masters
     moment_dtype: Literal["fp32", "bf16"] = "fp32"
 
     @model_validator(mode="after")
@@ -159,24 +170,24 @@ class Vision(BaseModel):
     no optimizer state); the projection of their features into the decoder trains unless this says otherwise."""
 
     model_config = _STRICT
-    train_projection: bool = True
+    train_projection: StrictBool = True
 
 
 class Offload(BaseModel):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)  # share of the optimizer state kept and updated on the CPU
-    overlap: bool = True
+    overlap: StrictBool = True
     # where the offloaded state is updated: streamed through the GPU (device) or by the CPU (host)
     update: Literal["device", "host"] = "device"
-    activations: bool = False  # what decoder layers save for the backward waits in host memory
+    activations: StrictBool = False  # what decoder layers save for the backward waits in host memory
 
 
 class Checkpoint(BaseModel):
     model_config = _STRICT
     every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
     keep: int = Field(2, ge=1)               # newest checkpoints kept
-    at_end: bool = True                      # save after the last step (benchmarks turn it off)
-    export_hf: bool = False                  # after the last step, export that save to RUN_DIR/hf (Hugging Face)
+    at_end: StrictBool = True                      # save after the last step (benchmarks turn it off)
+    export_hf: StrictBool = False                  # after the last step, export that save to RUN_DIR/hf (Hugging Face)
 
     @model_validator(mode="after")
     def _export_reads_the_last_save(self) -> "Checkpoint":
@@ -187,9 +198,9 @@ class Checkpoint(BaseModel):
 
 class Logging(BaseModel):
     model_config = _STRICT
-    progress: bool = True
-    tensorboard: bool = False
-    wandb: bool = False
+    progress: StrictBool = True
+    tensorboard: StrictBool = False
+    wandb: StrictBool = False
     wandb_project: str = "openrecipes"
 
 
@@ -198,7 +209,7 @@ class Kernels(BaseModel):
     attention: AttentionBackend = "auto"
     experts: ExpertBackend = "auto"
     # torch.compile of each layer's attention and MoE blocks (fused element-wise work, fewer launches)
-    compile: bool = False
+    compile: StrictBool = False
     # > 0: the LM head and the loss run this many tokens at a time, never holding all the logits (train/chunked_loss.py)
     loss_chunk_tokens: int = Field(0, ge=0)
     # the CUDA caching allocator's segments: "expandable" grows one mapping in place, so freed blocks of odd sizes do
@@ -209,15 +220,21 @@ class Kernels(BaseModel):
 
 class Debug(BaseModel):
     model_config = _STRICT
-    force_load_balance: bool = False   # route tokens round-robin over experts (benchmarks only)
-    skip_nonfinite_steps: bool = False  # skip an update with a non-finite loss or grad norm instead of stopping
+    force_load_balance: StrictBool = False   # route tokens round-robin over experts (benchmarks only)
+    skip_nonfinite_steps: StrictBool = False  # skip an update with a non-finite loss or grad norm instead of stopping
     profile_step: int | None = Field(None, ge=0)  # run this step under torch.profiler; its table goes to profile.txt
     profile_sort: str | None = None     # the profile table's sort key (default: cuda_time_total, or cpu_time_total)
-    profile_timeline: bool = False      # with profile_step: also the step's Chrome trace (profile_trace.json)
-    memory_trace: bool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
+    profile_timeline: StrictBool = False      # with profile_step: also the step's Chrome trace (profile_trace.json)
+    memory_trace: StrictBool = False          # CUDA: record each rank-0 step's memory per phase (memory_phases_gib)
     fail_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank raises at that step (tests of the launcher)
     stall_at: tuple[int, int] | None = None  # [RANK, STEP]: that rank hangs after that step (tests of the heartbeat)
     max_consecutive_skips: int = Field(3, ge=1)  # with skip_nonfinite_steps: stop after this many skips in a row
+
+    @model_validator(mode="after")
+    def _timeline_of_a_profiled_step(self) -> "Debug":
+        if self.profile_timeline and self.profile_step is None:
+            raise ValueError("profile_timeline: true needs profile_step (the step whose timeline it writes)")
+        return self
 
 
 class Recipe(BaseModel):

@@ -25,6 +25,8 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from openrecipes.config.recipe import RESERVED_TEMPLATE_KWARGS
+
 from openrecipes.data import bundled
 from openrecipes.data.template_sandbox import bounded_render
 
@@ -228,7 +230,7 @@ def parse_template_kwargs(items: list[str] | None) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ValueError(f"--template-kwargs: expected key=value, got {item!r}")
         key = key.strip()
-        if key in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+        if key in RESERVED_TEMPLATE_KWARGS:
             raise ValueError(f"--template-kwargs: {key!r} is set by the builder and cannot be overridden")
         lowered = value.strip().lower()
         kwargs[key] = True if lowered == "true" else False if lowered == "false" else value

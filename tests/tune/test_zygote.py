@@ -98,6 +98,16 @@ def test_a_trial_whose_zygote_dies_is_a_failed_trial(tmp_path, rows_dir, runner)
     assert time.monotonic() - started < 100
 
 
+def test_after_the_zygote_dies_the_next_trials_start_as_new_processes(tmp_path, rows_dir, runner, capsys):
+    assert runner.run(_trial(tmp_path, rows_dir, "warm", steps=2)).ok
+    runner._zygote.process.kill()
+    runner._zygote.process.wait(timeout=30)
+    outcome = runner.run(_trial(tmp_path, rows_dir, "cold", steps=2))
+    assert outcome.ok, outcome
+    assert not runner.warm and runner._zygote is None
+    assert "[tune] trials start as new processes: the warm process ended" in capsys.readouterr().err
+
+
 def test_the_zygote_loads_the_compiler_and_leaves_cuda_to_its_children():
     """Dynamo and Inductor are imported before the fork, with torch's NVML check so that Inductor's question "is CUDA
     available" leaves forks able to initialise CUDA (measured on an H200, bench/compile_preload.py)."""

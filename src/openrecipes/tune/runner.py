@@ -190,16 +190,24 @@ class LocalRunner:
             return None
         from openrecipes.tune.zygote import Zygote
 
+        if self._zygote is not None and self._zygote.process.poll() is not None:
+            return self._cold(f"the warm process ended (exit status {self._zygote.process.poll()})")
         if self._zygote is None:
             try:
                 self._zygote = Zygote(self.python, env={**os.environ, **self.env})
             except (OSError, RuntimeError) as error:
-                print(f"[tune] trials start as new processes: {error}", file=sys.stderr)
-                self.warm = False
-                return None
+                return self._cold(str(error))
             atexit.register(self._zygote.close)
-        return self._zygote.fork(["train", str(trial.recipe_path), "--nproc", "1",
-                                  "--exit-with-parent", str(self._zygote.pid)], log_path)
+        try:
+            return self._zygote.fork(["train", str(trial.recipe_path), "--nproc", "1",
+                                      "--exit-with-parent", str(self._zygote.pid)], log_path)
+        except (OSError, RuntimeError) as error:  # it died between trials: its pipe is closed (BrokenPipeError)
+            return self._cold(f"the warm process did not take the trial ({type(error).__name__}: {error})")
+
+    def _cold(self, why: str) -> None:
+        """From now on every trial starts as a new process; said once, in one line."""
+        print(f"[tune] trials start as new processes: {why}", file=sys.stderr)
+        self.warm, self._zygote = False, None
 
     def run(self, trial: TrialRun, tick: Callable[[float], None] | None = None) -> Outcome:
         log_path = trial.run_dir.parent / TRAIN_LOG

@@ -62,6 +62,18 @@ def test_train_refuses_a_users_directory_holding_their_recipe(make_recipe, tmp_p
     assert "is not a run directory" in capsys.readouterr().err and listing(mine) == before
 
 
+def test_a_users_recipe_and_run_json_do_not_make_a_run_directory(make_recipe, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    recipe = write_recipe(mine / "recipe.yaml", make_recipe(steps=1, run_dir=str(mine)))
+    (mine / "run.json").write_text('{"experiment": "mine", "notes": "kept by hand"}\n')
+    before = listing(mine)
+    assert main(["train", str(recipe)]) == 2
+    assert "run_dir: " in capsys.readouterr().err and listing(mine) == before
+    assert main(["train", "--resume", str(mine)]) == 2
+    assert listing(mine) == before
+
+
 def test_train_refuses_a_populated_directory_it_did_not_make(make_recipe, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()

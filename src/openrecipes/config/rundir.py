@@ -56,11 +56,23 @@ def rows_directory(data_rows: str | None, run_dir: str | os.PathLike) -> Path:
     return Path(data_rows) if data_rows is not None else Path(run_dir) / ROWS_DIR
 
 
+# what every run.json train has written holds: a user's own run.json beside a recipe.yaml is no run of train's
+_TRAIN_RUN_FILE_KEYS = ("command", "started", "world_size", "versions")
+
+
 def is_run_directory(path: str | os.PathLike) -> bool:
-    """Whether ``train`` made ``path``: it holds RUN_MARKER or, for a run from before the marker, run.json beside
-    recipe.yaml (a recipe.yaml alone may be the user's own)."""
+    """Whether ``train`` made ``path``: it holds RUN_MARKER or, for a run from before the marker, recipe.yaml beside
+    a run.json as train writes it (a user's own recipe.yaml and run.json are not enough)."""
     path = Path(path)
-    return (path / RUN_MARKER).is_file() or ((path / RUN_FILE).is_file() and (path / RECIPE_FILE).is_file())
+    if (path / RUN_MARKER).is_file():
+        return True
+    if not ((path / RUN_FILE).is_file() and (path / RECIPE_FILE).is_file()):
+        return False
+    try:
+        written = read_json(path / RUN_FILE)
+    except (OSError, ValueError):
+        return False
+    return isinstance(written, dict) and all(key in written for key in _TRAIN_RUN_FILE_KEYS)
 
 
 def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | None]) -> Path:

@@ -126,3 +126,16 @@ def test_an_offloaded_activation_comes_back_with_the_strides_it_was_saved_with()
         assert host.untyped_storage().data_ptr() != saved.untyped_storage().data_ptr()
     assert host_copy(transposed, pin_memory=False).stride() == transposed.stride() != transposed.contiguous().stride()
     assert host_copy(expanded, pin_memory=False).stride() == (5, 1)
+
+
+@pytest.mark.parametrize("conf, kind, refused", [
+    ("expandable_segments:False", "expandable", True), ("expandable_segments:True", "caching", True),
+    ("expandable_segments:True", "expandable", False), ("max_split_size_mb:128", "caching", False),
+    ("max_split_size_mb:128,expandable_segments:false", "expandable", True), ("", "expandable", False),
+])
+def test_an_allocator_variable_that_contradicts_the_recipe_is_refused(conf, kind, refused):
+    from openrecipes.parallel.mesh import allocator_conflict
+
+    why = allocator_conflict(kind, {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
+    assert (why is not None) == refused
+    assert why is None or f"kernels.allocator is {kind}" in why

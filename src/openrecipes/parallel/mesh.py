@@ -44,10 +44,27 @@ class ParallelState:
         return self.world_size > 1
 
 
+def allocator_conflict(kind: str, environ: dict[str, str]) -> str | None:
+    """Why PYTORCH_CUDA_ALLOC_CONF in ``environ`` contradicts ``kernels.allocator`` (it sets expandable_segments the
+    other way), or None. Its other settings (max_split_size_mb, ...) are kept: the recipe sets only the segments."""
+    conf = environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    for item in conf.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "expandable_segments" and (value.strip().lower() == "true") != (kind == "expandable"):
+            return (f"PYTORCH_CUDA_ALLOC_CONF={conf} sets expandable_segments:{value.strip()}, but the recipe's "
+                    f"kernels.allocator is {kind}: the recipe decides (unset the variable's expandable_segments, or "
+                    f"set kernels.allocator: {'caching' if kind == 'expandable' else 'expandable'})")
+    return None
+
+
 def use_cuda_allocator(kind: str) -> None:
-    """``kernels.allocator``: expandable segments on or off for this process's CUDA allocations (nothing on CPU)."""
+    """``kernels.allocator``: expandable segments on or off for this process's CUDA allocations (nothing on CPU). A
+    PYTORCH_CUDA_ALLOC_CONF that says otherwise is refused rather than overridden in silence."""
     if not torch.cuda.is_available():
         return
+    conflict = allocator_conflict(kind, dict(os.environ))
+    if conflict:
+        raise ValueError(conflict)
     setting = f"expandable_segments:{kind == 'expandable'}"
     set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     if set_settings is None:  # torch before 2.9

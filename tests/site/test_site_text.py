@@ -59,3 +59,27 @@ def test_the_index_counts_each_models_recorded_combinations(tmp_path):
 def test_a_dict_key_named_like_a_dict_method_reads_the_key():
     template = _environment().from_string("{{ m.items }} {{ m.keys }} {{ m.model }} {{ t.real }}")
     assert template.render(m={"items": 3, "keys": "k", "model": "x"}, t=2) == "3 k x 2"
+
+
+def test_a_cards_headline_names_its_window_as_the_model_page_does(tmp_path):
+    import yaml
+
+    catalog = catalog_with_variant(tmp_path)
+    site = build_site(catalog, tmp_path / "site", REPO / "verification")
+    checked = 0
+    for card_file in sorted(catalog.rglob("*.yaml")):
+        card = yaml.safe_load(card_file.read_text())
+        if not isinstance(card, dict) or "result" not in card:
+            continue
+        page = site.out / card_file.relative_to(catalog).with_suffix(".html")
+        first, last = card["result"]["window"]
+        assert f"Tokens/s/GPU · steps {first}-{last}" in page_text(page.read_text())
+        checked += 1
+    assert checked >= 3
+
+
+def test_a_model_page_lists_the_cards_of_its_model_however_its_name_is_spelled():
+    from openrecipes.site.build import same_model
+
+    assert same_model("Qwen3-MoE tiny", "qwen3-moe-tiny") and same_model("Qwen3_30B A3B", "qwen3-30b-a3b")
+    assert not same_model("qwen3-moe-tiny", "qwen3-moe") and not same_model("Qwen3-30B-A3B", "qwen3-30b-a3b-16l")

@@ -9,6 +9,7 @@ autoescaping; links are only made from http(s) URLs.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -87,6 +88,15 @@ def page_path(loaded: LoadedCard, root: Path) -> Path:
     except ValueError:
         relative = Path(loaded.path.name)
     return relative.with_suffix(".html")
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two cards name one model whatever their case, spaces, dashes or underscores ("Qwen3-MoE tiny" is
+    qwen3-moe-tiny, the registry's name a recipe card carries)."""
+    def plain(name: str) -> str:
+        return re.sub(r"[\s_-]+", "-", name.strip().lower())
+
+    return plain(a) == plain(b)
 
 
 def _href(path: Path) -> str:
@@ -227,7 +237,7 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
         if relative in pages:
             raise ValueError(f"{loaded.path}: two verification cards would share the page {relative}")
         links = [("../" + row["href"], f"{row['name']}: {row['gpus']}, {row['label']}") for row in rows
-                 if row["model"].lower() == loaded.card.model.lower()]
+                 if same_model(row["model"], loaded.card.model)]
         pages[relative] = render_model_page(env, loaded, css=css, js=_asset("selector.js"), recipe_links=links)
         models.append({"model": loaded.card.model, "href": _href(relative), "combinations": len(loaded.card.items),
                        "engine": loaded.card.engine})

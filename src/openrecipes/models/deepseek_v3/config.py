@@ -79,6 +79,8 @@ class DeepseekV3Config:
         for name in ("n_shared_experts", "qk_nope_head_dim", "first_k_dense_replace"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got {getattr(self, name)}")
+        if not self.rms_norm_eps > 0:  # NaN too: the norms divide by sqrt(mean square + eps)
+            raise ValueError(f"config field 'rms_norm_eps' must be positive, got {self.rms_norm_eps}")
         if self.q_lora_rank is not None and self.q_lora_rank <= 0:
             raise ValueError(f"q_lora_rank must be positive or null, got {self.q_lora_rank}")
         if self.num_key_value_heads != self.num_attention_heads:

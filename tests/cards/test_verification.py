@@ -44,6 +44,9 @@ def _bad(data: dict, case: str) -> str:
     if case == "generated-without-hash":
         del item["checkpoint"]["sha256"]
         return "items[2].checkpoint.sha256"
+    if case == "generated-from-an-unpinned-hub-model":
+        item["checkpoint"]["source"] = "Qwen/Qwen3-30B-A3B fine-tuned by this run"
+        return "items[2].checkpoint.revision"
     if case == "final-loss":
         met["final_loss"] += 0.01
         return "items[2].metrics.final_loss"
@@ -70,7 +73,7 @@ def _bad(data: dict, case: str) -> str:
     raise AssertionError(case)
 
 
-CASES = ["unpinned", "generated-without-hash", "final-loss", "throughput", "tflops-below-dense", "window",
+CASES = ["unpinned", "generated-without-hash", "generated-from-an-unpinned-hub-model", "final-loss", "throughput", "tflops-below-dense", "window",
          "nan-under-verified", "stage-count", "duplicate"]
 
 

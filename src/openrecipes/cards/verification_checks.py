@@ -149,6 +149,11 @@ def _check_verified(item: Item, loc: Loc) -> list[Finding]:
         if ckpt.sha256 is None:
             out.append(Finding(loc=(*loc, "checkpoint", "sha256"), message=(
                 "a verified item's generated checkpoint is identified by its sha256")))
+        if is_hub_source(ckpt.source) and (ckpt.revision is None or not HEX40.match(ckpt.revision)):
+            # what it was generated from: a hub repository moves unless its revision is pinned
+            out.append(Finding(loc=(*loc, "checkpoint", "revision"), message=(
+                f"generated from {ckpt.source.split()[0]!r}, a hub repository: a verified item pins the revision "
+                f"of its source (40 lowercase hex digits), got {ckpt.revision!r}")))
     elif ckpt.revision is None or not HEX40.match(ckpt.revision):
         out.append(Finding(loc=(*loc, "checkpoint", "revision"), message=(
             f"revision {ckpt.revision!r} is not pinned (40 lowercase hex digits), which a verified item needs")))

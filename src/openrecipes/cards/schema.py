@@ -300,6 +300,12 @@ class TuningGain(_Strict):
             raise ValueError("median_gain is not the median of pair_gains")
         return self
 
+    def describe(self) -> str:
+        """The gain in the words the console, the card's notes and the site all use."""
+        low, high = min(self.pair_gains), max(self.pair_gains)
+        return (f"{self.median_gain:+.1%} (median of {len(self.pair_gains)} interleaved start/winner pairs, from "
+                f"{low:+.1%} to {high:+.1%}; the start's own spread {self.start_spread:.1%})")
+
 
 class TuningAblation(_Strict):
     """The winner with one changed knob set back to the start's, measured once."""

@@ -50,9 +50,9 @@ class Gain:
     def describe(self) -> str:
         if self.failure:
             return f"the winner failed when measured again ({self.failure})"
-        low, high = self.spread
-        return (f"{self.median:+.1%} (median of {len(self.pairs)} interleaved start/winner pairs, from {low:+.1%} "
-                f"to {high:+.1%}; the start's own spread {self.start_noise:.1%})")
+        from openrecipes.cards.schema import TuningGain
+
+        return TuningGain(**self.card_block()).describe()
 
     def card_block(self) -> dict[str, Any]:
         """The card's ``tuning.gain`` (cards.schema.TuningGain)."""

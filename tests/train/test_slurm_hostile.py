@@ -185,3 +185,24 @@ def test_a_job_whose_id_was_not_recorded_is_found_by_its_identity(slurm_cluster,
 def _clean_up(job_id: str) -> None:
     """This test's own job, cancelled whatever it came to (scancel of an ended job only complains)."""
     subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+
+
+def test_without_a_controller_launch_says_so_and_writes_nothing(slurm_cluster, tmp_path, monkeypatch, capsys):
+    import os
+    import re
+
+    from ..slurm_fixtures import free_port
+
+    conf = Path(os.environ["SLURM_CONF"]).read_text() if "SLURM_CONF" in os.environ else ""
+    if "SlurmctldPort=" not in conf:
+        pytest.skip("needs the cluster's own SLURM_CONF (.ci/slurm-cluster.sh)")
+    silent = tmp_path / "silent.conf"  # the same cluster, its controller at a port nothing listens on
+    silent.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", conf) + "MessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(silent))
+    args = ["launch", "slurm", str(Path(EXAMPLE).resolve()), "--nodes", "1", "--gpus-per-node", "1", "--cpu",
+            "--submit"]
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("openrecipes launch: error: no Slurm controller is reachable"), err
+    assert not list(tmp_path.glob("*.sbatch"))

@@ -23,6 +23,8 @@ VARIANTS = {
     # one query projection, rotate-half RoPE, no renormalisation, two shared experts, biases
     "plain_query": dict(q_lora_rank=None, rope_interleave=False, norm_topk_prob=False, n_shared_experts=2,
                         attention_bias=True, topk_group=2, num_experts_per_tok=3),
+    # transformers' latent norms keep their default epsilon (1e-6) whatever rms_norm_eps says; the others take it
+    "norm_eps": dict(rms_norm_eps=1e-2),
 }
 
 

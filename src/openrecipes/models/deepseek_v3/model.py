@@ -36,6 +36,10 @@ from openrecipes.models.deepseek_v3.config import DeepseekV3Config
 # keeps a zero sum of gating weights finite, as transformers' router does
 _NORM_FLOOR = 1e-20
 
+# transformers builds the latent norms (q_a_layernorm, kv_a_layernorm) with its RMSNorm's default epsilon whatever
+# config.rms_norm_eps says (modeling_deepseek_v3: DeepseekV3RMSNorm(q_lora_rank)); the other norms take the config's
+LATENT_NORM_EPS = 1e-6
+
 
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): the dense layers' MLP and the shared experts."""
@@ -121,10 +125,10 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             self.q_proj = None
             self.q_a_proj = nn.Linear(d, config.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(config.q_lora_rank, heads * self.head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d, self.kv_rank + self.rope_dim, bias=bias)
-        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=config.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps=LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(self.kv_rank, heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(heads * self.v_dim, d, bias=bias)
 

@@ -92,6 +92,7 @@ def test_hf_config_round_trip():
     (dict(hidden_size="64"), "hidden_size='64'"),
     (dict(rms_norm_eps=-1e-6), "rms_norm_eps' must be positive"),
     (dict(rms_norm_eps=0.0), "rms_norm_eps' must be positive"),
+    (dict(n_shared_experts=0), "n_shared_experts=0 is not supported"),
 ])
 def test_bad_config_json_is_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -210,6 +210,9 @@ class DeepseekV3Config:
         for key, value in (("qk_head_dim", config.qk_head_dim), ("head_dim", config.qk_rope_head_dim)):
             if raw.get(key) not in (None, value):
                 raise ValueError(f"{source}: {key}={raw[key]!r} contradicts the head dims (expected {value})")
+        if config.n_shared_experts == 0:  # transformers keeps a zero-width shared MLP whose tensors this model lacks
+            raise ValueError(f"{source}: n_shared_experts=0 is not supported for a Hugging Face checkpoint "
+                             "(transformers builds a zero-width shared expert); give 1 or more")
         return config
 
     @classmethod

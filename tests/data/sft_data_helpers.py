@@ -60,6 +60,7 @@ def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokeni
     import types
 
     from openrecipes.data import build as data_build
+    from openrecipes.data.chat_input import Markers
     from openrecipes.data.stream import LimitCounter
 
     config = build_job(tmp_path / "out", input=Path("unused.jsonl"), tokenizer=tokenizer, loss_mask=loss_mask,
@@ -67,8 +68,9 @@ def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokeni
     bundle, renderer, eos_id, _, _ = data_build._prepare(config)
     source = types.SimpleNamespace(where=lambda index: f"conversation {index}",
                                    iter_records=lambda order: ((i, records[i]) for i in order.tolist()))
+    markers = Markers.of(bundle, renderer.loss_mask, config.chat_input.special_tokens)  # as the build reads them
     pieces = list(data_build._sft_pieces(config, np.arange(len(records)), source, renderer, bundle.tokenizer, eos_id,
-                                         bundle.marker_pattern(), [], [], LimitCounter(max_tokens=None)))
+                                         markers, [], [], LimitCounter(max_tokens=None)))
     assert not any(piece.continues for piece in pieces)
     ids, mask = np.concatenate([p.ids for p in pieces]), np.concatenate([p.mask for p in pieces])
     lengths = np.concatenate([p.lengths for p in pieces])

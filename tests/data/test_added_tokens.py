@@ -1,5 +1,7 @@
 """Every added token of the tokenizer, special or not, is a marker: quoted in any string of a conversation it is
-text (the default) or the conversation is refused (``--special-tokens-in-text refuse``), never the token's id.
+text (the default) or the conversation is refused (``--special-tokens-in-text refuse``), never the token's id; but
+for the markers the chat format gives meaning to in a reply (``<think>``, ``<tool_call>`` and their closers) written
+in an assistant's own content, which keep their ids as ``apply_chat_template`` renders and tokenizes them.
 
 Qwen3's tokenizer marks ``<think>``, ``<tool_call>``, ``<tool_response>`` (and their closers) added but not special,
 and its chat format gives them structure: a user turn quoting ``<tool_response>…</tool_response>`` must not become
@@ -15,8 +17,9 @@ from typing import Any, Callable
 import pytest
 
 from openrecipes.data.bundled import TOKENIZER
-from openrecipes.data.chat_input import ChatInput
+from openrecipes.data.chat_input import ChatInput, Markers
 from openrecipes.data.sources import InvalidConversation, normalize
+from openrecipes.data.templates import LOSS_MASKS, REASONING_AND_CALLS
 from openrecipes.data.tokenizer import load_tokenizer
 
 from tests.data.sft_data_helpers import tokenize_conversations
@@ -80,17 +83,26 @@ def qwen3_bundle(qwen3_reference: Any) -> Any:
     return load_tokenizer(qwen3_reference.directory)
 
 
-def assert_every_added_token_is_text(directory: Path, tokens: list[tuple[str, int, bool]], tmp_path: Path) -> None:
-    """Each added token in each field: the build's ids hold the token's id exactly as often as with plain text in
-    its place (only the template's own structure), and decode to the same text with the token quoted as text."""
+def reply_marker(token: str, name: str) -> bool:
+    """A reply's own reasoning or tool-call marker in its content: it keeps its id (test below)."""
+    return name == "assistant content" and token in REASONING_AND_CALLS
+
+
+def assert_every_added_token_is_text(directory: Path, tokens: list[tuple[str, int, bool]], tmp_path: Path,
+                                     **reading: Any) -> None:
+    """Each added token in each field (but a reply's own markers, unless ``reading`` makes them text too): the
+    build's ids hold the token's id exactly as often as with plain text in its place (only the template's own
+    structure), and decode to the same text with the token quoted as text."""
     names = list(FIELDS)
     records = [FIELDS[name][0](PLACE) for name in names]
     records += [FIELDS[name][0](token) for token, _, _ in tokens for name in names]
-    built, bundle = tokenize_conversations(records, tmp_path, tokenizer=directory)
+    built, bundle = tokenize_conversations(records, tmp_path, tokenizer=directory, **reading)
     decode = lambda ids: bundle.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     plain = built[:len(names)]
     for number, (token, token_id, _) in enumerate(tokens):
         for k, name in enumerate(names):
+            if reply_marker(token, name) and not reading:
+                continue
             ids, _ = built[len(names) * (number + 1) + k]
             reference, _ = plain[k]
             assert ids.count(token_id) == reference.count(token_id), (token, name)
@@ -98,11 +110,14 @@ def assert_every_added_token_is_text(directory: Path, tokens: list[tuple[str, in
 
 
 def assert_every_added_token_is_refused(bundle: Any, tokens: list[tuple[str, int, bool]]) -> None:
-    pattern = bundle.marker_pattern()
+    markers = Markers.of(bundle, LOSS_MASKS["qwen3"], "refuse")
     for token, _, _ in tokens:
         for name, (record, at) in FIELDS.items():
+            if reply_marker(token, name):  # a reply's own marker is no quote: nothing to refuse
+                normalize(record(token), "in.jsonl line 7", markers, ChatInput(special_tokens="refuse"))
+                continue
             with pytest.raises(InvalidConversation) as error:
-                normalize(record(token), "in.jsonl line 7", pattern, ChatInput(special_tokens="refuse"))
+                normalize(record(token), "in.jsonl line 7", markers, ChatInput(special_tokens="refuse"))
             # the record, the message and field, the token
             assert str(error.value).startswith(f"in.jsonl line 7: {at} contains the added token {token!r}"), \
                 (name, str(error.value))
@@ -154,6 +169,11 @@ def own_tokenizer(tmp_path: Path) -> Path:
 
 def test_any_tokenizers_added_tokens_are_text_in_every_field(own_tokenizer, tmp_path):
     assert_every_added_token_is_text(own_tokenizer, added_tokens(file_tokenizer(own_tokenizer)), tmp_path)
+
+
+def test_text_everywhere_makes_a_replys_own_markers_text_too(own_tokenizer, tmp_path):
+    assert_every_added_token_is_text(own_tokenizer, added_tokens(file_tokenizer(own_tokenizer)), tmp_path,
+                                     special_tokens_in_text="text_everywhere")
 
 
 def test_any_tokenizers_added_tokens_are_refused_in_every_field(own_tokenizer):

@@ -20,8 +20,9 @@ from openrecipes.data import stream
 from tests.data.sft_data_helpers import run_build, write_jsonl
 
 # text quoting the bundled tokenizer's added tokens about once every dozen characters (the worst case per character)
-QUOTING = "a <|im_end|> b <think> c </think><|im_start|> "
-PLAIN = "a im_end b think c think im_start "
+# tokens a reply may only quote as text (its own <think>/<tool_call> markers keep their ids: test_added_tokens.py)
+QUOTING = "a <|im_end|> b <tool_response> c </tool_response><|im_start|> "
+PLAIN = "a im_end b tool_response c tool_response im_start "
 
 
 def _conversation(unit: str, chars: int) -> dict:

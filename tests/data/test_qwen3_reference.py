@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from openrecipes.data.bundled import ASSETS, TEMPLATES
-from openrecipes.data.templates import BUILTIN_TEMPLATE_NOTES, builtin_template_note, compile_template
+from openrecipes.data.templates import LOSS_MASKS, BUILTIN_TEMPLATE_NOTES, builtin_template_note, compile_template
 
 from tests.data.conftest import QWEN3_TOKENIZER_JSON_SHA256
 from tests.data.sft_data_helpers import tokenize_conversations
@@ -55,6 +55,15 @@ CASES: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = [
      None),
     ([user("a"), assistant("<think>\nold\n</think>\n\nb"), user("c"), assistant("<think>new</think>d")], None),
     ([user("What do <think> and </tool_call> mean?"), assistant("Tags: <tool_call>, <|fake|>, <|im_start")], None),
+    # reasoning as most datasets ship it, inline in the reply: one turn, several, beside reasoning_content
+    ([user("Capital of France?"), assistant("<think>\nEasy recall.\n</think>\n\nParis.")], None),
+    ([user("a"), assistant("<think>\nr1\n</think>\n\nb"), user("c"), assistant("<think>\nr2\n</think>\n\nd"),
+      user("e"), assistant("<think>r3</think>f")], None),
+    ([user("a"), assistant("b", reasoning_content="kept apart"), user("c"), assistant("<think>\ninline\n</think>\n\nd"),
+      assistant("<think>x</think>y", reasoning_content="both")], None),
+    # a tool call written inline in the reply, as some datasets hold it
+    ([user("1 + 1?"), assistant('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'),
+      tool("2"), assistant("<think>\nThe tool said 2.\n</think>\n\n2.")], TOOLS),
     # tool calls: dict and string arguments, with and without the "function" wrapper, several in one turn
     ([{"role": "system", "content": "Use tools."}, user("6 * 7?"),
       assistant("", tool_calls=[call("calculator", {"expression": "6 * 7"})]), tool("42"),
@@ -74,6 +83,18 @@ CASES: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = [
     ([{"role": "system", "content": "Monologue."}, assistant("Alone.", reasoning_content="hidden")], None),
     ([user("Call it"), assistant("", tool_calls=[call("calculator", {"expression": "3"})]), tool("3")], TOOLS),
 ]
+
+
+def quotes_a_token(messages: list[dict[str, Any]], tools: Any, added: list[str]) -> bool:
+    """Whether an added token stands where the build keeps it as text: anywhere but a reply's own markers."""
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    rest = [tools, [{k: v for k, v in m.items() if not (m["role"] == "assistant" and k == "content")} for m in messages]]
+    for token in added:
+        if token in json.dumps(rest, ensure_ascii=False):
+            return True
+        if token not in LOSS_MASKS["qwen3"].reply_markers and any(token in reply for reply in replies):
+            return True
+    return False
 
 
 def bundled_records(count: int) -> list[tuple[list[dict[str, Any]], Any]]:
@@ -136,12 +157,12 @@ def supervised_runs(ids: list[int], mask: Any) -> list[list[int]]:
 def test_build_ids_equal_apply_chat_template_and_masks_cover_the_assistant_turns(qwen3_reference, tmp_path,
                                                                                 chat_template, loss_mask, after_end):
     hf = qwen3_reference.hf
-    # a conversation quoting an added token (<think>, <tool_response>...) has it as text, where transformers makes it
-    # the token: tests/data/test_added_tokens.py checks those
+    # a conversation quoting an added token (<tool_response>, or <think> outside a reply's content) has it as text,
+    # where transformers makes it the token: tests/data/test_added_tokens.py checks those. A reply's own reasoning
+    # and tool-call markers are tokens in both
     added = [t.content for t in hf.added_tokens_decoder.values()]
-    records = [r for r in [*CASES, *bundled_records(40)]
-               if not any(token in json.dumps(r, ensure_ascii=False) for token in added)]
-    assert len(records) == len(CASES) + 40 - 3
+    records = [r for r in [*CASES, *bundled_records(40)] if not quotes_a_token(*r, added)]
+    assert len(records) == len(CASES) + 40 - 2
     tokens, bundle = tokenize_conversations([{"messages": m, "tools": t} for m, t in records], tmp_path,
                                             tokenizer=qwen3_reference.directory, loss_mask=loss_mask,
                                             chat_template=chat_template)

@@ -32,7 +32,11 @@ _Beta = Annotated[float, Field(ge=0, lt=1)]
 # how data build reads a chat dataset (data/chat_input.py takes its choices from these)
 ChatInputShape = Literal["openai", "sharegpt"]
 ChatRole = Literal["system", "user", "assistant", "tool"]
-SpecialTokensInText = Literal["text", "refuse"]
+# text: a quoted added token is text, but the markers the chat format gives meaning to in a reply (loss-mask format
+# ``reply_markers``: Qwen3's <think>, <tool_call> and their closers) keep their ids in an assistant's content, as
+# apply_chat_template renders them; refuse: a conversation quoting any other added token is refused;
+# text_everywhere: every quoted added token is text, a reply's markers too (docs/data.md)
+SpecialTokensInText = Literal["text", "refuse", "text_everywhere"]
 TooLong = Literal["skip", "truncate"]  # what a conversation over max_conversation_tokens gets
 # the loss-mask formats (sft): data/templates.py's LOSS_MASKS defines one for each of these names
 LossMaskName = Literal["qwen3", "qwen3_miles", "muse_spark"]

@@ -21,14 +21,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from openrecipes.config.recipe import DataBuild
-from openrecipes.data.chat_input import (ChatInput, Shielded, count_skipped, encode_with_text_tokens,
-                                         has_marker_characters, shield, text_token_windows)
+from openrecipes.data.chat_input import (ChatInput, Markers, Shielded, count_skipped, encode_with_text_tokens,
+                                         has_marker_characters, shield_conversation, text_token_windows)
 from openrecipes.data.image_rows import open_images
 from openrecipes.data.manifest import MANIFEST_FILE, RowsWriter
 from openrecipes.data.packed import (MAX_INVALID_EXAMPLES, BuildJob, file_fields, output_guard, pack_rows,
                                      record_counts, rows_fields)
 from openrecipes.data.pretrain import build_pretrain
-from openrecipes.data.sources import InvalidConversation, find_token, normalize, open_source
+from openrecipes.data.sources import InvalidConversation, find_marker, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, LimitCounter, Piece, batch_piece, encode_windows, encoded_piece,
                                      is_long, long_pieces)
 from openrecipes.data.templates import ChatRenderer, builtin_template_note, get_loss_mask, load_template_text
@@ -88,7 +88,7 @@ def _scan(source_iter: Any, forbidden: Any, skip_invalid: bool, options: ChatInp
 
 
 def _sft_pieces(config: BuildJob, order: np.ndarray, source: Any, renderer: ChatRenderer, tokenizer: Any,
-                eos_id: int, forbidden: Any, invalid: list[int], examples: list[str],
+                eos_id: int, forbidden: Markers | None, invalid: list[int], examples: list[str],
                 limit: LimitCounter, reasons: dict[str, Any] | None = None, images: Any = None) -> Iterator[Piece]:
     """Render the conversations at ``order`` one at a time; yield their tokens in bounded pieces (stream.py).
 
@@ -98,6 +98,7 @@ def _sft_pieces(config: BuildJob, order: np.ndarray, source: Any, renderer: Chat
     encoded alone, cut at the template's tokens (a long one window by window); one with images alone, whole
     (``images``: image_rows.ImageRows)."""
     options = config.chat_input
+    added = forbidden.anywhere if forbidden is not None else None  # the tokens the text is cut at when encoded
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
     chars = 0
@@ -124,17 +125,17 @@ def _sft_pieces(config: BuildJob, order: np.ndarray, source: Any, renderer: Chat
             if texts:
                 yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
                 texts, spans, chars = [], [], 0
-            yield from images.pieces(tokenizer, text, supervised, own, forbidden, numbers, eos_id, limit, where)
+            yield from images.pieces(tokenizer, text, supervised, own, added, numbers, eos_id, limit, where)
             continue
         if len(own) or is_long(text):
             if texts:
                 yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
                 texts, spans, chars = [], [], 0
             if not is_long(text):
-                yield from encoded_piece(*encode_with_text_tokens(tokenizer, text, own, forbidden), supervised,
+                yield from encoded_piece(*encode_with_text_tokens(tokenizer, text, own, added), supervised,
                                          eos_id, limit)
             else:  # window by window: a whole encoding costs a hundred bytes and more a token (stream.py)
-                windows = (text_token_windows(tokenizer, text, own, forbidden) if len(own)
+                windows = (text_token_windows(tokenizer, text, own, added) if len(own)
                            else encode_windows(tokenizer, text))
                 yield from long_pieces(windows, supervised, eos_id, limit)
             continue
@@ -148,17 +149,18 @@ def _sft_pieces(config: BuildJob, order: np.ndarray, source: Any, renderer: Chat
         yield from batch_piece(texts, spans, tokenizer, eos_id, limit)
 
 
-def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, forbidden: Any, options: ChatInput,
+def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, markers: Markers | None, options: ChatInput,
             where: str) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
     """Rendered text, supervised spans, and where the conversation's own added tokens stand (text, not turn,
-    reasoning or tool markers: they are kept out of the template's sight while it renders)."""
-    if forbidden is None or options.special_tokens != "text" or find_token([messages, tools], "", forbidden) is None:
+    reasoning or tool markers: they are kept out of the template's sight while it renders), but a reply's own
+    reasoning and tool-call markers, which reach the template as apply_chat_template passes them."""
+    if markers is None or options.special_tokens == "refuse" or find_marker(messages, tools, markers) is None:
         return (*renderer.supervised_spans(messages, tools), [])
     if has_marker_characters([messages, tools]):
         raise InvalidConversation(f"{where}: holds the noncharacters U+FDD0/U+FDD1, which mark added tokens "
                                   "while rendering", "marker characters")
     found: list[str] = []
-    messages, tools = shield(messages, forbidden, found), shield(tools, forbidden, found)
+    messages, tools = shield_conversation(messages, tools, markers, found)
     return Shielded(found).restore(*renderer.supervised_spans(messages, tools))
 
 
@@ -173,7 +175,7 @@ def _build_sft(config: BuildJob) -> dict[str, Any]:
     check_output_dir(config.out, **output_guard(config))  # before the work, so a refusal costs nothing
     bundle, renderer, eos_id, eos, template_source = _prepare(config)
     images = open_images(config, bundle, renderer.loss_mask)
-    forbidden = bundle.marker_pattern()
+    forbidden = Markers.of(bundle, renderer.loss_mask, config.chat_input.special_tokens)
     source, scan_iter = open_source(config.input, column=config.chat_input.column)
     reasons: dict[str, Any] = {}
     invalid, examples = _scan(scan_iter, forbidden, config.skip_invalid, config.chat_input, reasons)

@@ -12,9 +12,12 @@
 * ``special_tokens``: an added token of the tokenizer, special or not (``<|im_end|>``, and Qwen3's ``<think>``,
   ``<tool_call>``, ``<tool_response>``, which it does not mark special), inside the conversation's own strings is
   tokenized as text, as a template tokenizer with ``split_special_tokens`` does (``text``, the default), or the
-  conversation is refused (``refuse``). Either way it can never close a turn nor forge reasoning, a tool call or a
-  tool's result: only the template's own markers are tokens. Reasoning written inline in an assistant's content as
-  ``<think>…</think>`` is text too: the reasoning belongs in ``reasoning_content``.
+  conversation is refused (``refuse``): it can never close a turn nor forge a tool's result, and in a user, system
+  or tool turn never forge reasoning or a tool call. One exception (``Markers``): in an assistant's ``content`` the
+  markers the chat format gives meaning to in a reply (the loss-mask format's ``reply_markers``: Qwen3's
+  ``<think>…</think>`` and ``<tool_call>…</tool_call>``) reach the template and the tokenizer as
+  ``apply_chat_template`` passes them, so inline reasoning is split off and tokenized as transformers does;
+  ``text_everywhere`` makes those text too.
 
 Every option is written into the manifest (``chat_input``), so a build says how it read its conversations.
 """
@@ -52,6 +55,30 @@ _MARKER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 IMAGE_PART = "image"
 _IMAGE_OPEN, _IMAGE_CLOSE = "\ufdd2", "\ufdd3"
 IMAGE_MARKER = re.compile(f"{_IMAGE_OPEN}(\\d+){_IMAGE_CLOSE}")
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The tokenizer's added tokens that a conversation's own strings may not carry as tokens: ``anywhere`` every one
+    of them; ``in_replies`` those an assistant's ``content`` may not (all but the format's ``reply_markers``, or all
+    under ``text_everywhere``; None: none)."""
+
+    anywhere: re.Pattern[str]
+    in_replies: re.Pattern[str] | None
+
+    @classmethod
+    def of(cls, bundle: Any, loss_mask: Any, policy: str) -> "Markers | None":
+        """For ``bundle``'s tokenizer under ``loss_mask``'s format and the ``special_tokens`` policy; None when the
+        tokenizer has no added token."""
+        anywhere = bundle.marker_pattern()
+        if anywhere is None:
+            return None
+        keep = () if policy == "text_everywhere" else loss_mask.reply_markers
+        return cls(anywhere=anywhere, in_replies=bundle.marker_pattern(keep))
+
+    def for_field(self, role: Any, key: str) -> re.Pattern[str] | None:
+        """What the field ``key`` of a message of ``role`` may not carry as a token."""
+        return self.in_replies if role == "assistant" and key == "content" else self.anywhere
 
 
 class InvalidConversation(ValueError):
@@ -229,6 +256,18 @@ def shield(value: Any, pattern: re.Pattern[str], found: list[str]) -> Any:
     if isinstance(value, list):
         return [shield(v, pattern, found) for v in value]
     return value
+
+
+def shield_conversation(messages: list[dict[str, Any]], tools: Any, markers: Markers,
+                        found: list[str]) -> tuple[list[dict[str, Any]], Any]:
+    """``shield`` of each message's fields with what its role may not carry (``Markers.for_field``), and of the
+    tools with every added token."""
+    def field(role: Any, key: str, value: Any) -> Any:
+        pattern = None if key == "role" else markers.for_field(role, key)
+        return value if pattern is None else shield(value, pattern, found)
+
+    shielded = [{key: field(message.get("role"), key, value) for key, value in message.items()} for message in messages]
+    return shielded, shield(tools, markers.anywhere, found)
 
 
 def _substitute(pattern: re.Pattern[str], swap: Any, text: str) -> str:

@@ -47,8 +47,10 @@ _HELP = {
     "role_map": "sft: rename roles before the check, e.g. developer=system,function=tool,ipython=tool",
     "special_tokens_in_text": "an added token of the tokenizer (special or not: <|im_end|>, <think>, "
                               "<tool_response>...) inside a conversation's or document's own text: tokenized as "
-                              "text, never a turn, reasoning or tool marker nor a document's end (text), or that "
-                              "input is refused (refuse)",
+                              "text, never a turn or tool-result marker nor a document's end, but a reply's own "
+                              "<think>/<tool_call> markers keep their ids as apply_chat_template makes them (text); "
+                              "that input is refused (refuse); every one text, a reply's markers too "
+                              "(text_everywhere)",
     "image_processor": "sft: read image parts ({\"type\": \"image\", \"image\": \"local/path.png\"}), sized as this "
                        "preprocessor_config.json (or a directory holding one) says; bundled: the bundled image-text "
                        "set's (default: image parts are refused)",

@@ -54,7 +54,7 @@ def _special_tokens_as_text(bundle: TokenizerBundle, policy: str) -> Iterator[No
     it can never end the document early, only the appended end token does. A document without one encodes to the
     same ids either way."""
     previous = bundle.tokenizer.encode_special_tokens
-    bundle.tokenizer.encode_special_tokens = policy == "text"
+    bundle.tokenizer.encode_special_tokens = policy != "refuse"  # a document has no reply: its markers are text
     try:
         yield
     finally:

@@ -52,6 +52,10 @@ class LossMaskFormat:
     ``image``: the tokens the format's chat template writes for an image part (start, placeholder, end), the
     placeholder repeated once per merged patch of the image (as the model's processor expands it); None where the
     format has no image tokens (never supervised: data/image_rows.py).
+    ``reply_markers``: the tokens the format gives meaning to inside an assistant's reply (reasoning and tool-call
+    blocks): written there in a conversation's own ``content`` they keep their ids, as ``apply_chat_template`` passes
+    them to the template and the tokenizer; anywhere else, and every other added token anywhere, is text
+    (chat_input.Markers).
     """
 
     name: str
@@ -59,6 +63,7 @@ class LossMaskFormat:
     end: str
     separator: str
     image: tuple[str, str, str] | None = None
+    reply_markers: tuple[str, ...] = ()
 
     def marker_tokens(self) -> list[str]:
         """Special tokens this format relies on; the tokenizer must know each as one token."""
@@ -69,20 +74,24 @@ QWEN_VL_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 # Muse Spark's image tokens are not published: ours, in its Llama-style spelling (docs/muse_spark.md); <|image|> is the
 # placeholder whose id the model's image_token_id names
 MUSE_SPARK_IMAGE = ("<|image_start|>", "<|image|>", "<|image_end|>")
+# what Qwen3's template and ours for Muse Spark give meaning to in a reply: reasoning and tool-call blocks (a turn's
+# delimiters and a tool result's <tool_response> are never a reply's to write)
+REASONING_AND_CALLS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 LOSS_MASKS: dict[str, LossMaskFormat] = {
     # Supervise assistant content and <|im_end|>; the "\n" after <|im_end|> belongs to the
     # unsupervised text that follows.
     # Qwen3-VL's template writes <|vision_start|><|image_pad|><|vision_end|> for an image part, its processor repeats
     # <|image_pad|> once per merged patch
     "qwen3": LossMaskFormat(name="qwen3", header="<|im_start|>assistant\n", end="<|im_end|>",
-                            separator="<|endoftext|>", image=QWEN_VL_IMAGE),
+                            separator="<|endoftext|>", image=QWEN_VL_IMAGE, reply_markers=REASONING_AND_CALLS),
     # miles' qwen3 loss-mask generator: the same, and the "\n" after <|im_end|> supervised too
     "qwen3_miles": LossMaskFormat(name="qwen3_miles", header="<|im_start|>assistant\n", end="<|im_end|>\n",
-                                  separator="<|endoftext|>", image=QWEN_VL_IMAGE),
+                                  separator="<|endoftext|>", image=QWEN_VL_IMAGE, reply_markers=REASONING_AND_CALLS),
     # The project's own Muse Spark format (templates/muse_spark.jinja); an image part is <|image_start|>, <|image|>
     # once per merged patch, <|image_end|>
     "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
-                                 end="<|eot|>", separator="<|end_of_text|>", image=MUSE_SPARK_IMAGE),
+                                 end="<|eot|>", separator="<|end_of_text|>", image=MUSE_SPARK_IMAGE,
+                                 reply_markers=REASONING_AND_CALLS),
 }
 
 

@@ -36,9 +36,10 @@ class TokenizerBundle:
         ``<tool_response>``), so a conversation quoting one could forge reasoning, a call or a tool's result."""
         return sorted(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.content)
 
-    def marker_pattern(self) -> re.Pattern[str] | None:
-        """The added tokens as one pattern, longest first (so a token is never cut short by a shorter one)."""
-        tokens = self.marker_token_strings()
+    def marker_pattern(self, keep: tuple[str, ...] = ()) -> re.Pattern[str] | None:
+        """The added tokens (but those in ``keep``) as one pattern, longest first (so a token is never cut short by
+        a shorter one)."""
+        tokens = [t for t in self.marker_token_strings() if t not in keep]
         if not tokens:
             return None
         return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))

@@ -9,7 +9,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from openrecipes.numbers import positive
+    from openrecipes.config.cli_numbers import positive
 
     slurm_parent = subparsers.add_parser("launch", help="write a job script for a cluster scheduler",
                                          description="Write a job script that runs `openrecipes train` on a cluster.")

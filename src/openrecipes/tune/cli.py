@@ -10,7 +10,7 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from openrecipes.config.hardware import add_gpus_option
-    from openrecipes.numbers import at_least, positive
+    from openrecipes.config.cli_numbers import at_least, positive
     from openrecipes.tune.runner import STABLE_MIN_STEPS
 
     parser = subparsers.add_parser(

@@ -101,3 +101,45 @@ def test_a_pad_row_with_a_gradient_fails_whatever_the_seed(pad_dir, capsys, monk
     monkeypatch.setattr(openrecipes, "from_hf", without_padding_idx)
     assert cli.main(["verify", "parity", str(pad_dir), "--tokens", "16", "--seed", str(seed), "--json"]) == 1
     assert "model.embed_tokens.weight" in capsys.readouterr().out
+
+
+def _parity(path, capsys) -> tuple[int, dict]:
+    status = cli.main(["verify", "parity", str(path), "--tokens", "16", "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("variant", ["tiny", "norm_eps"])
+def test_parity_runs_on_deepseek_v3_with_its_frozen_correction_bias(tmp_path, capsys, variant):
+    from tests.models.test_deepseek_v3_parity import make_hf_model as make_deepseek
+
+    make_deepseek(variant).save_pretrained(tmp_path)
+    status, out = _parity(tmp_path, capsys)
+    assert status == 0 and out["passed"], out["problems"]
+    assert not any("e_score_correction_bias" in name for name in out["grad_errors"])  # frozen: not compared
+    assert any(name.endswith("mlp.experts.gate_proj") for name in out["grad_errors"])
+
+
+def test_parity_catches_deepseek_v3s_latent_norm_epsilon(tmp_path, capsys, monkeypatch):
+    """With the latent norms built on the config's rms_norm_eps (1e-2 here), as they once were, parity fails."""
+    from openrecipes.models.deepseek_v3 import model as deepseek_model
+    from tests.models.test_deepseek_v3_parity import make_hf_model as make_deepseek
+
+    make_deepseek("norm_eps").save_pretrained(tmp_path)
+    monkeypatch.setattr(deepseek_model, "LATENT_NORM_EPS", 1e-2)
+    status, out = _parity(tmp_path, capsys)
+    assert status == 1 and any("logits" in problem for problem in out["problems"]), out
+
+
+def test_parity_runs_on_qwen3_vl_moe_text(tmp_path, capsys):
+    from tests.models.test_qwen3_vl_moe_parity import TINY
+
+    torch.manual_seed(0)
+    reference = pytest.importorskip("transformers").Qwen3VLMoeForConditionalGeneration(
+        pytest.importorskip("transformers").Qwen3VLMoeConfig(**TINY))
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.normal_(0, 0.2)
+    reference.save_pretrained(tmp_path)
+    status, out = _parity(tmp_path, capsys)
+    assert status == 0 and out["passed"], out["problems"]
+    assert any("language_model" in name or name.startswith("model.layers") for name in out["grad_errors"])

@@ -4,9 +4,12 @@ Both models load the same checkpoint in the same dtype on the CPU and see the sa
 config has a ``pad_token_id``, that token is written into the middle of every sequence: whether its embedding row
 gets a gradient (transformers' ``padding_idx`` says none) is then checked on every run, not only on the seeds whose
 random ids happen to contain it.
-Errors are max-relative: max |native - hf| / max |hf| over a tensor. The native model holds each projection of
-the experts as one (E, out, in) tensor; transformers 5.x fuses gate and up into ``mlp.experts.gate_up_proj``
-(E, 2F, H), and older versions keep one ``mlp.experts.{e}.{proj}.weight`` per expert; both are mapped.
+Errors are max-relative: max |native - hf| / max |hf| over a tensor. transformers' gradients are read into native
+names through the family's own map of checkpoint names (``ModelFamily.native_parts``, what import reads), so every
+registered family is compared: the experts fused (``gate_up_proj``) or one tensor per expert, a vision-language
+model's language model under its prefix. A parameter the native model keeps frozen (DeepSeek-V3's expert correction
+bias, a buffer in transformers) has no gradient on either side and is not compared. The transformers class is the
+checkpoint's own ``architectures`` entry when transformers has it (never repository code).
 """
 
 from __future__ import annotations
@@ -64,45 +67,67 @@ def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten())
 
 
-def hf_gradient(hf_params: dict[str, torch.nn.Parameter], native_name: str, ffn: int) -> torch.Tensor:
-    """The gradient of the HF parameter(s) behind one native parameter, in the native layout."""
-    if native_name in hf_params:
-        return hf_params[native_name].grad
-    prefix, proj = native_name.rsplit(".", 1)  # "...mlp.experts", "gate_proj"
-    fused = hf_params.get(f"{prefix}.gate_up_proj")
-    if proj in ("gate_proj", "up_proj") and fused is not None:
-        return fused.grad[:, :ffn] if proj == "gate_proj" else fused.grad[:, ffn:]
-    per_expert = []
-    while f"{prefix}.{len(per_expert)}.{proj}.weight" in hf_params:
-        per_expert.append(hf_params[f"{prefix}.{len(per_expert)}.{proj}.weight"].grad)
-    if not per_expert:
-        raise ValueError(f"no transformers parameter matches native parameter {native_name!r}")
-    if any(g is None for g in per_expert):
-        return None
-    return torch.stack(per_expert)
+def native_gradients(family, hf_params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor | None]:
+    """transformers' gradients under native names, in the native layout (None: no gradient reached it)."""
+    from openrecipes.models.common.hf_experts import FusedHalf
+
+    parts: dict[str, dict] = {}
+    for hf_name, param in hf_params.items():
+        for native_name, part in family.native_parts(hf_name):
+            parts.setdefault(native_name, {})[part] = param.grad
+    out: dict[str, torch.Tensor | None] = {}
+    for name, held in parts.items():
+        if None in held:
+            out[name] = held[None]
+        elif any(g is None for g in held.values()):
+            out[name] = None
+        elif all(isinstance(part, FusedHalf) for part in held):  # this half of dim 1 of gate_up_proj
+            (part, grad), = held.items()
+            out[name] = grad.chunk(2, dim=1)[part.index]
+        else:  # one tensor per expert, stacked along dim 0
+            out[name] = torch.stack([held[expert] for expert in sorted(held)])
+    return out
+
+
+# a vision-language model's image and video tokens ask for pixels that text-only parity does not give
+_MEDIA_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
 def parity_input_ids(hf_config, *, batch: int, tokens: int, seed: int) -> torch.Tensor:
-    """Seeded random ids (batch, tokens); the config's pad token, if any, at position tokens // 2 of each row."""
+    """Seeded random ids (batch, tokens) of the text model's vocabulary, none of them a media token; the config's
+    pad token, if any, at position tokens // 2 of each row."""
+    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, int(hf_config.vocab_size), (batch, tokens), generator=generator)
-    pad = getattr(hf_config, "pad_token_id", None)
+    input_ids = torch.randint(0, int(text_config.vocab_size), (batch, tokens), generator=generator)
+    for key in _MEDIA_TOKENS:
+        media = getattr(hf_config, key, None)
+        if media is not None:
+            input_ids[input_ids == int(media)] = 0
+    pad = getattr(text_config, "pad_token_id", None)
     if pad is not None:
         input_ids[:, tokens // 2] = int(pad)
     return input_ids
 
 
 def _load_transformers(path: Path, dtype: torch.dtype):
+    import json
+
     try:
-        from transformers import AutoModelForCausalLM
+        import transformers
     except ImportError as exc:
         raise ValueError("verify parity needs the 'transformers' package: pip install transformers") from exc
+    # the checkpoint's own class where transformers has it (a vision-language model is no AutoModelForCausalLM)
+    architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    named = getattr(transformers, architectures[0], None) if architectures and isinstance(architectures[0], str) \
+        else None
+    model_class = named if isinstance(named, type) and hasattr(named, "from_pretrained") \
+        else transformers.AutoModelForCausalLM
     # safetensors only and no repository code: a pickled pytorch_model.bin or a modeling_*.py could run code
     safe = dict(attn_implementation="eager", use_safetensors=True, trust_remote_code=False)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **safe)
+        model = model_class.from_pretrained(path, dtype=dtype, **safe)
     except TypeError:  # transformers 4.x spells it torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **safe)
+        model = model_class.from_pretrained(path, torch_dtype=dtype, **safe)
     return model.eval()
 
 
@@ -134,11 +159,16 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
     hf_loss.backward()
     native_loss.backward()
 
-    hf_params = dict(hf_model.named_parameters())
-    ffn = getattr(native.config, "moe_intermediate_size", None)
+    from openrecipes.models.families import family_for_config
+
+    expected_grads = native_gradients(family_for_config(native.config), dict(hf_model.named_parameters()))
     for name, param in native.named_parameters():
-        expected = hf_gradient(hf_params, name, ffn)
-        got = param.grad
+        if not param.requires_grad:  # frozen (a buffer in transformers): neither side has a gradient
+            continue
+        if name not in expected_grads:
+            report.problems.append(f"no transformers parameter matches native parameter {name}")
+            continue
+        expected, got = expected_grads[name], param.grad
         if expected is None and got is None:
             continue
         if expected is None or got is None:

@@ -83,7 +83,11 @@ def test_hf_config_round_trip():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(num_key_value_heads=2), "num_key_value_heads"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 40.0}), r"rope_scaling\.rope_type='yarn'"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), r"rope_scaling\.rope_type='dynamic'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 40.0}), r"rope_scaling\.original_max_position_embeddings"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": 8}), r"rope_scaling\.beta_fast=8 is not read"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": -1.0, "original_max_position_embeddings": 8}),
+     r"rope_scaling\.factor must be a positive number"),
     (dict(aux_loss_alpha=0.001), "'aux_loss_alpha'"),
     (dict(scoring_func="softmax"), "scoring_func='softmax'"),
     (dict(n_group=3), "n_group"),
@@ -97,3 +101,9 @@ def test_hf_config_round_trip():
 def test_bad_config_json_is_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message):
         DeepseekV3Config.from_hf_dict(_hf_config(**changes), source="config.json")
+
+
+def test_a_yarn_config_round_trips_through_config_json():
+    config = get_config("deepseek-v3-671b")
+    assert config.rope_scaling.kind == "yarn"
+    assert DeepseekV3Config.from_hf_dict(json.loads(json.dumps(config.to_hf_dict()))) == config

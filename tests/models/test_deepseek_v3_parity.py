@@ -1,6 +1,8 @@
 """Native DeepSeek-V3 against transformers' DeepseekV3ForCausalLM: same weights, fp32, CPU; HF weight round trip."""
 
+import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -25,6 +27,15 @@ VARIANTS = {
                         attention_bias=True, topk_group=2, num_experts_per_tok=3),
     # transformers' latent norms keep their default epsilon (1e-6) whatever rms_norm_eps says; the others take it
     "norm_eps": dict(rms_norm_eps=1e-2),
+    # scaled RoPE past the trained length (8 positions here, 20 in the input): YaRN as DeepSeek-V3 publishes it
+    # (mscale and mscale_all_dim: cos/sin and the softmax corrected), YaRN without them, linear
+    "yarn": dict(max_position_embeddings=32, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "yarn_plain": dict(max_position_embeddings=32, rope_interleave=False, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 500.0, "factor": 3.0, "original_max_position_embeddings": 8,
+        "beta_fast": 4, "beta_slow": 2, "truncate": False}),
+    "linear": dict(rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.5}),
 }
 
 
@@ -113,11 +124,38 @@ def test_hf_weights_round_trip(tmp_path):
         assert torch.equal(a, b), name
 
 
-def test_scaled_rope_is_refused_naming_the_field(tmp_path):
+def test_a_rope_scaling_not_computed_here_is_refused_naming_the_field(tmp_path):
     hf_model = make_hf_model("tiny")
     hf_model.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
-    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 40.0}
+    raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}  # positions past the trained length rescale it
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=r"rope_scaling\.rope_type='yarn' is not supported"):
+    with pytest.raises(ValueError, match=r"rope_scaling\.rope_type='dynamic' is not supported"):
         openrecipes.from_hf(tmp_path)
+
+
+def test_yarn_matters_past_the_trained_length(tmp_path):
+    """The yarn parity above must be able to fail: plain RoPE on the YaRN checkpoint gives other logits."""
+    from openrecipes.models.common.rope_scaling import RopeScaling
+
+    hf_model = make_hf_model("yarn")
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path)
+    input_ids = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
+    assert rel_err(native(input_ids), hf_model(input_ids).logits) <= 1e-5
+    native.config = dataclasses.replace(native.config, rope_scaling=RopeScaling())
+    assert rel_err(native(input_ids), hf_model(input_ids).logits) > 1e-3
+
+
+def test_the_published_config_loads_with_its_yarn(tmp_path):
+    """deepseek-ai/DeepSeek-V3's config.json (its rope_scaling and MTP count as published) is the registered size."""
+    from openrecipes.models.deepseek_v3 import DeepseekV3Config
+    from openrecipes.models.registry import get_config
+
+    published = {**get_config("deepseek-v3-671b").to_hf_dict(), "num_nextn_predict_layers": 1, "rope_scaling": {
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"}}
+    config = DeepseekV3Config.from_hf_dict(published)
+    assert config == get_config("deepseek-v3-671b")
+    assert config.rope_scaling.cos_sin_factor == 1.0  # mscale and mscale_all_dim alike: the factors cancel
+    assert config.softmax_scale == pytest.approx((1 + 0.1 * math.log(40)) ** 2 / math.sqrt(192))

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import torch
 
+from openrecipes.models.common.rope_scaling import RopeScaling
 
-def rope_angles(position_ids: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """Angles of shape (B, T, head_dim / 2), in fp32."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
-    return position_ids[..., None].float() * inv_freq
+PLAIN_ROPE = RopeScaling()
+
+
+def rope_angles(position_ids: torch.Tensor, head_dim: int, theta: float,
+                scaling: RopeScaling = PLAIN_ROPE) -> torch.Tensor:
+    """Angles of shape (B, T, head_dim / 2), in fp32; ``scaling``: a checkpoint's scaled RoPE (rope_scaling.py),
+    whose cos/sin factor the caller applies."""
+    return position_ids[..., None].float() * scaling.inv_freq(head_dim, theta, position_ids.device)
 
 
 def apply_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, *, pairing: str = "half") -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any
 
 from openrecipes.models.common.activations import check_activation
 from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
+from openrecipes.models.common.rope_scaling import ROPE_SCALING_KEYS, RopeScaling, yarn_mscale
 from openrecipes.utils import read_json
 
 MODEL_TYPE = "deepseek_v3"
@@ -62,6 +63,8 @@ class DeepseekV3Config:
     rope_theta: float = TRANSFORMERS_DEFAULT_THETA
     rope_interleave: bool = True    # the rope part is laid out in adjacent pairs (DeepSeek's checkpoints)
     max_position_embeddings: int = 4096
+    # the checkpoint's scaled RoPE (linear or YaRN, as transformers computes them; common/rope_scaling.py)
+    rope_scaling: RopeScaling = RopeScaling()
     attention_bias: bool = False
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
@@ -183,13 +186,22 @@ class DeepseekV3Config:
         """N: parameters touched per token, excluding the input embedding and all norms."""
         return self._params(self.num_experts_per_tok)
 
+    @property
+    def softmax_scale(self) -> float:
+        """1/sqrt(nope + rope), times mscale(factor, mscale_all_dim)² under a scaled RoPE that sets mscale_all_dim
+        (DeepSeek's own correction of every dimension, on top of YaRN's cos/sin factor), as transformers applies it."""
+        scale = 1.0 / math.sqrt(self.qk_head_dim)
+        if self.rope_scaling.kind != "default" and self.rope_scaling.mscale_all_dim:
+            scale *= yarn_mscale(self.rope_scaling.factor, self.rope_scaling.mscale_all_dim) ** 2
+        return scale
+
     # ---- Hugging Face config.json ----
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "config.json") -> "DeepseekV3Config":
         model_type = raw.get("model_type")
         if model_type not in (None, MODEL_TYPE):
             raise ValueError(f"{source}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"rope_scaling"}  # read below, as a RoPE placement
         check_other_keys(raw, handled=known | _DERIVED_KEYS | {"rope_theta", *ROPE_PLACEMENTS},
                          family="DeepSeek-V3", source=source, neutral=_NEUTRAL_HF_KEYS)
         kwargs: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
@@ -198,7 +210,15 @@ class DeepseekV3Config:
         if isinstance(kwargs.get("eos_token_id"), list):  # several stop tokens: the model reads none of them
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
         check_field_types(cls, kwargs, source=source)
-        kwargs["rope_theta"], _ = read_rope(raw, source=source, default_theta=TRANSFORMERS_DEFAULT_THETA)
+        kwargs["rope_theta"], rope = read_rope(raw, source=source, default_theta=TRANSFORMERS_DEFAULT_THETA,
+                                               rope_types=("default", *ROPE_SCALING_KEYS),
+                                               extra_keys=frozenset().union(*ROPE_SCALING_KEYS.values()))
+        for key in set(rope) - {"rope_type", "type", "rope_theta"}:
+            kind = rope.get("rope_type", rope.get("type", "default"))
+            if key not in ROPE_SCALING_KEYS.get(kind, ()):
+                raise ValueError(f"{source}: rope_scaling.{key}={rope[key]!r} is not read by {kind} RoPE")
+        kwargs["rope_scaling"] = RopeScaling.from_hf(
+            rope, max_position_embeddings=kwargs.get("max_position_embeddings", 4096), source=source)
         missing = [f.name for f in fields(cls)
                    if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
         if missing:
@@ -221,7 +241,7 @@ class DeepseekV3Config:
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE, rope_scaling=None,
+        out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE, rope_scaling=self.rope_scaling.to_hf(),
                    attention_dropout=0.0, use_cache=True, num_nextn_predict_layers=0,
                    qk_head_dim=self.qk_head_dim, head_dim=self.qk_rope_head_dim)
         return out

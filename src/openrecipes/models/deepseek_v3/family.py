@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from openrecipes.models.common.rope_scaling import RopeScaling
 from openrecipes.models.deepseek_v3 import hf
 from openrecipes.models.deepseek_v3.config import MODEL_TYPE, DeepseekV3Config
 from openrecipes.models.deepseek_v3.model import DeepseekV3ForCausalLM, build_deepseek_v3
@@ -33,8 +34,7 @@ def planner_shape(config: DeepseekV3Config, name: str) -> ModelShape:
 
 
 NAMED_CONFIGS = {
-    # deepseek-ai/DeepSeek-V3 config.json's sizes, with plain RoPE (the published config's YaRN rope_scaling is
-    # not computed here, so importing that checkpoint is refused naming rope_scaling)
+    # deepseek-ai/DeepSeek-V3 config.json: its sizes and its YaRN (factor 40 over 4,096 trained positions)
     "deepseek-v3-671b": lambda: DeepseekV3Config(
         vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
         num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_routed_experts=256,
@@ -42,6 +42,8 @@ NAMED_CONFIGS = {
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=10_000.0,
         max_position_embeddings=163840, bos_token_id=0, eos_token_id=1,
+        rope_scaling=RopeScaling(kind="yarn", factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
     ),
     # CPU-sized, with the bundled tokenizer's vocabulary: a dense first layer, 8 routed experts in 2 groups, one
     # shared expert, a value head width unlike the query/key one

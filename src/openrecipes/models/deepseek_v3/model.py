@@ -17,8 +17,6 @@ Legend: B rows, T tokens per row, D hidden, H heads, E routed experts, K experts
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -118,6 +116,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.head_dim = config.qk_head_dim
         self.kv_rank = config.kv_lora_rank
         self.pairing = "adjacent" if config.rope_interleave else "half"
+        self.rope_factor, self.softmax_scale = config.rope_scaling.cos_sin_factor, config.softmax_scale
         self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)
         if config.q_lora_rank is None:
             self.q_proj: nn.Linear | None = nn.Linear(d, heads * self.head_dim, bias=False)
@@ -144,11 +143,12 @@ class MultiHeadLatentAttention(nn.Module):
         latent, k_rope = self.kv_a_proj_with_mqa(x_BTD).split([self.kv_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(rows, tokens, -1, self.nope_dim + self.v_dim)
         k_nope, v = kv.transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
-        q_rope = apply_rope(q_rope, angles_BTF, pairing=self.pairing)
-        k_rope = apply_rope(k_rope[:, None], angles_BTF, pairing=self.pairing).expand(-1, k_nope.shape[1], -1, -1)
+        q_rope = apply_rope(q_rope, angles_BTF, pairing=self.pairing) * self.rope_factor
+        k_rope = (apply_rope(k_rope[:, None], angles_BTF, pairing=self.pairing) * self.rope_factor).expand(
+            -1, k_nope.shape[1], -1, -1)
         q = torch.cat((q_nope, q_rope), dim=-1)
         k = torch.cat((k_nope, k_rope), dim=-1)
-        out = attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), documents=documents, backend=self.backend)
+        out = attention(q, k, v, scale=self.softmax_scale, documents=documents, backend=self.backend)
         return self.o_proj(out.transpose(1, 2).reshape(rows, tokens, -1))
 
 
@@ -201,7 +201,8 @@ class DeepseekV3ForCausalLM(nn.Module):
         first = layers is None or layers.start == 0
         last = layers is None or layers.stop == self.config.num_hidden_layers
         h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
-        angles = rope_angles(position_ids, self.config.qk_rope_head_dim, self.config.rope_theta)
+        angles = rope_angles(position_ids, self.config.qk_rope_head_dim, self.config.rope_theta,
+                             self.config.rope_scaling)
         chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
         for layer in chosen:
             h = layer(h, angles, documents)

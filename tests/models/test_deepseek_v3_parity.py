@@ -159,3 +159,39 @@ def test_the_published_config_loads_with_its_yarn(tmp_path):
     assert config == get_config("deepseek-v3-671b")
     assert config.rope_scaling.cos_sin_factor == 1.0  # mscale and mscale_all_dim alike: the factors cancel
     assert config.softmax_scale == pytest.approx((1 + 0.1 * math.log(40)) ** 2 / math.sqrt(192))
+
+
+def _with_extra_layer(path, *, declared: int) -> None:
+    """The saved tiny checkpoint plus one more layer's tensor (a multi-token-prediction layer, were it declared)."""
+    from safetensors.torch import load_file, save_file
+
+    raw = json.loads((path / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = declared
+    (path / "config.json").write_text(json.dumps(raw))
+    weights = next(path.glob("*.safetensors"))
+    tensors = load_file(weights)
+    tensors[f"model.layers.{TINY['num_hidden_layers']}.input_layernorm.weight"] = torch.ones(TINY["hidden_size"])
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+
+def test_a_layer_past_the_declared_ones_is_refused_and_an_mtp_layer_skipped(tmp_path):
+    make_hf_model("tiny").save_pretrained(tmp_path / "mtp")
+    _with_extra_layer(tmp_path / "mtp", declared=1)
+    with pytest.warns(UserWarning, match="skipped 1 tensor"):
+        openrecipes.from_hf(tmp_path / "mtp")
+    make_hf_model("tiny").save_pretrained(tmp_path / "extra")
+    _with_extra_layer(tmp_path / "extra", declared=0)  # nothing declares it: never dropped without a word
+    with pytest.raises(ValueError, match=r"unknown tensor 'model\.layers\.3\.input_layernorm\.weight'"):
+        openrecipes.from_hf(tmp_path / "extra")
+
+
+def test_a_layer_count_the_tensors_do_not_hold_is_refused_before_building(tmp_path):
+    import time
+
+    make_hf_model("tiny").save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 10_000_000}))
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"num_hidden_layers=10000000, but the checkpoint's tensors hold layers 0 to 2"):
+        openrecipes.from_hf(tmp_path)
+    assert time.monotonic() - started < 30

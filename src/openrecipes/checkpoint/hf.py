@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -21,7 +22,9 @@ from openrecipes.models.resolve import HF_CONFIG_FILE, config_from_hf_fields, re
 def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelFamily, Any]:
     """The family and model config of a checkpoint (``models/resolve.py`` ``config_from_hf_fields``: ``full=False``
     reads a family with a text-only mode as its text model alone, ``full=True`` the whole checkpoint)."""
-    return config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
+    family, config = config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
+    _check_layer_count(checkpoint, config)
+    return family, config
 
 
 def recipe_model_config(recipe: Any) -> Any:
@@ -54,6 +57,19 @@ def _expected_parameters(family: ModelFamily, config: Any) -> tuple[dict[str, to
     """Each native parameter's shape, and the names the model pins to fp32 (built on the meta device)."""
     model = family.build(config, device="meta", seed=None)
     return ({name: param.shape for name, param in model.named_parameters()}, set(fp32_parameter_names(model)))
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _check_layer_count(checkpoint: HFCheckpoint, config: Any) -> None:
+    """A config claiming more decoder layers than any tensor of the checkpoint holds is refused from the tensor
+    names alone, before the model is built on the meta device (ten million layers would take minutes to build)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    indices = [int(m.group(1)) for key in checkpoint.keys() if (m := _LAYER_INDEX.search(key))]
+    if isinstance(layers, int) and indices and layers > max(indices) + 1:
+        raise ValueError(f"{checkpoint.path / 'config.json'}: num_hidden_layers={layers}, but the checkpoint's "
+                         f"tensors hold layers 0 to {max(indices)} only")
 
 
 def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any,

@@ -24,9 +24,6 @@ _DERIVED_KEYS = {"qk_head_dim", "head_dim"}
 # keys accepted only at the value that leaves the computation unchanged (hf_config.check_other_keys)
 _NEUTRAL_HF_KEYS = {
     "pretraining_tp": (lambda v: v in (None, 1), "1 (transformers' DeepSeek-V3 never reads it)"),
-    # the multi-token-prediction modules: transformers' causal LM forward runs none of them (their tensors, layers
-    # past num_hidden_layers, are skipped on import)
-    "num_nextn_predict_layers": (lambda v: isinstance(v, int) and v >= 0, "a count (the forward runs no MTP layer)"),
     "output_router_logits": (lambda v: v in (None, False), "false (the forward adds no router loss)"),
     # the original checkpoints' own spellings of what this family computes
     "scoring_func": (lambda v: v == "sigmoid", "'sigmoid'"),
@@ -63,6 +60,9 @@ class DeepseekV3Config:
     rope_theta: float = TRANSFORMERS_DEFAULT_THETA
     rope_interleave: bool = True    # the rope part is laid out in adjacent pairs (DeepSeek's checkpoints)
     max_position_embeddings: int = 4096
+    # the multi-token-prediction modules: transformers' causal LM forward runs none of them; their tensors (layers
+    # num_hidden_layers .. + this - 1) are skipped on import, and a layer past them is refused as unknown
+    num_nextn_predict_layers: int = 0
     # the checkpoint's scaled RoPE (linear or YaRN, as transformers computes them; common/rope_scaling.py)
     rope_scaling: RopeScaling = RopeScaling()
     attention_bias: bool = False
@@ -79,7 +79,7 @@ class DeepseekV3Config:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"config field {name!r} must be positive, got {getattr(self, name)}")
-        for name in ("n_shared_experts", "qk_nope_head_dim", "first_k_dense_replace"):
+        for name in ("n_shared_experts", "qk_nope_head_dim", "first_k_dense_replace", "num_nextn_predict_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got {getattr(self, name)}")
         if not self.rms_norm_eps > 0:  # NaN too: the norms divide by sqrt(mean square + eps)
@@ -242,6 +242,6 @@ class DeepseekV3Config:
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE, rope_scaling=self.rope_scaling.to_hf(),
-                   attention_dropout=0.0, use_cache=True, num_nextn_predict_layers=0,
+                   attention_dropout=0.0, use_cache=True,
                    qk_head_dim=self.qk_head_dim, head_dim=self.qk_rope_head_dim)
         return out

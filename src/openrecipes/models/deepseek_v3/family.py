@@ -41,7 +41,7 @@ NAMED_CONFIGS = {
         n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, first_k_dense_replace=3,
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=10_000.0,
-        max_position_embeddings=163840, bos_token_id=0, eos_token_id=1,
+        max_position_embeddings=163840, bos_token_id=0, eos_token_id=1, num_nextn_predict_layers=1,
         rope_scaling=RopeScaling(kind="yarn", factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
                                  beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
     ),

@@ -22,8 +22,10 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def ignored_key(hf_key: str, config: DeepseekV3Config) -> bool:
+    """A multi-token-prediction layer's tensor (the config declares it): skipped, counted. A layer past those is not
+    ignored, so import refuses it as an unknown tensor rather than dropping it."""
     match = _LAYER.match(hf_key)
-    return match is not None and int(match.group(1)) >= config.num_hidden_layers
+    return match is not None and 0 <= int(match.group(1)) - config.num_hidden_layers < config.num_nextn_predict_layers
 
 
 def to_hf(named_tensors: Iterable[tuple[str, torch.Tensor]], config: DeepseekV3Config,

@@ -147,8 +147,9 @@ def _node_state(node: str) -> str:
 def test_tune_refuses_a_node_without_gpus_and_reports_sbatch_errors(slurm_cluster, start_yaml, tmp_path, capsys):
     from openrecipes.cli import main
 
-    assert main(["tune", str(start_yaml), "--slurm", "0", "--out", str(tmp_path / "none")]) == 2
-    assert "argument --slurm: 0 is not an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal of the option's value
+        main(["tune", str(start_yaml), "--slurm", "0", "--out", str(tmp_path / "none")])
+    assert refused.value.code == 2 and "argument --slurm: 0 is not an integer >= 1" in capsys.readouterr().err
     # a partition the cluster does not have: sbatch refuses the first trial, the tuner ends with its one line
     assert main(["tune", str(start_yaml), "--gpus", "cpu", "--slurm", "2", "--slurm-cpu", "--slurm-partition",
                  "no-such-partition", "--trials", "1", "--out", str(tmp_path / "out")]) == 1

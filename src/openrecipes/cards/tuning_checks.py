@@ -48,12 +48,9 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
                                    f"measured result.tokens_per_s_per_gpu {card.result.tokens_per_s_per_gpu}"))
     out += _headline_figures(tuning, start.measured_tokens_per_s_per_gpu, winner.measured_tokens_per_s_per_gpu)
     out += _ablations(tuning)
+    # the command's wall time: a rerun that reuses recorded trials takes less than they once did, so no lower bound
     if not 0 <= tuning.minutes <= MAX_MINUTES:
         out.append(Finding(loc=("tuning", "minutes"), message=f"{tuning.minutes} minutes is more than a year"))
-    longest = max((t.wall_s or 0.0 for t in tuning.trials), default=0.0)
-    if tuning.minutes * 60 < longest - 60 * half_unit(tuning.minutes):
-        out.append(Finding(loc=("tuning", "minutes"), message=(
-            f"{tuning.minutes} minutes is less than one of its trials took ({longest:.1f} s of tuning.trials wall_s)")))
     if card.status == "verified":
         out += _verified_gain(tuning, winner is start)
     return out
@@ -61,9 +58,9 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
 
 def _trial_roles(tuning: Tuning) -> list[Finding]:
     out = []
-    numbers = [t.trial for t in tuning.trials]
-    if numbers != sorted(set(numbers)):
-        out.append(Finding(loc=("tuning", "trials"), message=f"trials numbered {numbers}: each once, in order"))
+    numbers = [t.trial for t in tuning.trials]  # in the order they ended (several at once on Slurm)
+    if len(numbers) != len(set(numbers)):
+        out.append(Finding(loc=("tuning", "trials"), message=f"trials numbered {numbers}: each once"))
     for role, most in (("start", 1), ("winner", 1)):
         count = sum(t.role == role for t in tuning.trials)
         if count > most or (role == "start" and count == 0):

@@ -89,3 +89,17 @@ def job_nodes(job_id: str) -> tuple[str, str]:
                            text=True, timeout=30, check=True).stdout.strip()
     count, _, nodes = shown.partition("|")
     return count, nodes
+
+
+def silence_the_controller(tmp_path, monkeypatch) -> None:
+    """Point SLURM_CONF at the same cluster with its controller at a port nothing listens on (skipped without the
+    cluster's own SLURM_CONF, .ci/slurm-cluster.sh)."""
+    import re
+    from pathlib import Path
+
+    conf = Path(os.environ["SLURM_CONF"]).read_text() if "SLURM_CONF" in os.environ else ""
+    if "SlurmctldPort=" not in conf:
+        pytest.skip("needs the cluster's own SLURM_CONF (.ci/slurm-cluster.sh)")
+    silent = tmp_path / "silent.conf"
+    silent.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", conf) + "MessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(silent))

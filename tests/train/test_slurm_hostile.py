@@ -188,17 +188,9 @@ def _clean_up(job_id: str) -> None:
 
 
 def test_without_a_controller_launch_says_so_and_writes_nothing(slurm_cluster, tmp_path, monkeypatch, capsys):
-    import os
-    import re
+    from ..slurm_fixtures import silence_the_controller
 
-    from ..slurm_fixtures import free_port
-
-    conf = Path(os.environ["SLURM_CONF"]).read_text() if "SLURM_CONF" in os.environ else ""
-    if "SlurmctldPort=" not in conf:
-        pytest.skip("needs the cluster's own SLURM_CONF (.ci/slurm-cluster.sh)")
-    silent = tmp_path / "silent.conf"  # the same cluster, its controller at a port nothing listens on
-    silent.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", conf) + "MessageTimeout=1\n")
-    monkeypatch.setenv("SLURM_CONF", str(silent))
+    silence_the_controller(tmp_path, monkeypatch)
     args = ["launch", "slurm", str(Path(EXAMPLE).resolve()), "--nodes", "1", "--gpus-per-node", "1", "--cpu",
             "--submit"]
     monkeypatch.chdir(tmp_path)

@@ -9,13 +9,10 @@ Skipped without a controller unless OPENRECIPES_REQUIRE_SLURM=1 (tests/slurm_fix
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +20,8 @@ from openrecipes.cli import main
 from openrecipes.config.recipe import dump_recipe
 from openrecipes.train.slurm import exit_status, follow, job_state, submit
 
-from ..slurm_fixtures import JOB_DEADLINE_S, POLL_S, free_port, memory_hog, require_memory_limits, scancel
+from ..slurm_fixtures import (JOB_DEADLINE_S, POLL_S, free_port, memory_hog, require_memory_limits, scancel,
+                              silence_the_controller)
 from ..slurm_fixtures import slurm_cluster  # noqa: F401 (a fixture)
 
 
@@ -133,12 +131,7 @@ def test_ctrl_c_cancels_the_job_it_submitted(slurm_cluster, job_env, make_recipe
 def test_a_controller_that_stops_answering_ends_the_following(slurm_cluster, tmp_path, monkeypatch):
     from openrecipes.train.slurm import SlurmError
 
-    conf = Path(os.environ["SLURM_CONF"]).read_text() if "SLURM_CONF" in os.environ else ""
-    if "SlurmctldPort=" not in conf:
-        pytest.skip("needs the cluster's own SLURM_CONF (.ci/slurm-cluster.sh)")
-    silent = tmp_path / "silent.conf"  # the same cluster, its controller at a port nothing listens on
-    silent.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", conf) + "MessageTimeout=1\n")
-    monkeypatch.setenv("SLURM_CONF", str(silent))
+    silence_the_controller(tmp_path, monkeypatch)
     started = time.monotonic()
     with pytest.raises(SlurmError, match=r"no Slurm controller is reachable \(squeue -j 1: "):
         follow("1", poll_s=POLL_S, deadline_s=JOB_DEADLINE_S, unreachable_s=0.5)

@@ -1,5 +1,5 @@
 """A Slurm controller for the tests that submit real jobs: skipped without `sbatch` or a controller that answers,
-unless OPENRECIPES_REQUIRE_SLURM=1 (CI sets it and runs the tests inside the one-node cluster of
+unless OPENRECIPES_REQUIRE_SLURM=1 (CI sets it and runs the tests inside the two-node cluster of
 .ci/slurm-cluster.sh), in which case they fail. What a test needs beyond a controller (preemptible partitions,
 memory limits) is read from the cluster's own configuration."""
 

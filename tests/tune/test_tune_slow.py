@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import markupsafe
 import pytest
 
 from openrecipes.cards.validate import validate_file
@@ -58,6 +59,13 @@ def test_tune_finds_a_faster_verified_recipe_on_two_processes(tmp_path):
     assert len(gain.pair_gains) == 3 and min(gain.pair_gains) > 0 and gain.median_gain > gain.start_spread
     assert compare_recipes(load_recipe(out / "tuned.yaml"), load_recipe(start)).passed
     assert 'id="tuning-chart"' in (out / "site" / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.html").read_text()
+    # one set of figures: the console's closing line, the card's tuning block and notes, the site's summary
+    tuning, page = loaded.card.tuning, (out / "site" / "qwen3-moe-tiny" / "cpu" / "slow-start-tuned.html").read_text()
+    headline = (f"openrecipes tune: {tuning.start_tokens_per_s_per_gpu:,.1f} -> {tuning.tuned_tokens_per_s_per_gpu:,.1f}"
+                f" tokens/s/GPU, gain {gain.describe()}, verified, {tuning.minutes:.1f} of ")
+    assert headline in result.stdout, (headline, result.stdout)
+    assert gain.describe() in loaded.card.notes and str(markupsafe.escape(gain.describe())) in page
+    assert f"{len(tuning.trials)} trials in {tuning.minutes:.1f} minutes" in loaded.card.notes
 
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")}
     again = _tune(start, out, "--try", "debug.fail_at=[1,3]")

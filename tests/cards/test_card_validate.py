@@ -195,3 +195,11 @@ def test_a_verified_card_on_an_unknown_gpu_states_its_peak(qwen, write_card):
 def test_a_patch_outside_the_repository_is_an_error(qwen, write_card, path):
     qwen["patches"] = [{"path": path, "sha256": "0" * 64, "description": "a patch"}]
     assert "patches[0].path" in [p.path for p in errors_of(write_card(qwen))]
+
+
+def test_a_one_step_window_has_no_spread_and_a_verified_window_skips_step_0(qwen, write_card):
+    qwen["result"]["window"] = [0, 0]
+    qwen["result"]["window_tokens"] = qwen["workload"]["global_batch"] * qwen["workload"]["row_tokens"]
+    errors = {e.path: e.message for e in errors_of(write_card(qwen))}
+    assert "one step time has no spread" in errors["result.step_time_cv_percent"], errors
+    assert "warm-up" in errors["result.window"], errors

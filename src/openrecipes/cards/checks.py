@@ -85,6 +85,13 @@ def _check_window(card: RecipeCard) -> list[Finding]:
         out.append(Finding(loc=("result", "window_tokens"), message=(
             f"{res.window_tokens} != (window end {end} - start {start} + 1) x global_batch "
             f"{card.workload.global_batch} x row_tokens {card.workload.row_tokens} = {expected}")))
+    if start == end and res.runs == 1 and res.step_time_cv_percent > 0:
+        out.append(Finding(loc=("result", "step_time_cv_percent"), message=(
+            f"{res.step_time_cv_percent} % over the one step {start} of result.window: one step time has no spread")))
+    if start == 0 and card.status == "verified":
+        out.append(Finding(loc=("result", "window"), message=(
+            "the window starts at step 0, whose time holds the warm-up (compilation, the allocator's first "
+            "allocations): a verified card measures after it")))
     return out
 
 

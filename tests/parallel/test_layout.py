@@ -1,8 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from openrecipes.config.layout import (LayoutConfig, LayoutModel, enumerate_layouts, expert_data_parallel_size, rank_layers,
+from openrecipes.config.layout import (LayoutConfig, LayoutModel, expert_data_parallel_size, rank_layers,
                                          stage_layer_counts, validate_layout, virtual_stage_layers)
+from openrecipes.config.layout_space import enumerate_layouts
 
 MUSE = dict(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, pp_first_stage_layers=3, pp_last_stage_layers=3,
             max_tokens_per_gpu=8192)

@@ -9,7 +9,7 @@ import pytest
 
 from openrecipes.cli import main
 from openrecipes.config.hardware import MAX_GPU_COUNT, parse_gpus
-from openrecipes.config.layout import divisors
+from openrecipes.config.layout_space import divisors
 
 
 @pytest.mark.parametrize("count", ["99999999999", str(MAX_GPU_COUNT + 1), "9" * 5000])

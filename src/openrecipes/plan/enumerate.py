@@ -6,8 +6,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, enumerate_layouts, unsupported_reason,
-                                      validate_layout)
+from openrecipes.config.layout import LayoutConfig, LayoutWorkload, unsupported_reason, validate_layout
+from openrecipes.config.layout_space import enumerate_layouts
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import LoraSetup
 from openrecipes.plan.memory import StageMemory, TrainingSetup, stage_memory

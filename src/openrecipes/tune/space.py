@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from openrecipes.config.layout import (LayoutConfig, LayoutModel, LayoutWorkload, ParallelSizes, compile_problem,
-                                      divisors, enumerate_layouts, layout_problems, pipeline_microbatch_problems)
+                                      layout_problems, pipeline_microbatch_problems)
+from openrecipes.config.layout_space import divisors, enumerate_layouts
 from openrecipes.config.layout import rows_per_microbatch
 from openrecipes.config.kernel_names import backend_runs
 from openrecipes.config.recipe import Kernels, Offload, Recipe, recipe_from_dict

@@ -77,7 +77,10 @@ class Markers:
         return cls(anywhere=anywhere, in_replies=bundle.marker_pattern(keep))
 
     def for_field(self, role: Any, key: str) -> re.Pattern[str] | None:
-        """What the field ``key`` of a message of ``role`` may not carry as a token."""
+        """What the field ``key`` of a message of ``role`` may not carry as a token (None: anything; the role
+        itself is one of ROLES)."""
+        if key == "role":
+            return None
         return self.in_replies if role == "assistant" and key == "content" else self.anywhere
 
 
@@ -263,7 +266,7 @@ def shield_conversation(messages: list[dict[str, Any]], tools: Any, markers: Mar
     """``shield`` of each message's fields with what its role may not carry (``Markers.for_field``), and of the
     tools with every added token."""
     def field(role: Any, key: str, value: Any) -> Any:
-        pattern = None if key == "role" else markers.for_field(role, key)
+        pattern = markers.for_field(role, key)
         return value if pattern is None else shield(value, pattern, found)
 
     shielded = [{key: field(message.get("role"), key, value) for key, value in message.items()} for message in messages]

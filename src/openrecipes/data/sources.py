@@ -290,14 +290,21 @@ def find_token(value: Any, path: str, forbidden: re.Pattern[str]) -> tuple[str, 
     return None
 
 
+def _marker_in_message(message: dict[str, Any], markers: Markers) -> tuple[str, str] | None:
+    """(field, token) of the first added token a field of ``message`` may not carry as a token, or None."""
+    for key, value in message.items():
+        pattern = markers.for_field(message.get("role"), key)
+        if pattern is not None and (hit := find_token(value, key, pattern)):
+            return hit
+    return None
+
+
 def find_marker(messages: list[dict[str, Any]], tools: Any, markers: Markers) -> tuple[str, str] | None:
     """(where, token) of the first added token a field of the conversation may not carry as a token
     (``Markers.for_field``: a reply's own reasoning and tool-call markers may), or None."""
     for position, message in enumerate(messages, start=1):
-        for key, value in message.items():
-            pattern = None if key == "role" else markers.for_field(message.get("role"), key)
-            if pattern is not None and (hit := find_token(value, key, pattern)):
-                return f"message {position}: {hit[0]}", hit[1]
+        if hit := _marker_in_message(message, markers):
+            return f"message {position}: {hit[0]}", hit[1]
     return find_token(tools, "tools", markers.anywhere) if tools is not None else None
 
 
@@ -319,19 +326,17 @@ def _shape_hint(record: Any, options: ChatInput) -> str:
     return f" (its keys: {', '.join(map(str, list(record)[:8]))}; --messages-field names another)" if record else ""
 
 
-def normalize(record: Any, where: str, forbidden: Markers | re.Pattern[str] | None,
+def normalize(record: Any, where: str, forbidden: Markers | None,
               options: ChatInput | None = None) -> tuple[list[dict[str, Any]], Any]:
     """Check one record; return (messages, tools) or raise InvalidConversation naming ``where`` and its reason.
 
     ``options`` say how the record is read (chat_input.py); ``forbidden`` (the tokenizer's added tokens, special or
-    not, ``Markers``; a pattern: every added token in every field) refuses a conversation quoting one where its field
-    may not carry it only when ``options.special_tokens`` is ``refuse``: by default such a token is text.
+    not, ``Markers``) refuses a conversation quoting one where its field may not carry it only when
+    ``options.special_tokens`` is ``refuse``: by default such a token is text.
     Keys whose value is null are dropped (Parquet fills absent struct fields with nulls).
     An assistant message with tool calls may have null content; it becomes "".
     """
     options = options or ChatInput()
-    if isinstance(forbidden, re.Pattern):
-        forbidden = Markers(anywhere=forbidden, in_replies=forbidden)
     refuse = forbidden if options.special_tokens == "refuse" else None
     column = options.column
     if not isinstance(record, dict) or not isinstance(record.get(column), list):
@@ -366,9 +371,8 @@ def normalize(record: Any, where: str, forbidden: Markers | re.Pattern[str] | No
             if key == "content" or key in message:
                 _text_field(message, key, where, position)
         # every field, not only the text: tool_calls names and arguments, name, tool_call_id
-        if refuse is not None and (forged := find_marker([message], None, refuse)):
-            where_in = forged[0].removeprefix("message 1: ")
-            raise InvalidConversation(f"{where}: message {position}: {where_in} contains the added token "
+        if refuse is not None and (forged := _marker_in_message(message, refuse)):
+            raise InvalidConversation(f"{where}: message {position}: {forged[0]} contains the added token "
                                       f"{forged[1]!r} (--special-tokens-in-text refuse)", "special token")
         if role == "system" and position != 1:
             raise InvalidConversation(f"{where}: message {position}: a system message is only allowed first",

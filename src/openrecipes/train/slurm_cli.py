@@ -38,10 +38,11 @@ def register(subparsers) -> None:
                             "until it ends and report its state; exit status 0 only for COMPLETED; Ctrl-C cancels "
                             "the job")
     submitting.add_argument("--dry-run", action="store_true", help="only write the script (the default)")
-    slurm.add_argument("--poll-seconds", type=positive(float), default=5.0, help="with --submit: seconds between looks at "
-                       "the job's state (default 5)")
-    slurm.add_argument("--wait-minutes", type=positive(float), default=None, help="with --submit: stop following after this "
-                       "long, leaving the job queued (default: until it ends)")
+    slurm.add_argument("--poll-seconds", type=positive(float), default=5.0,
+                       help="with --submit: seconds between looks at the job's state (default 5)")
+    slurm.add_argument("--wait-minutes", type=positive(float), default=None,
+                       help="with --submit: stop following after this long, leaving the job queued (default: until "
+                            "it ends)")
     slurm.set_defaults(func=run_slurm)
 
 

@@ -22,12 +22,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("start", help="the starting recipe (YAML); its numerics never change")
     add_gpus_option(parser, default="auto", help="auto (this machine's GPUs, else CPU processes), cpu, or "
                                                  "COUNTxTYPE such as 2xH200; the count is the start's world size")
-    parser.add_argument("--trials", type=positive(int), default=12, help="trials, the starting point included (default 12)")
+    parser.add_argument("--trials", type=positive(int), default=12,
+                        help="trials, the starting point included (default 12)")
     parser.add_argument("--minutes", type=positive(float), default=30.0,
                         help="wall time of the whole command, verification and card included (default 30)")
     parser.add_argument("--remeasure", type=at_least(int, 0), default=2, metavar="PAIRS",
                         help="interleaved (start, winner) pairs measured again before a gain is published (default 2)")
-    parser.add_argument("--trial-steps", type=positive(int), default=20, help="steps per trial (default 20, window 5-19)")
+    parser.add_argument("--trial-steps", type=positive(int), default=20,
+                        help="steps per trial (default 20, window 5-19)")
     parser.add_argument("--window", type=at_least(int, 0), nargs=2, metavar=("FIRST", "LAST"),
                         help="measurement window (default: steps 5 to the last, earlier for short trials)")
     parser.add_argument("--stable-cv", type=at_least(float, 0), default=0.02, metavar="CV",
@@ -53,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--slurm-account", help="with --slurm: the account (default: yours)")
     parser.add_argument("--slurm-cpu", action="store_true", help="with --slurm: request no GPUs, the workers "
                         "(GPUS_PER_NODE of them per node) run on CPU")
-    parser.add_argument("--slurm-cpus-per-task", type=positive(int), default=16, help="with --slurm: CPUs per node (default 16)")
+    parser.add_argument("--slurm-cpus-per-task", type=positive(int), default=16,
+                        help="with --slurm: CPUs per node (default 16)")
     parser.add_argument("--slurm-poll-seconds", type=positive(float), default=5.0,
                         help="with --slurm: seconds between looks at the trial jobs (default 5)")
     parser.add_argument("--max-parallel", type=positive(int), default=1, metavar="K",

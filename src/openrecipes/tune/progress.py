@@ -105,7 +105,8 @@ class Progress:
             how += f", {record['overhead_s']:.0f} s of it outside the steps"
             if record.get("startup_s"):
                 how += " (" + ", ".join(f"{phase} {s:.0f} s" for phase, s in record["startup_s"].items()) + ")"
-        self._write(f"[tune] {trial_name(record['index'], record.get('phase'), self.trials)}: {result} [{how}] | {self._best_text()} | "
+        name = trial_name(record["index"], record.get("phase"), self.trials)
+        self._write(f"[tune] {name}: {result} [{how}] | {self._best_text()} | "
                     f"{self._left_text()}", line=True)
 
     def elapsed_s(self) -> float:

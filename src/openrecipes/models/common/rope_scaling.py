@@ -85,7 +85,8 @@ class RopeScaling:
         out = {"rope_type": "yarn", "factor": self.factor,
                "original_max_position_embeddings": self.original_max_position_embeddings,
                "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "truncate": self.truncate}
-        extra = {"mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim, "attention_factor": self.attention_factor}
+        extra = {"mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
+                 "attention_factor": self.attention_factor}
         return {**out, **{key: value for key, value in extra.items() if value is not None}}
 
     @property

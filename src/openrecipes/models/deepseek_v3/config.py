@@ -241,7 +241,8 @@ class DeepseekV3Config:
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE, rope_scaling=self.rope_scaling.to_hf(),
+        out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE,
+                   rope_scaling=self.rope_scaling.to_hf(),
                    attention_dropout=0.0, use_cache=True,
                    qk_head_dim=self.qk_head_dim, head_dim=self.qk_rope_head_dim)
         return out

@@ -143,9 +143,11 @@ class MultiHeadLatentAttention(nn.Module):
         latent, k_rope = self.kv_a_proj_with_mqa(x_BTD).split([self.kv_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(rows, tokens, -1, self.nope_dim + self.v_dim)
         k_nope, v = kv.transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
-        q_rope = apply_rope(q_rope, angles_BTF, pairing=self.pairing) * self.rope_factor
-        k_rope = (apply_rope(k_rope[:, None], angles_BTF, pairing=self.pairing) * self.rope_factor).expand(
-            -1, k_nope.shape[1], -1, -1)
+        q_rope = apply_rope(q_rope, angles_BTF, pairing=self.pairing)
+        k_rope = apply_rope(k_rope[:, None], angles_BTF, pairing=self.pairing)
+        if self.rope_factor != 1.0:  # YaRN's cos/sin factor (plain RoPE, and YaRN as DeepSeek-V3 publishes it: 1)
+            q_rope, k_rope = q_rope * self.rope_factor, k_rope * self.rope_factor
+        k_rope = k_rope.expand(-1, k_nope.shape[1], -1, -1)
         q = torch.cat((q_nope, q_rope), dim=-1)
         k = torch.cat((k_nope, k_rope), dim=-1)
         out = attention(q, k, v, scale=self.softmax_scale, documents=documents, backend=self.backend)

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openrecipes.models.common.activations import ACTIVATIONS
 from openrecipes.models.common.attention import Documents, attention
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
+from openrecipes.models.common.mlp import GatedMLP
 from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher, Routing, balanced
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
@@ -37,20 +37,6 @@ _NORM_FLOOR = 1e-20
 # transformers builds the latent norms (q_a_layernorm, kv_a_layernorm) with its RMSNorm's default epsilon whatever
 # config.rms_norm_eps says (modeling_deepseek_v3: DeepseekV3RMSNorm(q_lora_rank)); the other norms take the config's
 LATENT_NORM_EPS = 1e-6
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)): the dense layers' MLP and the shared experts."""
-
-    def __init__(self, hidden_size: int, ffn_size: int, activation: str) -> None:
-        super().__init__()
-        self.activation = activation
-        self.gate_proj = nn.Linear(hidden_size, ffn_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, ffn_size, bias=False)
-        self.down_proj = nn.Linear(ffn_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ACTIVATIONS[self.activation](self.gate_proj(x)) * self.up_proj(x))
 
 
 class GroupLimitedRouter(KeepFP32):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from openrecipes.tune.journal import TRIALS_FILE, Journal
+from openrecipes.tune.journal import SETTINGS_FILE, TRIALS_FILE, Journal, record_result
 from openrecipes.tune.progress import Progress
 from openrecipes.tune.search import Search, TuneOptions
 
@@ -155,3 +155,15 @@ def test_a_trial_dies_with_a_killed_tuner(tmp_path, rows_dir):
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the trial outlived the tuner that started it"
+
+
+def test_a_recorded_result_is_not_a_setting(start_yaml, tuned):
+    # tune.json gains the finished search's figures; a rerun compares only the settings, and an edited setting is
+    # still refused by name
+    record_result(tuned, {"outcome": "tuned", "minutes": 1.5})
+    settings = json.loads((tuned / SETTINGS_FILE).read_text())
+    assert settings["result"] == {"outcome": "tuned", "minutes": 1.5} and "trial_steps" in settings
+    _search(start_yaml, tuned).run()
+    (tuned / SETTINGS_FILE).write_text(json.dumps({**settings, "trial_steps": 99}))
+    with pytest.raises(ValueError, match="trial_steps differ"):
+        _search(start_yaml, tuned).run()

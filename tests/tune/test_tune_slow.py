@@ -66,6 +66,11 @@ def test_tune_finds_a_faster_verified_recipe_on_two_processes(tmp_path):
     assert headline in result.stdout, (headline, result.stdout)
     assert gain.describe() in loaded.card.notes and str(markupsafe.escape(gain.describe())) in page
     assert f"{len(tuning.trials)} trials in {tuning.minutes:.1f} minutes" in loaded.card.notes
+    recorded = json.loads((out / "tune.json").read_text())["result"]  # and tune.json, beside the settings
+    assert recorded["gain"] == gain.model_dump() and recorded["gain_text"] == gain.describe()
+    assert (recorded["start_tokens_per_s_per_gpu"], recorded["tuned_tokens_per_s_per_gpu"], recorded["minutes"],
+            recorded["trials"]) == (tuning.start_tokens_per_s_per_gpu, tuning.tuned_tokens_per_s_per_gpu,
+                                    tuning.minutes, len(tuning.trials))
 
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("metrics.jsonl")}
     again = _tune(start, out, "--try", "debug.fail_at=[1,3]")

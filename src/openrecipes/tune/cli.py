@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(search, options, progress) -> int:
     """Search, verify, remeasure, ablate and publish; the exit status."""
+    from openrecipes.tune.journal import record_result
     from openrecipes.tune.publish import publish
     from openrecipes.tune.remeasure import ablate, remeasure
     from openrecipes.tune.verification import choose_winner
@@ -129,11 +130,15 @@ def _tune(search, options, progress) -> int:
     if winner is None or not gain.faster:
         why = gain.describe() if gain else ("no candidate passed verification" if failed
                                             else "no measured candidate was faster than the start")
+        minutes = progress.elapsed_s() / 60
+        record_result(options.out, {"outcome": "start kept", "why": why, "trials": len(result.records),
+                                    "minutes": round(minutes, 3)})
         print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
-              f"({len(result.records)} trials, {progress.elapsed_s() / 60:.1f} minutes; {options.out / 'trials.jsonl'})")
+              f"({len(result.records)} trials, {minutes:.1f} minutes; {options.out / 'trials.jsonl'})")
         return 0
     published = publish(result, winner, failed, minutes=progress.elapsed_s() / 60, gain=gain, ablations=ablations)
     figures = published.figures  # the card's figures, quoted as it quotes them
+    record_result(options.out, published.result_block(gain, trials=len(result.records)))
     print(f"openrecipes tune: {figures.start_tps:,.1f} -> {figures.tuned_tps:,.1f} tokens/s/GPU, gain "
           f"{gain.describe()}, {published.status}, {figures.minutes:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"

@@ -1,5 +1,6 @@
 """The tuner's output directory: ``trials.jsonl`` (one record per finished trial), ``pruned.jsonl`` and
-``tune.json`` (what the trials were measured under, so a rerun reuses them only when that is unchanged).
+``tune.json`` (what the trials were measured under, so a rerun reuses them only when that is unchanged, and, once
+the search has ended, under ``result`` the figures the console, the card and the site quote).
 
 ``trials.jsonl`` is rewritten whole through a temporary file and a rename after every trial, so a kill leaves the
 previous complete file, never a half-written line. A trial's run directory is only ever taken as a result through
@@ -29,6 +30,7 @@ from openrecipes.utils import atomic_write_text, iter_json_lines, path_inside, r
 TRIALS_FILE = "trials.jsonl"
 PRUNED_FILE = "pruned.jsonl"
 SETTINGS_FILE = "tune.json"
+RESULT_KEY = "result"  # tune.json's figures of the finished search; not a setting
 TRIALS_DIR = "trials"
 MARKER = ".openrecipes-tune"
 
@@ -196,13 +198,20 @@ def check_settings(out: Path, settings: dict[str, Any]) -> None:
     """Record what the trials are measured under; refuse to mix trials measured under other settings."""
     path = out / SETTINGS_FILE
     if path.exists():
-        before = read_json(path)
+        before = {k: v for k, v in read_json(path).items() if k != RESULT_KEY}
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         if changed:
             raise ValueError(f"{path}: the trials in {out} were measured with other settings ({', '.join(changed)} "
                              "differ); rerun with the same command, or choose another --out")
         return
     atomic_write_text(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def record_result(out: Path, result: dict[str, Any]) -> None:
+    """Write the finished search's figures into ``tune.json`` beside its settings (replacing an earlier run's)."""
+    path = out / SETTINGS_FILE
+    settings = read_json(path) if path.exists() else {}
+    atomic_write_text(path, json.dumps({**settings, RESULT_KEY: result}, indent=2, sort_keys=True) + "\n")
 
 
 def prepare_out(out: Path, start_path: Path) -> None:

@@ -39,6 +39,13 @@ class Published:
     figures: Headline
     notes: list[str]
 
+    def result_block(self, gain: Gain, *, trials: int) -> dict[str, Any]:
+        """``tune.json``'s ``result``: the card's figures, in the card's rounding and words."""
+        return {"outcome": "tuned", "status": self.status, "card": str(self.card), "trials": trials,
+                "start_tokens_per_s_per_gpu": self.figures.start_tps,
+                "tuned_tokens_per_s_per_gpu": self.figures.tuned_tps, "minutes": round(self.figures.minutes, 3),
+                "gain": gain.card_block(), "gain_text": gain.describe()}
+
 
 @dataclass(frozen=True)
 class Headline:

@@ -66,6 +66,14 @@ TESTER_VARIANTS = {
     "rope_theta_500": dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
     "rms_norm_eps_1e-2": dict(rms_norm_eps=1e-2),
     "no_pad_token": dict(pad_token_id=None),
+    # dense layers: a gated MLP of intermediate_size where transformers builds one
+    "mlp_only_layer_0": dict(mlp_only_layers=[0]),
+    "decoder_sparse_step_2": dict(decoder_sparse_step=2),  # layer 0 dense, layer 1 MoE
+    "all_dense": dict(mlp_only_layers=[0, 1]),
+    # every layer attends to the last 3 tokens (the input has 7); a window without use_sliding_window is dropped
+    "sliding_window_3": dict(use_sliding_window=True, sliding_window=3, max_window_layers=1),
+    "sliding_window_off": dict(use_sliding_window=False, sliding_window=3),
+    "window_and_dense": dict(use_sliding_window=True, sliding_window=2, decoder_sparse_step=2),
 }
 
 

@@ -33,3 +33,24 @@ def test_formulas_agree_with_the_built_modules():
     for name in ("qwen3-30b-a3b", "qwen3-moe-tiny"):
         config = get_config(name)
         assert _count_from_module(config) == (config.total_params(), config.active_params()), name
+
+
+def test_formulas_agree_with_dense_layers():
+    # mlp_only_layers and decoder_sparse_step make layers 0 and 2 dense (of 4): their MLP replaces router and experts
+    import dataclasses
+
+    config = dataclasses.replace(get_config("qwen3-moe-tiny"), mlp_only_layers=(0,), decoder_sparse_step=2)
+    assert config.dense_layers == (0, 2) and config.num_moe_layers == 2
+    assert _count_from_module(config) == (config.total_params(), config.active_params())
+    assert config.total_params() != get_config("qwen3-moe-tiny").total_params()
+
+
+def test_the_planner_sees_dense_layers_and_the_window():
+    import dataclasses
+
+    from openrecipes.models.families import family_for_config
+
+    config = dataclasses.replace(get_config("qwen3-moe-tiny"), mlp_only_layers=(1,), sliding_window=64)
+    shape = family_for_config(config).planner_shape(config, "tiny")
+    assert shape.moe_layers == (True, False, True, True) and shape.attention_windows == (64,) * 4
+    assert shape.active_params == config.active_params()

@@ -167,14 +167,22 @@ def test_both_config_styles_load(tmp_path, rope_style):
     assert native.config.num_experts == 8
 
 
-def test_unsupported_layer_options_are_rejected(tmp_path):
+def test_layer_options_out_of_range_are_refused_by_name(tmp_path):
     from openrecipes.models.qwen3_moe.config import Qwen3MoeConfig
 
     base = dict(HF_SMALL_CONFIGS["wide_heads"], model_type="qwen3_moe")
-    with pytest.raises(ValueError, match="mlp_only_layers"):
-        Qwen3MoeConfig.from_hf_dict(dict(base, mlp_only_layers=[1]))
-    with pytest.raises(ValueError, match="decoder_sparse_step"):
-        Qwen3MoeConfig.from_hf_dict(dict(base, decoder_sparse_step=2))
+    with pytest.raises(ValueError, match=r"mlp_only_layers \[2\] are not layers of this model \(0\.\.1\)"):
+        Qwen3MoeConfig.from_hf_dict(dict(base, mlp_only_layers=[0, 2]))
+    with pytest.raises(ValueError, match="'decoder_sparse_step' must be positive"):
+        Qwen3MoeConfig.from_hf_dict(dict(base, decoder_sparse_step=0))
+    with pytest.raises(ValueError, match="'sliding_window' must be positive"):
+        Qwen3MoeConfig.from_hf_dict(dict(base, use_sliding_window=True, sliding_window=0))
+    with pytest.raises(ValueError, match="use_sliding_window must be true or false"):
+        Qwen3MoeConfig.from_hf_dict(dict(base, use_sliding_window="yes", sliding_window=8))
+    with pytest.raises(ValueError, match="layer_types"):
+        Qwen3MoeConfig.from_hf_dict(dict(base, layer_types=["sliding_attention", "full_attention"]))
+    window = Qwen3MoeConfig.from_hf_dict(dict(base, use_sliding_window=True))  # transformers' default window
+    assert window.sliding_window == 4096 and window.to_hf_dict()["use_sliding_window"] is True
     with pytest.raises(ValueError, match="not_a_field"):
         Qwen3MoeConfig.from_hf_dict(dict(base, not_a_field=1))
     with pytest.raises(ValueError, match="rope_type"):

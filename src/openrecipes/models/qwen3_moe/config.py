@@ -13,14 +13,18 @@ from openrecipes.utils import read_json
 
 # Qwen3-MoE keys accepted only at the value that leaves the computation unchanged (hf_config.check_other_keys)
 _NEUTRAL_HF_KEYS = {
-    # transformers' Qwen3-MoE never reads layer_types; a sliding entry would promise attention we do not compute
+    # transformers' Qwen3-MoE never reads layer_types (its window, when on, is every layer's): a sliding entry would
+    # promise a per-layer choice neither computes
     "layer_types": (lambda v: v is None or all(t == "full_attention" for t in v), "every entry 'full_attention'"),
 }
-# read together by _check_sliding_window: a window only exists with use_sliding_window true
-_SLIDING_KEYS = {"use_sliding_window", "sliding_window", "max_window_layers"}
+# transformers 5.x: sliding_window applies (to every layer) only with use_sliding_window true; max_window_layers is
+# read by neither
+_SLIDING_KEYS = {"use_sliding_window", "max_window_layers"}
 _ROPE_KEYS = {"rope_theta", *ROPE_PLACEMENTS}
 # the RoPE base transformers' Qwen3MoeConfig takes when config.json names none
 TRANSFORMERS_DEFAULT_THETA = 10_000.0
+# the window transformers' Qwen3MoeConfig takes when use_sliding_window is true and config.json names none
+TRANSFORMERS_DEFAULT_WINDOW = 4096
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -42,8 +46,11 @@ class Qwen3MoeConfig:
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    # layer i is a MoE layer unless i is in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step (then
+    # a dense gated MLP of intermediate_size), as transformers builds it
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None  # every layer attends to the last sliding_window tokens (itself included)
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None  # its embedding row gets no gradient (transformers' padding_idx)
@@ -67,13 +74,16 @@ class Qwen3MoeConfig:
             raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        # Every layer must be sparse: the grouped-expert engine and the planner assume one MoE block per layer.
-        if self.decoder_sparse_step != 1:
-            raise ValueError(f"decoder_sparse_step={self.decoder_sparse_step} is not supported: only 1 "
-                             "(every layer is a MoE layer)")
-        if self.mlp_only_layers:
-            raise ValueError(f"mlp_only_layers={list(self.mlp_only_layers)} is not supported: every layer "
-                             "must be a MoE layer (dense-MLP layers are not implemented)")
+        if self.decoder_sparse_step <= 0:
+            raise ValueError(f"config field 'decoder_sparse_step' must be positive, got {self.decoder_sparse_step}")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ValueError(f"mlp_only_layers {outside} are not layers of this model (0..{self.num_hidden_layers - 1})")
+        if self.dense_layers and self.intermediate_size <= 0:
+            raise ValueError(f"config field 'intermediate_size' must be positive for the dense layers "
+                             f"{list(self.dense_layers)}, got {self.intermediate_size}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"config field 'sliding_window' must be positive, got {self.sliding_window}")
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings=true is not supported: Qwen3-MoE uses an untied LM head")
         check_activation(self.hidden_act)
@@ -87,6 +97,17 @@ class Qwen3MoeConfig:
     @property
     def num_kv_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if not self.is_moe_layer(i))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - len(self.dense_layers)
 
     # ---- parameter counts (docs/measure.md: N excludes the input embedding and all norms) ----
     def attention_params(self) -> int:
@@ -104,6 +125,10 @@ class Qwen3MoeConfig:
     def router_params(self) -> int:
         return self.hidden_size * self.num_experts
 
+    def dense_mlp_params(self) -> int:
+        """One dense layer's gated MLP."""
+        return 3 * self.hidden_size * self.intermediate_size
+
     def norm_params(self) -> int:
         per_layer = 2 * self.hidden_size + 2 * self.head_dim  # input/post-attention norms, q/k norms
         return self.num_hidden_layers * per_layer + self.hidden_size  # + final norm
@@ -114,10 +139,16 @@ class Qwen3MoeConfig:
     def lm_head_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
+    def _layer_params(self, experts: int) -> int:
+        """Every decoder layer's matrices, with ``experts`` of each MoE layer's experts counted."""
+        moe = self.router_params() + experts * self.expert_params()
+        dense = len(self.dense_layers)
+        return (self.num_hidden_layers * self.attention_params() + self.num_moe_layers * moe
+                + dense * self.dense_mlp_params())
+
     def total_params(self) -> int:
-        per_layer = self.attention_params() + self.router_params() + self.num_experts * self.expert_params()
-        return (self.num_hidden_layers * per_layer + self.norm_params()
-                + self.embedding_params() + self.lm_head_params())
+        return (self._layer_params(self.num_experts) + self.norm_params() + self.embedding_params()
+                + self.lm_head_params())
 
     def frozen_params(self) -> int:
         """Parameters outside ``total_params`` because they are never trained: none in Qwen3-MoE."""
@@ -125,8 +156,7 @@ class Qwen3MoeConfig:
 
     def active_params(self) -> int:
         """N: parameters touched per token, excluding the input embedding and all norms."""
-        per_layer = self.attention_params() + self.router_params() + self.num_experts_per_tok * self.expert_params()
-        return self.num_hidden_layers * per_layer + self.lm_head_params()
+        return self._layer_params(self.num_experts_per_tok) + self.lm_head_params()
 
     # ---- Hugging Face config.json ----
     @classmethod
@@ -146,6 +176,13 @@ class Qwen3MoeConfig:
                 kwargs.pop(key, None)
         if isinstance(kwargs.get("eos_token_id"), list):  # several stop tokens: the model reads none of them
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
+        use_window = raw.get("use_sliding_window", False)
+        if not isinstance(use_window, bool):
+            raise ValueError(f"{source}: use_sliding_window must be true or false, got {use_window!r}")
+        if not use_window:  # transformers drops the window then, whatever sliding_window says
+            kwargs.pop("sliding_window", None)
+        elif "sliding_window" not in raw:
+            kwargs["sliding_window"] = TRANSFORMERS_DEFAULT_WINDOW
         check_field_types(cls, kwargs, source=source)
         if "mlp_only_layers" in kwargs:
             kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"])
@@ -153,8 +190,6 @@ class Qwen3MoeConfig:
         if "head_dim" not in kwargs and "hidden_size" in kwargs and "num_attention_heads" in kwargs:
             # transformers' default; a non-positive head count is refused below, by name
             kwargs["head_dim"] = kwargs["hidden_size"] // max(kwargs["num_attention_heads"], 1)
-        if raw.get("use_sliding_window") and raw.get("sliding_window"):
-            raise ValueError(f"{source}: use_sliding_window=true is not supported for Qwen3-MoE")
         missing = [f.name for f in fields(cls)
                    if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
         if missing:
@@ -173,7 +208,7 @@ class Qwen3MoeConfig:
         out["mlp_only_layers"] = list(self.mlp_only_layers)
         out.update(
             architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
-            max_window_layers=self.num_hidden_layers, use_sliding_window=False, sliding_window=None,
+            max_window_layers=self.num_hidden_layers, use_sliding_window=self.sliding_window is not None,
             rope_scaling=None, attention_dropout=0.0, use_cache=True,
         )
         return out

@@ -1,5 +1,7 @@
 """Qwen3-MoE decoder in pure PyTorch. Parameter names follow transformers' Qwen3MoeForCausalLM, except the
-experts, which are grouped 3-D tensors (``mlp.experts.{gate,up,down}_proj``).
+experts, which are grouped 3-D tensors (``mlp.experts.{gate,up,down}_proj``). A layer the config makes dense
+(``mlp_only_layers``, ``decoder_sparse_step``) holds a gated MLP instead; with ``sliding_window`` every layer attends
+to that many tokens back.
 
 Legend: B rows, T tokens per row, D hidden, H query heads, K key/value heads, Dh head dim, V vocabulary.
 """
@@ -14,6 +16,7 @@ from torch import nn
 from openrecipes.models.common.attention import Documents, attention
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
+from openrecipes.models.common.mlp import GatedMLP
 from openrecipes.models.common.moe import SparseMoeBlock
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
@@ -27,6 +30,7 @@ class Qwen3MoeAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.rope_theta = config.rope_theta
+        self.window = config.sliding_window
         self.backend = kernels.attention  # a name, or a callable parallelism plugs in (context parallelism)
         bias = config.attention_bias
         d, dh = config.hidden_size, config.head_dim
@@ -44,20 +48,23 @@ class Qwen3MoeAttention(nn.Module):
         k = self.k_norm(self.k_proj(x_BTD).view(rows, tokens, -1, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x_BTD).view(rows, tokens, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, angles_BTF), apply_rope(k, angles_BTF)
-        out = attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), documents=documents, backend=self.backend)
+        out = attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), documents=documents, window=self.window,
+                        backend=self.backend)
         return self.o_proj(out.transpose(1, 2).reshape(rows, tokens, -1))
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
-    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions) -> None:
+    def __init__(self, config: Qwen3MoeConfig, kernels: KernelOptions, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = Qwen3MoeAttention(config, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = SparseMoeBlock(hidden_size=config.hidden_size, num_experts=config.num_experts,
-                                  top_k=config.num_experts_per_tok, ffn_size=config.moe_intermediate_size,
-                                  normalize_top_k=config.norm_topk_prob, activation=config.hidden_act,
-                                  kernels=kernels)
+        self.dense = not config.is_moe_layer(index)  # the sharding plan reads it (ShardingPlan.dense_layer)
+        self.mlp = (GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act) if self.dense
+                    else SparseMoeBlock(hidden_size=config.hidden_size, num_experts=config.num_experts,
+                                        top_k=config.num_experts_per_tok, ffn_size=config.moe_intermediate_size,
+                                        normalize_top_k=config.norm_topk_prob, activation=config.hidden_act,
+                                        kernels=kernels))
 
     def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
         h = x_BTD + self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents)
@@ -71,7 +78,8 @@ class Qwen3MoeBackbone(nn.Module):
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size,
                                                               padding_idx=config.pad_token_id)
         # A dict keyed by layer index keeps parameter names stable when pipeline stages drop layers.
-        self.layers = nn.ModuleDict({str(i): Qwen3MoeDecoderLayer(config, kernels) for i in range(config.num_hidden_layers)})
+        self.layers = nn.ModuleDict({str(i): Qwen3MoeDecoderLayer(config, kernels, i)
+                                     for i in range(config.num_hidden_layers)})
         self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 

@@ -163,6 +163,9 @@ class Qwen3VLMoeConfig:
         for key in ROPE_PLACEMENTS:
             text.pop(key, None)
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        # transformers' Qwen3-VL-MoE text model has no window, whatever these say
+        text.pop("use_sliding_window", None)
+        text.pop("sliding_window", None)
         # the router of Qwen3-VL-MoE always renormalises its top-k weights
         text["norm_topk_prob"] = True
         return cls(text=Qwen3MoeConfig.from_hf_dict(text, source=f"{source} text_config"),

@@ -83,7 +83,9 @@ def test_hf_config_round_trip():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(num_key_value_heads=2), "num_key_value_heads"),
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), r"rope_scaling\.rope_type='dynamic'"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 4.0}), r"rope_scaling\.rope_type='longrope'"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0, "beta_fast": 8}),
+     r"rope_scaling\.beta_fast=8 is not read by dynamic RoPE"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 40.0}), r"rope_scaling\.original_max_position_embeddings"),
     (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": 8}), r"rope_scaling\.beta_fast=8 is not read"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": -1.0, "original_max_position_embeddings": 8}),

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import openrecipes
+from openrecipes.models.common.rope_scaling import RopeScaling
 from openrecipes.checkpoint.hf import save_hf
 
 transformers = pytest.importorskip("transformers")
@@ -36,6 +37,9 @@ VARIANTS = {
         "rope_type": "yarn", "rope_theta": 500.0, "factor": 3.0, "original_max_position_embeddings": 8,
         "beta_fast": 4, "beta_slow": 2, "truncate": False}),
     "linear": dict(rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.5}),
+    # NTK-aware dynamic scaling: 8 trained positions, 20 in the input, so the base grows with the batch's length
+    "dynamic": dict(max_position_embeddings=8, rope_parameters={"rope_type": "dynamic", "rope_theta": 500.0,
+                                                                 "factor": 3.0}),
 }
 
 
@@ -128,23 +132,36 @@ def test_a_rope_scaling_not_computed_here_is_refused_naming_the_field(tmp_path):
     hf_model = make_hf_model("tiny")
     hf_model.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
-    raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}  # positions past the trained length rescale it
+    raw["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}  # two frequency sets: not computed here
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=r"rope_scaling\.rope_type='dynamic' is not supported"):
+    with pytest.raises(ValueError, match=r"rope_scaling\.rope_type='longrope' is not supported"):
         openrecipes.from_hf(tmp_path)
 
 
-def test_yarn_matters_past_the_trained_length(tmp_path):
-    """The yarn parity above must be able to fail: plain RoPE on the YaRN checkpoint gives other logits."""
+@pytest.mark.parametrize("variant", ["yarn", "dynamic"])
+def test_scaling_matters_past_the_trained_length(tmp_path, variant):
+    """The scaled-RoPE parity above must be able to fail: plain RoPE on the checkpoint gives other logits."""
     from openrecipes.models.common.rope_scaling import RopeScaling
 
-    hf_model = make_hf_model("yarn")
+    hf_model = make_hf_model(variant)
     hf_model.save_pretrained(tmp_path)
     native = openrecipes.from_hf(tmp_path)
     input_ids = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
     assert rel_err(native(input_ids), hf_model(input_ids).logits) <= 1e-5
     native.config = dataclasses.replace(native.config, rope_scaling=RopeScaling())
     assert rel_err(native(input_ids), hf_model(input_ids).logits) > 1e-3
+
+
+def test_dynamic_scaling_is_plain_rope_within_the_trained_length(tmp_path):
+    hf_model = make_hf_model("dynamic")
+    hf_model.save_pretrained(tmp_path)
+    native = openrecipes.from_hf(tmp_path)
+    input_ids = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(1))
+    plain = dataclasses.replace(native.config, rope_scaling=RopeScaling())
+    scaled = native(input_ids)
+    native.config = plain
+    assert torch.equal(native(input_ids), scaled)
+    assert rel_err(scaled, hf_model(input_ids).logits) <= 1e-5
 
 
 def test_the_published_config_loads_with_its_yarn(tmp_path):

@@ -16,7 +16,7 @@ def rope_angles(position_ids: torch.Tensor, head_dim: int, theta: float,
                 scaling: RopeScaling = PLAIN_ROPE) -> torch.Tensor:
     """Angles of shape (B, T, head_dim / 2), in fp32; ``scaling``: a checkpoint's scaled RoPE (rope_scaling.py),
     whose cos/sin factor the caller applies."""
-    return position_ids[..., None].float() * scaling.inv_freq(head_dim, theta, position_ids.device)
+    return position_ids[..., None].float() * scaling.inv_freq(head_dim, theta, position_ids.device, position_ids)
 
 
 def apply_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, *, pairing: str = "half") -> torch.Tensor:

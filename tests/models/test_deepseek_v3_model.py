@@ -1,6 +1,7 @@
 """DeepSeek-V3's declaration: parameter counts against the built modules, the planner shape, the sharding plan's
 dense and MoE layers, and config.json reading."""
 
+import dataclasses
 import json
 
 import pytest
@@ -106,6 +107,19 @@ def test_bad_config_json_is_refused_naming_the_field(changes, message):
 
 
 def test_a_yarn_config_round_trips_through_config_json():
-    config = get_config("deepseek-v3-671b")
+    # as a checkpoint's config: holding the MTP layer it declares (the registered size holds none, so it declares none)
+    config = dataclasses.replace(get_config("deepseek-v3-671b"), keep_mtp=True)
     assert config.rope_scaling.kind == "yarn"
     assert DeepseekV3Config.from_hf_dict(json.loads(json.dumps(config.to_hf_dict()))) == config
+    assert get_config("deepseek-v3-671b").to_hf_dict()["num_nextn_predict_layers"] == 0
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-tiny", "deepseek-v3-671b"])
+def test_formulas_agree_with_the_built_modules_holding_mtp_layers(name):
+    """Each MTP layer held adds a MoE decoder layer, its projection and norms; N counts the shared head once more (it
+    runs again at each depth), which no module of the MTP layer holds."""
+    config = dataclasses.replace(get_config(name), num_nextn_predict_layers=2, keep_mtp=True)
+    total, active, frozen = _count_from_module(config)
+    assert (total, active + 2 * config.lm_head_params(), frozen) == (
+        config.total_params(), config.active_params(), config.frozen_params())
+    assert config.total_params() > dataclasses.replace(config, keep_mtp=False).total_params()

@@ -173,7 +173,8 @@ def test_the_published_config_loads_with_its_yarn(tmp_path):
         "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
         "original_max_position_embeddings": 4096, "type": "yarn"}}
     config = DeepseekV3Config.from_hf_dict(published)
-    assert config == get_config("deepseek-v3-671b")
+    assert config.keep_mtp  # read from a config.json, the model holds the MTP layer it declares; the registry's not
+    assert dataclasses.replace(config, keep_mtp=False) == get_config("deepseek-v3-671b")
     assert config.rope_scaling.cos_sin_factor == 1.0  # mscale and mscale_all_dim alike: the factors cancel
     assert config.softmax_scale == pytest.approx((1 + 0.1 * math.log(40)) ** 2 / math.sqrt(192))
 
@@ -192,9 +193,13 @@ def _with_extra_layer(path, *, declared: int) -> None:
 
 
 def test_a_layer_past_the_declared_ones_is_refused_and_an_mtp_layer_skipped(tmp_path):
+    from openrecipes.checkpoint.hf import from_hf
+
     make_hf_model("tiny").save_pretrained(tmp_path / "mtp")
     _with_extra_layer(tmp_path / "mtp", declared=1)
-    with pytest.warns(UserWarning, match="skipped 1 tensor"):
+    with pytest.warns(UserWarning, match=r"skipped 1 tensor\(s\) of the multi-token-prediction layer model\.layers\.3"):
+        from_hf(tmp_path / "mtp", keep_mtp=False)  # a run that does not train it
+    with pytest.raises(ValueError, match="missing tensor"):  # a model that keeps it needs all of it
         openrecipes.from_hf(tmp_path / "mtp")
     make_hf_model("tiny").save_pretrained(tmp_path / "extra")
     _with_extra_layer(tmp_path / "extra", declared=0)  # nothing declares it: never dropped without a word

@@ -24,7 +24,19 @@ def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelF
     reads a family with a text-only mode as its text model alone, ``full=True`` the whole checkpoint)."""
     family, config = config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
     _check_layer_count(checkpoint, config)
+    if family.mtp is not None and family.mtp.held(config) and not holds_mtp_tensors(checkpoint, family, config):
+        # transformers declares one MTP layer by default and never saves it: such a checkpoint holds none
+        warnings.warn(f"{checkpoint.path / HF_CONFIG_FILE}: declares {family.mtp.held(config)} multi-token-prediction "
+                      "layer(s) (num_nextn_predict_layers) but holds none of their tensors: read without them",
+                      stacklevel=2)
+        config = family.mtp.keep(config, False)
     return family, config
+
+
+def holds_mtp_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any) -> bool:
+    """Whether the checkpoint holds any tensor of the multi-token-prediction layers ``config`` declares."""
+    without = family.mtp.keep(config, False)  # then the family's ignored_key names exactly those tensors
+    return any(family.ignored_key(key, without) for key in checkpoint.keys())
 
 
 def recipe_model_config(recipe: Any) -> Any:
@@ -32,8 +44,17 @@ def recipe_model_config(recipe: Any) -> Any:
     ``model_overrides`` applied (``models/resolve.py`` ``resolve_model_config``): what ``train`` builds and what a
     training checkpoint's export describes. The recipe's rows decide how a directory is read
     (``recipe_trains_images``)."""
-    return resolve_model_config(recipe.model, overrides=recipe.model_overrides, full=recipe_trains_images(recipe),
-                                from_checkpoint=recipe.init == "checkpoint")
+    config = resolve_model_config(recipe.model, overrides=recipe.model_overrides, full=recipe_trains_images(recipe),
+                                  from_checkpoint=recipe.init == "checkpoint")
+    return with_mtp(config, recipe.mtp is not None)
+
+
+def with_mtp(config: Any, keep: bool) -> Any:
+    """``config`` holding the multi-token-prediction layers it declares (``keep``: a run that trains them, recipe
+    ``mtp``) or leaving them out (import then skips their tensors, with a note); unchanged for a family without any
+    (``ModelFamily.mtp``)."""
+    declared = family_for_config(config).mtp
+    return config if declared is None else declared.keep(config, keep)
 
 
 def recipe_trains_images(recipe: Any) -> bool:
@@ -90,24 +111,30 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     """
     expected, pinned = _expected_parameters(family, config)
     parts: dict[str, dict[Part, str]] = defaultdict(dict)
-    ignored: list[str] = []
+    ignored: dict[str, list[str]] = defaultdict(list)  # the family's phrase for them -> names
+    copies: list[tuple[str, str]] = []  # (HF name, the HF name already filling the same native part)
     for hf_key in checkpoint.keys():
-        if family.ignored_key is not None and family.ignored_key(hf_key, config):
-            ignored.append(hf_key)
+        reason = family.ignored_key(hf_key, config) if family.ignored_key is not None else False
+        if reason:
+            ignored[reason if isinstance(reason, str) else "outside the text model"].append(hf_key)
             continue
         _, stored = checkpoint.metadata(hf_key)
         if stored not in WEIGHT_DTYPES:
             raise ValueError(f"tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}: dtype {stored} "
                              f"is not a weight dtype ({', '.join(WEIGHT_DTYPES)}); convert it first")
-        for name, part in family.native_parts(hf_key):
+        mtp_parts = family.mtp.native_parts(hf_key, config) if family.mtp is not None else None
+        for name, part in family.native_parts(hf_key) if mtp_parts is None else mtp_parts:
             if name not in expected:
                 raise ValueError(f"unknown tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}")
-            parts[name][part] = hf_key
-    if ignored:
+            first = parts[name].setdefault(part, hf_key)
+            if first != hf_key:
+                copies.append((hf_key, first))
+    for phrase, names in ignored.items():
         if skipped is not None:
-            skipped.extend(ignored)
-        warnings.warn(f"{checkpoint.path}: skipped {len(ignored)} tensor(s) outside the text model "
-                      f"(e.g. {ignored[0]!r})", stacklevel=2)
+            skipped.extend(names)
+        warnings.warn(f"{checkpoint.path}: skipped {len(names)} tensor(s) {phrase} (e.g. {names[0]!r})", stacklevel=2)
+    for copy, original in copies:
+        _check_copy(checkpoint, copy, original)
     missing = [name for name in expected if name not in parts]
     if missing:
         raise ValueError(f"{checkpoint.path}: missing tensor(s) for {missing[:5]}"
@@ -119,6 +146,15 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
                 promoted[name] = tensor.dtype
             tensor = tensor.float()  # exact: every bf16 and fp16 value is an fp32 value
         yield name, tensor
+
+
+def _check_copy(checkpoint: HFCheckpoint, copy: str, original: str) -> None:
+    """Two HF tensors filling one native parameter (a checkpoint storing a shared tensor twice: DeepSeek-V3's MTP
+    layer's embedding and head) must be bitwise equal, or import would drop one's values without a word."""
+    a, b = checkpoint.get(copy), checkpoint.get(original)
+    if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+        raise ValueError(f"tensor {copy!r} in {checkpoint.path / checkpoint.file_of[copy]} differs from {original!r} "
+                         "(the model shares one tensor for both, so they must be equal)")
 
 
 def _assemble(checkpoint: HFCheckpoint, name: str, shape: tuple[int, ...], parts: dict[Part, str],
@@ -157,9 +193,10 @@ def _assemble(checkpoint: HFCheckpoint, name: str, shape: tuple[int, ...], parts
 
 
 def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-            kernels: KernelOptions | None = None, full: bool = False) -> nn.Module:
+            kernels: KernelOptions | None = None, full: bool = False, keep_mtp: bool = True) -> nn.Module:
     """Load an HF checkpoint directory into the native model (``full``: with the perception towers, see
-    ``read_config``; by default a Muse Spark checkpoint loads its text model alone).
+    ``read_config``; by default a Muse Spark checkpoint loads its text model alone). ``keep_mtp=False`` leaves out
+    the multi-token-prediction layers a checkpoint declares (``with_mtp``: a run that does not train them).
 
     ``dtype=None`` keeps each tensor's dtype from the file (fp32-pinned tensors stored narrower are promoted to fp32,
     see ``iter_native_tensors``). With a ``dtype`` the model decides each parameter's
@@ -169,6 +206,7 @@ def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str |
     """
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint, full=full)
+    config = config if keep_mtp else with_mtp(config, False)
     model = family.build(config, device="meta", dtype=dtype or torch.float32, seed=None,
                          kernels=kernels or KernelOptions())
     for name, tensor in iter_native_tensors(checkpoint, family, config):

@@ -61,6 +61,8 @@ FIELD_RULES: dict[str, FieldRule] = {
              "optimizer.precision_aware", "optimizer.param_remainders", "optimizer.moment_dtype"),
     **_rules(NUMERICS, "the router load-balancing loss is added to the objective: another gradient for every "
              "router and everything below it", "moe.aux_loss_coef"),
+    **_rules(NUMERICS, "the multi-token-prediction loss is added to the objective (and its layers trained): another "
+             "gradient for the whole model", "mtp.loss_weight"),
     **_rules(NUMERICS, "LoRA: which weights train (adapters on a frozen base), the adapters' rank, scaling "
              "(alpha / rank) and dropout: a different model update", "lora.rank", "lora.alpha", "lora.dropout",
              "lora.targets"),

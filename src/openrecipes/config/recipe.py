@@ -147,6 +147,16 @@ class Moe(BaseModel):
     aux_loss_coef: float = Field(0.0, ge=0)
 
 
+class Mtp(BaseModel):
+    """Multi-token prediction (DeepSeek-V3 report §2.2, Megatron-LM's ``mtp_*`` arguments): the model's MTP layers
+    (``num_nextn_predict_layers`` of them) are kept and trained, their loss added to the objective (docs/models.md)."""
+
+    model_config = _STRICT
+    # lambda: the objective is the main loss + loss_weight / depths * (sum of the depths' per-token losses); the
+    # report trains with 0.3, then 0.1 for its last tokens; 0.1 is Megatron-LM's mtp_loss_scaling_factor default
+    loss_weight: float = Field(0.1, gt=0)
+
+
 LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_down_proj", "latent_up_proj"]
 
 
@@ -252,6 +262,7 @@ class Recipe(BaseModel):
     recompute: Recompute = Field(default_factory=Recompute)
     optimizer: Optimizer = Field(default_factory=Optimizer)
     moe: Moe = Field(default_factory=Moe)
+    mtp: Mtp | None = None                      # train the model's multi-token-prediction layers
     lora: Lora | None = None                    # train LoRA adapters on a frozen base
     vision: Vision = Field(default_factory=Vision)  # image models: what of the vision side trains
     offload: Offload = Field(default_factory=Offload)

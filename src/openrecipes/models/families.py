@@ -134,6 +134,19 @@ class RouterAuxLoss:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MultiTokenPrediction:
+    """What a family declares when its checkpoints may hold multi-token-prediction layers (DeepSeek-V3's, after the
+    last decoder layer), so import, export and the recipe's ``mtp`` are written once. A config says how many the
+    model holds; a run keeps them only when its recipe trains them (``checkpoint.hf.recipe_model_config``)."""
+
+    held: Callable[[Any], int]                  # config -> the MTP layers its model holds
+    keep: Callable[[Any, bool], Any]            # (config, keep) -> the config holding (True) or leaving out its own
+    # (HF name, config) -> the native parts of a held MTP layer's tensor (as ``ModelFamily.native_parts``); None for
+    # any other tensor
+    native_parts: Callable[[str, Any], list[tuple[str, Any]] | None]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
     name: str
     named_configs: dict[str, Callable[[], Any]]               # registry name -> config factory
@@ -150,13 +163,15 @@ class ModelFamily:
     native_parts: Callable[[str], list[tuple[str, Any]]]
     # (native (name, tensor) stream, config, expert layout or None for the family's default) -> HF tensors
     to_hf: Callable[[Iterable[tuple[str, torch.Tensor]], Any, str | None], Iterator[tuple[str, torch.Tensor]]]
-    # (HF name, config) -> True for a tensor import skips (and counts): a tower the config does not hold (text-only)
-    ignored_key: Callable[[str, Any], bool] | None = None
+    # (HF name, config) -> true for a tensor import skips (and counts): a tower the config does not hold (text-only),
+    # an MTP layer a run does not train; a string is the phrase the import's note says of such tensors
+    ignored_key: Callable[[str, Any], bool | str] | None = None
     # config -> the config of the text model alone (text-only mode), for families whose checkpoints also hold
     # perception towers that the language model can run without; None: the family has no such mode
     text_only: Callable[[Any], Any] | None = None
     images: ImageInputs | None = None                         # None: a text-only model
     aux_loss: RouterAuxLoss | None = None                     # None: the router load-balancing loss is refused
+    mtp: MultiTokenPrediction | None = None                   # None: no MTP layers (a recipe's mtp is refused)
 
 
 def _families() -> tuple[ModelFamily, ...]:

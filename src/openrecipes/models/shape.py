@@ -68,6 +68,11 @@ class ModelShape:
     moe_layers: tuple[bool, ...] | None = None
     dense_mlp_params: int = 0       # one dense layer's MLP
     shared_expert_params: int = 0   # per MoE layer, the shared experts (dense, replicated on TP ranks)
+    # multi-token-prediction layers trained beside the last stage's layers (DeepSeek-V3, recipe ``mtp``): each a MoE
+    # layer plus ``mtp_params`` of its own (its 2D -> D projection and norms), reading the shared embedding and
+    # running the shared LM head once more
+    mtp_layers: int = 0
+    mtp_params: int = 0
 
     @property
     def widths(self) -> AttentionWidths:
@@ -105,6 +110,12 @@ class ModelShape:
         moe = self.num_moe_layers
         return (moe * (self.router_params + self.shared_expert_params)
                 + (self.num_layers - moe) * self.dense_mlp_params) / self.num_layers
+
+    def mtp_layer_dense_params(self) -> int:
+        """One MTP layer's parameters outside its routed experts (a MoE layer's: attention, latent projections,
+        router, shared experts, norms; and its own)."""
+        return (self.attention_params + self.latent_params + self.router_params + self.shared_expert_params
+                + self.small_params_per_layer + self.mtp_params)
 
     def dense_layer_matmul_params(self) -> float:
         """Matmul parameters of a layer outside its routed experts, averaged over the layers."""

@@ -127,6 +127,9 @@ def stage_params(shape: ModelShape, layout: LayoutConfig, layers: int, *, first:
     if last:
         dense += shape.lm_head_params / vocab_split + shape.hidden
     experts = layers * shape.moe_layer_fraction * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
+    if last and shape.mtp_layers:  # whole MoE layers (attention split by TP like the others') and their own
+        dense += shape.mtp_layers * (shape.mtp_layer_dense_params() - shape.attention_params * (1 - 1 / layout.tp))
+        experts += shape.mtp_layers * (shape.num_experts / layout.ep) * shape.expert_params / layout.etp
     return dense, experts
 
 
@@ -242,8 +245,10 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             trained_dense, trained_experts = adapter_params(shape, layout, lora, layers)
         sharded_state = state_bytes * (trained_dense / (layout.dp * layout.cp) + trained_experts / edp)
         held = inflight(layout, i, layers, m)
+        # the MTP layers (last stage) keep every activation: recompute and offload pass them by
+        mtp_kept = full_layer * inflight(layout, i, shape.mtp_layers, m) if last else 0.0
         share = recomputed_share(setup, layers)
-        stored = (share * stored_per_layer + (1 - share) * kept_per_layer) * held
+        stored = (share * stored_per_layer + (1 - share) * kept_per_layer) * held + mtp_kept
         stage_working = working
         if share < 1:
             # the block method recomputes the first layers last in the backward, when the later layers' kept
@@ -254,12 +259,14 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         if last:
             logits, loss = loss_bytes(shape, layout, engine=setup.engine, loss_chunk_tokens=setup.loss_chunk_tokens,
                                       compiled=compiled, fixed_overhead_gib=mem.fixed_overhead_gib)
+            if shape.mtp_layers and not setup.loss_chunk_tokens:  # each depth's logits live until the backward
+                logits, loss = logits * (1 + shape.mtp_layers), loss * (1 + shape.mtp_layers)
             transient = max(stage_working, logits)
         p2p = 2 * 2 * shape.hidden * h_tokens if layout.pp > 1 else 0.0
         in_flight = stored_per_layer if share == 1 else max(stored_per_layer, kept_per_layer)
         # offloaded: the layers' saved tensors wait on the host (one layer's are in flight on the device); the kept
         # kernel's tensors stay on the device (saved outside the offload hooks)
-        stored_at_peak = in_flight + kernel_kept * share * held if setup.offload_activations else stored
+        stored_at_peak = in_flight + kernel_kept * share * held + mtp_kept if setup.offload_activations else stored
         buffers = mem.fixed_overhead_gib + (mem.comm_buffer_gib if setup.engine == "megatron" else 0.0)
         if setup.engine == "openrecipes":
             weights = openrecipes_weight_gib(shape, layout, setup, layers, first=first, last=last)

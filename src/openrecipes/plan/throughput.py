@@ -85,6 +85,18 @@ def _sync_and_update_s(shape: ModelShape, layout: LayoutConfig, counts: list[int
     return sync, opt
 
 
+def _mtp_layer_s(shape: ModelShape, tok: float, seq_len: float, imbalance: float, frozen: float, peak: float,
+                 eff) -> float:
+    """One MTP layer's compute per microbatch (its head: with the LM head's): a MoE layer with full attention and its
+    2D -> D projection (norms left out), forward and two backward passes (never recomputed)."""
+    dense = 2 * tok * (shape.attention_params + shape.latent_params + shape.router_params
+                       + shape.shared_expert_params + 2 * shape.hidden ** 2)
+    experts = 2 * tok * shape.top_k * shape.expert_params * imbalance
+    attention = 4 * tok * shape.q_width * mean_context(seq_len, None)
+    return ((3 - frozen) * (dense / eff.dense_matmul + experts / eff.expert_matmul) + 3 * attention / eff.attention
+            ) / peak
+
+
 def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
                         hw: Hardware) -> Throughput:
     peak = hw.gpu.peak_bf16_dense_flops
@@ -137,7 +149,8 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
                    + mixed(attn_passes) * attn_flops / (peak * eff.attention))
         if i == len(counts) - 1:
             head_passes = (4 if setup.loss_chunk_tokens else 3) - frozen  # the chunked loss computes the logits again
-            compute += head_passes * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
+            compute += (1 + shape.mtp_layers) * head_passes * 2 * tok * shape.lm_head_params / (peak * eff.dense_matmul)
+            compute += shape.mtp_layers * _mtp_layer_s(shape, tok, seq_len, imbalance, frozen, peak, eff)
         p2p = 0.0
         if layout.pp > 1:
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T

@@ -48,12 +48,13 @@ def _check_layout(recipe, config, world_size: int, world_from: str = "--nproc x 
     recipe's model config."""
     from openrecipes.config.layout import LayoutError, unsupported_reason
     from openrecipes.config.rundir import rows_directory
-    from openrecipes.train.engine import layout_problems_for
+    from openrecipes.train.engine import check_mtp, layout_problems_for
 
     problems = layout_problems_for(recipe, config, world_size=world_size,
                                    rows=rows_directory(recipe.data.rows, recipe.run_dir))
     if problems:
         raise ValueError(f"{LayoutError(problems[0])} ({world_from} = {world_size} processes)")
+    check_mtp(recipe, config, world_size=world_size)
     reason = unsupported_reason(recipe.layout)
     if reason:
         raise ValueError(reason)

@@ -41,7 +41,8 @@ def build_model(recipe: Recipe, config: Any, parallel: ParallelState) -> tuple[n
     if recipe.init == "checkpoint":  # with image rows the complete checkpoint, towers included
         from openrecipes.checkpoint.hf import from_hf, recipe_trains_images
 
-        model = from_hf(recipe.model, dtype=dtype, device=device, kernels=kernels, full=recipe_trains_images(recipe))
+        model = from_hf(recipe.model, dtype=dtype, device=device, kernels=kernels, full=recipe_trains_images(recipe),
+                        keep_mtp=recipe.mtp is not None)
     elif pipelined or (distributed and parallel.expert_mesh is not None):
         # build on the meta device; parallelize materialises only what this rank keeps (its stage, its experts)
         model = family_for_config(config).build(config, device="meta", dtype=dtype, seed=None, kernels=kernels)
@@ -126,13 +127,15 @@ def loss_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target_slice=None, *,
-                        input_slice=None, loss_fn=None, whole_rows: bool = False) -> torch.Tensor:
+                        input_slice=None, loss_fn=None, whole_rows: bool = False, mtp=None) -> torch.Tensor:
     """Sum of the masked next-token cross entropies of one microbatch (fp32). ``target_slice`` picks this rank's
     part of the targets when the model returns logits for a slice of the sequence (sequence and context
     parallelism); ``input_slice`` cuts the tokens and positions fed to the model (context parallelism: the documents
     stay whole, attention needs the whole row's mask). ``loss_fn``: ``token_loss_sum`` or ``loss_function``'s.
     ``whole_rows``: every row of the data is one document, so attention is plain causal attention. Decided for the
-    whole data, not per microbatch, so that a compiled block never sees both cases."""
+    whole data, not per microbatch, so that a compiled block never sees both cases. ``mtp``: the step's
+    ``train.mtp_loss.MtpObjective``; the forward then also runs the MTP layers and the microbatch's MTP term is left
+    in it (one process only: ``check_mtp``)."""
     documents = None if whole_rows else dynamic_document_count(Documents(
         document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"], max_seqlen=int(batch["max_seqlen"])))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
@@ -149,11 +152,30 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     if target_slice is not None:
         targets, weights = target_slice(targets), target_slice(weights)
     head = chunked_head(model)
+    extra = {"mtp": True} if mtp is not None else {}
     if head is not None:  # the head returns the loss sum itself (kernels.loss_chunk_tokens)
         with head.targets(targets, weights):
-            return model(input_ids, position_ids, documents)
-    logits = model(input_ids, position_ids, documents, **images)
-    return (loss_fn or token_loss_sum)(logits, targets, weights)
+            out = model(input_ids, position_ids, documents, **extra)
+    else:
+        out = model(input_ids, position_ids, documents, **images, **extra)
+    if mtp is not None:
+        out, hidden = out
+        mtp.add(hidden, batch, head_loss(model, loss_fn))
+    return out if head is not None else (loss_fn or token_loss_sum)(out, targets, weights)
+
+
+def head_loss(model: nn.Module, loss_fn=None):
+    """Σ weight · cross entropy of the model's LM head on other hidden states (the MTP depths'), computed as the main
+    loss is: chunked with the chunked head (``kernels.loss_chunk_tokens``), else ``loss_fn`` on the head's logits."""
+    from openrecipes.models.families import family_for_model
+    from openrecipes.train.chunked_loss import linear_cross_entropy
+
+    chunked = chunked_head(model)
+    if chunked is not None:
+        return lambda h, targets, weights: linear_cross_entropy(h, chunked.weight, targets, weights,
+                                                                chunk=chunked.chunk, softcap=chunked.softcap)
+    lm_head = model.get_submodule(family_for_model(model).sharding.lm_head)
+    return lambda h, targets, weights: (loss_fn or token_loss_sum)(lm_head(h), targets, weights)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -207,6 +229,43 @@ def check_aux_loss(recipe: Recipe, config: Any) -> None:
     if coef != 0 and declared is None:
         raise ValueError(f"moe.aux_loss_coef={coef}: the load-balancing loss is implemented for softmax routers "
                          f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
+
+
+def check_mtp(recipe: Recipe, config: Any, *, world_size: int) -> None:
+    """Refuse a recipe ``mtp`` the run cannot train: a model without multi-token-prediction layers, several processes
+    (not yet: the MTP layers sit outside what the parallel layouts split), or LoRA (a frozen base)."""
+    if recipe.mtp is None:
+        return
+    from openrecipes.models.families import family_for_config
+
+    declared = family_for_config(config).mtp
+    if declared is None or declared.held(config) == 0:
+        raise ValueError(f"mtp: the model {recipe.model!r} has no multi-token-prediction layers to train (a "
+                         "DeepSeek-V3 config declares them: num_nextn_predict_layers, settable in model_overrides)")
+    if recipe.init == "checkpoint":
+        from openrecipes.checkpoint.hf import holds_mtp_tensors
+        from openrecipes.checkpoint.safetensors_io import HFCheckpoint
+
+        if not holds_mtp_tensors(HFCheckpoint(recipe.model), family_for_config(config), config):
+            raise ValueError(f"mtp: {recipe.model} declares {declared.held(config)} multi-token-prediction layer(s) "
+                             "(num_nextn_predict_layers) but holds none of their tensors (transformers saves none): "
+                             "start from a checkpoint that has them, or train without mtp")
+    if world_size > 1:
+        raise ValueError(f"mtp: multi-token prediction trains in one process only so far; this layout "
+                         f"({recipe.layout.label()}) runs {world_size}: remove mtp or train on one process")
+    if recipe.lora is not None:
+        raise ValueError("mtp: not with lora (the base, MTP layers included, is frozen under LoRA)")
+
+
+def mtp_objective(recipe: Recipe, model: nn.Module, microbatches: list, device: torch.device):
+    """The step's ``train.mtp_loss.MtpObjective`` when the recipe trains MTP (``mtp``), else None."""
+    if recipe.mtp is None:
+        return None
+    from openrecipes.models.families import family_for_model
+    from openrecipes.train.mtp_loss import MtpObjective
+
+    depths = family_for_model(model).mtp.held(model.config)
+    return MtpObjective(recipe.mtp.loss_weight, depths, microbatches, device)
 
 
 def router_statistics(model: nn.Module, aux_loss_coef: float, batch: dict[str, torch.Tensor]):

@@ -81,6 +81,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         raise LayoutError(problems[0])
     parallel = build_parallel_state(recipe.layout, device)
     engine.check_aux_loss(recipe, config)
+    engine.check_mtp(recipe, config, world_size=world)
     if not resume and (run_dir / METRICS_FILE).exists() and not never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}
@@ -301,6 +302,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     cp_slice, target_slice = _sequence_slices(parallel)
     loss_fn = engine.loss_function(recipe.kernels.compile)
     whole_rows = loader.dataset.one_document_per_row
+    mtp = engine.mtp_objective(recipe, model, microbatches, device)
     if pipeline is not None:
         loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice,
                                    pipeline_image_inputs(model, microbatches))
@@ -309,11 +311,11 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
         batch = {k: v if k == "max_seqlen" else v.to(device, non_blocking=True) for k, v in batch.items()}
         with engine.router_statistics(model, aux_coef, batch) as routing:
             micro_loss = engine.microbatch_loss_sum(model, batch, target_slice, input_slice=cp_slice,
-                                                    loss_fn=loss_fn, whole_rows=whole_rows)
+                                                    loss_fn=loss_fn, whole_rows=whole_rows, mtp=mtp)
         # each microbatch's forward (the loss included) and backward apart: the peak is one of those moments
         suffix = f"_{index + 1}" if len(microbatches) > 1 else ""
         trace.mark(f"forward{suffix}")
-        objective = micro_loss / supervised
+        objective = micro_loss / supervised if mtp is None else micro_loss / supervised + mtp.take()
         if routing is not None:  # the step's load-balancing loss is the mean of its rows' (RouterStatistics)
             micro_aux = routing.losses().sum() / recipe.global_batch
             objective = objective + aux_coef * micro_aux
@@ -340,6 +342,8 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
               "peak_memory_gib": None, "peak_reserved_gib": None}
     if aux_coef > 0:
         record["aux_loss"] = float(_all_reduce(aux_sum))
+    if mtp is not None:  # one process only (engine.check_mtp): nothing to reduce
+        record["mtp_loss"] = mtp.per_token_loss()
     if device.type == "cuda":
         peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],
                                          dtype=torch.float64, device=device), op=dist.ReduceOp.MAX if dist.is_initialized() else None)

@@ -60,8 +60,8 @@ class DeepseekV3Config:
     rope_theta: float = TRANSFORMERS_DEFAULT_THETA
     rope_interleave: bool = True    # the rope part is laid out in adjacent pairs (DeepSeek's checkpoints)
     max_position_embeddings: int = 4096
-    # the multi-token-prediction modules: transformers' causal LM forward runs none of them; their tensors (layers
-    # num_hidden_layers .. + this - 1) are skipped on import, and a layer past them is refused as unknown
+    # the multi-token-prediction layers the checkpoint declares (its layers num_hidden_layers .. + this - 1; mtp.py);
+    # transformers' causal LM forward runs none of them, nor does ours when it computes logits
     num_nextn_predict_layers: int = 0
     # the checkpoint's scaled RoPE (linear or YaRN, as transformers computes them; common/rope_scaling.py)
     rope_scaling: RopeScaling = RopeScaling()
@@ -71,6 +71,10 @@ class DeepseekV3Config:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     initializer_range: float = 0.02
+    # not a config.json key: whether the model holds the declared MTP layers (``mtp_layers``). A config read from a
+    # config.json holds them (import keeps them, export writes them back); a registered size and a training run
+    # that does not train them (no ``mtp`` in the recipe) do not: import then skips their tensors with a note
+    keep_mtp: bool = False
 
     def __post_init__(self) -> None:
         positive = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
@@ -127,6 +131,15 @@ class DeepseekV3Config:
     def num_moe_layers(self) -> int:
         return max(self.num_hidden_layers - self.first_k_dense_replace, 0)
 
+    @property
+    def mtp_layers(self) -> int:
+        """The multi-token-prediction layers the model holds: the declared ones when ``keep_mtp``, else none."""
+        return self.num_nextn_predict_layers if self.keep_mtp else 0
+
+    def mtp_layer_indices(self) -> range:
+        """The global layer indices of the MTP layers the model holds (their checkpoint names' ``model.layers.i``)."""
+        return range(self.num_hidden_layers, self.num_hidden_layers + self.mtp_layers)
+
     # ---- parameter counts (docs/measure.md: N excludes the input embedding and all norms) ----
     def attention_params(self) -> int:
         """Projections of one layer: the head-split ones (q or q_b, kv_b, o) and the latent ones (q_a, kv_a)."""
@@ -160,7 +173,8 @@ class DeepseekV3Config:
 
     def norm_params(self) -> int:
         latent_norms = self.kv_lora_rank + (self.q_lora_rank or 0)
-        return self.num_hidden_layers * (2 * self.hidden_size + latent_norms) + self.hidden_size
+        layers = self.num_hidden_layers + self.mtp_layers  # an MTP layer: a decoder layer's norms and 3 of its own
+        return layers * (2 * self.hidden_size + latent_norms) + (1 + 3 * self.mtp_layers) * self.hidden_size
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -175,16 +189,29 @@ class DeepseekV3Config:
                                      + experts_per_layer * self.expert_params())
         return self.num_hidden_layers * self.attention_params() + dense + moe + self.lm_head_params()
 
+    def mtp_layer_params(self, experts_per_layer: int) -> int:
+        """One MTP layer without norms: a decoder layer (a MoE one past the dense layers) and its projection
+        ``eh_proj`` (2D -> D). Its embedding and output head are the main model's (not counted here)."""
+        if self.is_moe_layer(self.num_hidden_layers):
+            ffn = self.router_params() + self.shared_expert_params() + experts_per_layer * self.expert_params()
+        else:
+            ffn = self.dense_mlp_params()
+        return self.attention_params() + ffn + 2 * self.hidden_size * self.hidden_size
+
     def total_params(self) -> int:
-        return self._params(self.n_routed_experts) + self.norm_params() + self.embedding_params()
+        return (self._params(self.n_routed_experts) + self.mtp_layers * self.mtp_layer_params(self.n_routed_experts)
+                + self.norm_params() + self.embedding_params())
 
     def frozen_params(self) -> int:
         """Parameters outside ``total_params`` because they are never trained: the routers' correction biases."""
-        return self.num_moe_layers * self.n_routed_experts
+        mtp_moe = self.mtp_layers if self.is_moe_layer(self.num_hidden_layers) else 0
+        return (self.num_moe_layers + mtp_moe) * self.n_routed_experts
 
     def active_params(self) -> int:
-        """N: parameters touched per token, excluding the input embedding and all norms."""
-        return self._params(self.num_experts_per_tok)
+        """N: parameters touched per token, excluding the input embedding and all norms. Each MTP layer held adds
+        its own and the shared output head once more (the head runs again at every depth)."""
+        mtp = self.mtp_layer_params(self.num_experts_per_tok) + self.lm_head_params()
+        return self._params(self.num_experts_per_tok) + self.mtp_layers * mtp
 
     @property
     def softmax_scale(self) -> float:
@@ -201,7 +228,9 @@ class DeepseekV3Config:
         model_type = raw.get("model_type")
         if model_type not in (None, MODEL_TYPE):
             raise ValueError(f"{source}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
-        known = {f.name for f in fields(cls)} - {"rope_scaling"}  # read below, as a RoPE placement
+        # rope_scaling: read below, as a RoPE placement; keep_mtp: no config.json key (a config read here holds the
+        # MTP layers it declares)
+        known = {f.name for f in fields(cls)} - {"rope_scaling", "keep_mtp"}
         check_other_keys(raw, handled=known | _DERIVED_KEYS | {"rope_theta", *ROPE_PLACEMENTS},
                          family="DeepSeek-V3", source=source, neutral=_NEUTRAL_HF_KEYS)
         kwargs: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
@@ -223,6 +252,7 @@ class DeepseekV3Config:
                    if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
         if missing:
             raise ValueError(f"{source}: missing required field(s) {missing}")
+        kwargs["keep_mtp"] = kwargs.get("num_nextn_predict_layers", 0) > 0
         try:
             config = cls(**kwargs)
         except ValueError as error:
@@ -240,7 +270,10 @@ class DeepseekV3Config:
         return cls.from_hf_dict(read_json(path), source=str(path))
 
     def to_hf_dict(self) -> dict[str, Any]:
+        """The config.json of this model: it declares the MTP layers it holds (an export writes their tensors)."""
         out = asdict(self)
+        del out["keep_mtp"]
+        out["num_nextn_predict_layers"] = self.mtp_layers
         out.update(architectures=["DeepseekV3ForCausalLM"], model_type=MODEL_TYPE,
                    rope_scaling=self.rope_scaling.to_hf(),
                    attention_dropout=0.0, use_cache=True,

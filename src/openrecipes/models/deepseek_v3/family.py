@@ -6,7 +6,7 @@ from openrecipes.models.common.rope_scaling import RopeScaling
 from openrecipes.models.deepseek_v3 import hf
 from openrecipes.models.deepseek_v3.config import MODEL_TYPE, DeepseekV3Config
 from openrecipes.models.deepseek_v3.model import DeepseekV3ForCausalLM, build_deepseek_v3
-from openrecipes.models.families import ModelFamily, ShardingPlan
+from openrecipes.models.families import ModelFamily, MultiTokenPrediction, ShardingPlan
 from openrecipes.models.shape import AttentionWidths, ModelShape
 
 
@@ -30,6 +30,7 @@ def planner_shape(config: DeepseekV3Config, name: str) -> ModelShape:
         small_params_per_layer=2 * config.hidden_size + latent_norms,
         embedding_params=config.embedding_params(), lm_head_params=config.lm_head_params(),
         active_params=config.active_params(),
+        mtp_layers=config.mtp_layers, mtp_params=2 * config.hidden_size ** 2 + 3 * config.hidden_size,
     )
 
 
@@ -73,4 +74,6 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: DeepseekV3Config.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_deepseek_v3,
     native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
+    mtp=MultiTokenPrediction(held=lambda config: config.mtp_layers, keep=hf.with_mtp_kept,
+                             native_parts=hf.mtp_native_parts),
 )

@@ -12,6 +12,14 @@ Router: sigmoid scores in fp32; choice = scores + e_score_correction_bias; exper
 with the largest sum of their two best choices; the gating weights are the unbiased scores of the chosen experts,
 renormalised (norm_topk_prob) and multiplied by routed_scaling_factor.
 
+Multi-token prediction (DeepSeek-V3 report §2.2; ``DeepseekV3MTPLayer``), held when ``config.mtp_layers``: depth
+k = 1..D reads the representation h^(k-1) of the depth before (depth 0: the main model's last hidden state after its
+final norm, what the LM head reads) and the embedding of the token k places ahead, and computes
+h'_i = eh_proj([enorm(Emb(t_(i+k))); hnorm(h^(k-1)_i)]) (the embedding first, as Megatron-LM and vLLM read the
+published ``eh_proj``), then one decoder layer, then ``shared_head.norm``: that is h^k, which the main model's LM head
+turns into the depth's logits (predicting t_(i+k+1)) and which depth k+1 reads. The embedding and the head are the
+main model's (the checkpoint's copies under the MTP layer's name are checked equal on import: models/deepseek_v3/hf.py).
+
 Legend: B rows, T tokens per row, D hidden, H heads, E routed experts, K experts per token, V vocabulary.
 """
 
@@ -155,6 +163,32 @@ class DeepseekV3DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class SharedHead(nn.Module):
+    """The MTP layer's final norm (``shared_head.norm``); the head it feeds is the main model's ``lm_head``."""
+
+    def __init__(self, config: DeepseekV3Config) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
+    """One multi-token-prediction depth: a decoder layer (its modules under the same names, as the checkpoint's
+    ``model.layers.{num_hidden_layers + k - 1}``) with its input norms and projection and its final norm."""
+
+    def __init__(self, config: DeepseekV3Config, index: int, kernels: KernelOptions) -> None:
+        super().__init__(config, index, kernels)
+        d = config.hidden_size
+        self.enorm = RMSNorm(d, eps=config.rms_norm_eps)  # of the embedding
+        self.hnorm = RMSNorm(d, eps=config.rms_norm_eps)  # of the previous depth's representation
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)  # input features: [enorm(embedding); hnorm(hidden)]
+        self.shared_head = SharedHead(config)
+
+    def forward(self, h_BTD: torch.Tensor, embedded_BTD: torch.Tensor, angles_BTF: torch.Tensor,
+                documents: Documents | None) -> torch.Tensor:
+        x = self.eh_proj(torch.cat((self.enorm(embedded_BTD), self.hnorm(h_BTD)), dim=-1))
+        return self.shared_head.norm(super().forward(x, angles_BTF, documents))
+
+
 class DeepseekV3Backbone(nn.Module):
     def __init__(self, config: DeepseekV3Config, kernels: KernelOptions) -> None:
         super().__init__()
@@ -165,6 +199,9 @@ class DeepseekV3Backbone(nn.Module):
         self.layers = nn.ModuleDict({str(i): DeepseekV3DecoderLayer(config, i, kernels)
                                      for i in range(config.num_hidden_layers)})
         self.norm: RMSNorm | None = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # keyed by global layer index like ``layers`` (the checkpoint's model.layers.{i}); None: none held
+        self.mtp_layers = nn.ModuleDict({str(i): DeepseekV3MTPLayer(config, i, kernels)
+                                         for i in config.mtp_layer_indices()}) if config.mtp_layers else None
 
 
 class DeepseekV3ForCausalLM(nn.Module):
@@ -181,8 +218,14 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
-        """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk)."""
+                documents: Documents | None = None, *, layers: range | None = None,
+                mtp: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). ``mtp``: also
+        run the MTP layers and return (output, [h^1 .. h^D]), each (B, T, D): what the LM head reads at each depth
+        (the module docstring); position i of depth k predicts token i + k + 1."""
+        if mtp and (self.model.mtp_layers is None or layers is not None):
+            raise ValueError("mtp: the model holds no multi-token-prediction layer (config.mtp_layers is 0), or runs "
+                             "a part of its layers")
         rows, tokens = input_ids.shape[:2]
         if position_ids is None:
             position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
@@ -196,7 +239,18 @@ class DeepseekV3ForCausalLM(nn.Module):
             h = layer(h, angles, documents)
         if self.model.norm is not None and last:
             h = self.model.norm(h)
-        return self.lm_head(h) if self.lm_head is not None and last else h
+        out = self.lm_head(h) if self.lm_head is not None and last else h
+        return (out, self._mtp_hidden(h, input_ids, angles, documents)) if mtp else out
+
+    def _mtp_hidden(self, h_BTD: torch.Tensor, input_ids: torch.Tensor, angles_BTF: torch.Tensor,
+                    documents: Documents | None) -> list[torch.Tensor]:
+        hidden, ids = [], input_ids
+        for layer in self.model.mtp_layers.values():
+            # depth k reads token i + k at position i; the k positions that wrap around have no target (weight 0)
+            ids = torch.roll(ids, -1, dims=1)
+            h_BTD = layer(h_BTD, self.model.embed_tokens(ids), angles_BTF, documents)
+            hidden.append(h_BTD)
+        return hidden
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:

@@ -10,9 +10,12 @@ Variants (each a 20-step run of `openrecipes train`'s loop; window steps 5-18; p
   *_lora       rank-16 LoRA on q/k/v/o and every routed expert, frozen bf16 base; lora48: all 48 layers
   *_pa_*       the precision-aware optimizer sharded by FSDP2 (bf16 params + int16 remainders, bf16 moments);
                _off: half of the optimizer on the CPU; tp2 / cp2: two GPUs share each row; dp4*, tp2dp2ep4: 4 GPUs
+  dsv3_bal*    DeepSeek-V3 at real widths, 4 layers, 24 experts, one 4,096-token row, 25 steps, window 5-19
+               (bench/deepseek_v3_workload.py; transformers at the same workload: bench/hf_deepseek_v3.py)
 Recipe: bf16, full recompute (uniform, 1 layer) unless the variant says otherwise, precision-aware Adam (int16 remainders, bf16 moments; the
-two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no checkpoints. Results (tokens/s/GPU, MFU with N = 766,246,912 at 8 layers, step-time CV, peak
-memory) go to --out as JSON.
+two-GPU runs keep fp32 masters and moments sharded by FSDP2), grad clip 1.0, no checkpoints. Results (tokens/s/GPU,
+MFU with the run's N (766,246,912 for Qwen3 at 8 layers), step-time CV, peak memory) go to --out as JSON. Without a
+GPU every variant trains its family's tiny registered config on 256-token rows (a plumbing check).
 
 Usage: python bench/engine_speed.py --out results.json [--variants single_bal,...] [--layers 8] [--steps 20]
        [--memory-trace] [--timeline]
@@ -33,12 +36,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from openrecipes.measure import measure_run_dir  # noqa: E402
+from openrecipes.models.resolve import resolve_model_config  # noqa: E402
 from openrecipes.train.loop import train  # noqa: E402
 from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
 from openrecipes.utils import sha256_file  # noqa: E402
 
+import deepseek_v3_workload as dsv3  # noqa: E402  (bench/, beside this file)
+
 MUSE_4L16E = {"num_hidden_layers": 4, "num_experts": 16,
               "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]}
+# the workload bench/hf_deepseek_v3.py runs transformers at: one definition for both
+DSV3 = dict(packed=False, rows_per_step=1, balanced=True, model=dsv3.MODEL, overrides=dict(dsv3.OVERRIDES),
+            tiny_model=dsv3.TINY_MODEL, row_tokens=dsv3.ROW_TOKENS, steps=dsv3.STEPS, window=list(dsv3.WINDOW))
 
 VARIANTS = {
     "single_bal": dict(packed=False, rows_per_step=1, balanced=True),
@@ -85,6 +94,12 @@ VARIANTS = {
                           overrides=MUSE_4L16E),
     "muse4l16e_bal_c": dict(packed=False, rows_per_step=1, balanced=True, model="muse-spark-open-816b-a42b",
                             overrides=MUSE_4L16E, compile=True),
+    # DeepSeek-V3 at its real widths (MLA, a dense first layer, one shared expert, the group-limited sigmoid router),
+    # 4 layers and 24 experts: every token's active work per layer is the full model's
+    "dsv3_bal": dict(DSV3, recompute="full"),
+    "dsv3_bal_none": dict(DSV3, recompute="none"),
+    "dsv3_bal_c": dict(DSV3, recompute="full", compile=True),
+    "dsv3_bal_c_none": dict(DSV3, recompute="none", compile=True),
     # LoRA rank 16 on q/k/v/o and every routed expert of a frozen bf16 base, beside full fine-tuning at the same shape
     "single_bal_c_lora": dict(packed=False, rows_per_step=1, balanced=True, compile=True, lora=True),
     "single_bal_c_none_lora": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="none",
@@ -176,15 +191,17 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
                 memory_trace: bool = False, timeline: bool = False) -> dict:
     steps = spec.get("steps", steps)  # slow variants run fewer steps (window 5..steps-2)
     tiny = device_type == "cpu"
+    model = spec.get("tiny_model", "qwen3-moe-tiny") if tiny else spec.get("model", "qwen3-30b-a3b")
+    overrides = {} if tiny else spec.get("overrides", {"num_hidden_layers": spec.get("layers", layers)})
     row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
-    vocab = 1024 if tiny else (202048 if "model" in spec else 151936)
+    vocab = resolve_model_config(model, overrides=overrides).vocab_size  # the ids the model embeds
     rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
                           vocab=vocab, packed=spec["packed"])
     nproc = spec.get("nproc", 1)
     tree = {
         "name": f"engine-speed-{name}",
-        "model": "qwen3-moe-tiny" if tiny else spec.get("model", "qwen3-30b-a3b"),
-        "model_overrides": {} if tiny else spec.get("overrides", {"num_hidden_layers": spec.get("layers", layers)}),
+        "model": model,
+        "model_overrides": overrides,
         "data": {"rows": str(rows_dir)},
         "layout": {"max_tokens_per_gpu": row_tokens * spec.get("rows_per_microbatch", 1) // spec.get("cp", 1),
                    "rows_per_microbatch": spec.get("rows_per_microbatch", 1), "dp": spec.get("dp", nproc), "ep": spec.get("ep", 1),
@@ -222,11 +239,12 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
             torch.cuda.reset_peak_memory_stats()
         train(recipe_from_dict(tree), command=f"bench/engine_speed.py {name}")
     wall = time.perf_counter() - started
-    measured = measure_run_dir(run_dir, window=(5, min(19, steps - 2)),
+    window = tuple(spec["window"]) if "window" in spec else (5, min(19, steps - 2))
+    measured = measure_run_dir(run_dir, window=window,
                                gpu_type="H200" if device_type == "cuda" else None).to_dict()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    result = {"variant": name, **spec, "row_tokens": row_tokens, "wall_s": wall, "measure": measured,
-              "step_times_s": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records]}
+    result = {"variant": name, **spec, "trained_model": model, "row_tokens": row_tokens, "wall_s": wall,
+              "measure": measured, "step_times_s": [r["step_time_s"] for r in records], "losses": [r["loss"] for r in records]}
     if any("memory_phases_gib" in r for r in records):  # --memory-trace: rank 0's memory per phase
         result["memory_phases_gib"] = [r.get("memory_phases_gib") for r in records]
     profile = run_dir / "profile.txt"

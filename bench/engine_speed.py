@@ -77,6 +77,14 @@ VARIANTS = {
     "packed_bal_c": dict(packed=True, rows_per_step=1, balanced=True, compile=True),
     "single_bal_none": dict(packed=False, rows_per_step=1, balanced=True, recompute="none"),
     "single_bal_c_none": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="none"),
+    # FP8 row-wise products (models/common/fp8.py): experts and projections, or the experts alone
+    "single_bal_c_fp8": dict(packed=False, rows_per_step=1, balanced=True, compile=True,
+                             fp8=["experts", "projections"]),
+    "single_bal_c_fp8x": dict(packed=False, rows_per_step=1, balanced=True, compile=True, fp8=["experts"]),
+    "single_bal_c_none_fp8": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="none",
+                                  fp8=["experts", "projections"]),
+    "long32k_c_fp8": dict(packed=False, rows_per_step=1, balanced=True, compile=True, row_tokens=32768,
+                          loss_chunk=8192, steps=12, fp8=["experts", "projections"]),
     "single_nat_c_none": dict(packed=False, rows_per_step=1, balanced=False, compile=True, recompute="none"),
     "single_bal_c_sel": dict(packed=False, rows_per_step=1, balanced=True, compile=True, recompute="selective"),
     "single_bal_off05": dict(packed=False, rows_per_step=1, balanced=True, offload=0.5),
@@ -217,6 +225,7 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
         "logging": {"progress": True},
         **({"lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS}} if spec.get("lora") else {}),
+        **({"fp8": {"scaling": "rowwise", "targets": spec["fp8"]}} if spec.get("fp8") else {}),
         "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
                         "profile_step": steps - 1 if name in PROFILED else None, "profile_timeline": timeline},
     }

@@ -296,7 +296,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                   "python": versions.get("python"),
                   "source": f"versions recorded in {run_origin} by the measured run"},
         "workload": {"row_tokens": row_tokens, "rows": ROWS_TEXT[card_workflow(recipe, manifest)],
-                     "global_batch": recipe.global_batch, "precision": recipe.precision,
+                     "global_batch": recipe.global_batch, "precision": recipe.card_precision(),
                      "workflow": card_workflow(recipe, manifest),
                      "modality": "image-text" if manifest.get("images") else "text",
                      "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},

@@ -135,7 +135,7 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
                if curve else f"{len(records)} steps recorded, none with a finite loss.")
     return {
         "hardware": {"type": measured.gpu_type, "count": run.gpu.count},
-        "precision": options.precision or recipe.precision,
+        "precision": options.precision or recipe.card_precision(),
         "layout": {"label": options.layout or _layout_label(sizes), **sizes},
         "command": options.command or run.command,
         "recipe": (run_dir / RECIPE_FILE).read_text(),

@@ -53,6 +53,8 @@ FIELD_RULES: dict[str, FieldRule] = {
              "data.build.too_long", "data.build.input_shape", "data.build.messages_field", "data.build.role_map",
              "data.build.special_tokens_in_text", "data.build.image_processor"),
     **_rules(NUMERICS, "the dtype of weights and activations, and so the math of every step", "precision"),
+    **_rules(NUMERICS, "FP8 products round their operands to e4m3 (3 mantissa bits): other values in every "
+             "product they replace", "fp8.scaling", "fp8.targets"),
     **_rules(NUMERICS, "the update rule, its hyperparameters and schedule",
              "optimizer.name", "optimizer.lr", "optimizer.min_lr", "optimizer.betas", "optimizer.eps",
              "optimizer.weight_decay", "optimizer.warmup_fraction", "optimizer.decay", "optimizer.grad_clip"),

@@ -179,6 +179,18 @@ class Lora(BaseModel):
         return self
 
 
+class Fp8(BaseModel):
+    """FP8 matrix products (models/common/fp8.py): weights, gradients and the optimizer keep ``precision``'s dtypes;
+    the products of ``targets`` read e4m3 operands scaled by ``scaling`` (row-wise: one scale per row along the
+    summed dimension). ``experts``: the routed experts' grouped products; ``projections``: every other linear layer
+    of the decoder layers (attention, dense MLPs, shared experts); the LM head and the routers stay in bf16."""
+
+    model_config = _STRICT
+    scaling: Literal["rowwise"] = "rowwise"
+    targets: list[Literal["experts", "projections"]] = Field(
+        default_factory=lambda: ["experts", "projections"], min_length=1)
+
+
 class Vision(BaseModel):
     """A model that takes images (its family declares ``images``): its vision towers are always frozen (no gradients,
     no optimizer state); the projection of their features into the decoder trains unless this says otherwise."""
@@ -267,6 +279,7 @@ class Recipe(BaseModel):
     vision: Vision = Field(default_factory=Vision)  # image models: what of the vision side trains
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
+    fp8: Fp8 | None = None                      # FP8 products on top of bf16 (the card says precision fp8)
     steps: int = Field(..., ge=1)
     global_batch: int = Field(..., ge=1)       # rows per optimizer step
     seed: int = 0
@@ -308,6 +321,9 @@ class Recipe(BaseModel):
             raise ValueError("optimizer.precision_aware needs precision: bf16")
         if self.offload.fraction and self.precision == "fp32":
             raise ValueError("offload.fraction needs precision: bf16 (fp32 training keeps its state on the device)")
+        if self.fp8 is not None and (self.precision != "bf16" or self.lora is not None or self.layout.tp > 1):
+            raise ValueError("fp8: needs precision bf16, no lora and layout.tp 1 (tensor-parallel shards and "
+                             "adapters are not FP8 products yet)")
         compile_refused = compile_problem(self.layout, self.kernels.compile)
         if compile_refused:
             raise LayoutError(compile_refused)
@@ -315,6 +331,10 @@ class Recipe(BaseModel):
             raise ValueError("recompute.num_layers: only 1 is supported with method uniform (every layer is "
                              "recomputed); method block recomputes the first num_layers layers")
         return self
+
+    def card_precision(self) -> str:
+        """The precision a card states: fp8 where the recipe's products run in FP8, else the weights' dtype."""
+        return "fp8" if self.fp8 is not None else self.precision
 
     def optimizer_master(self) -> str:
         if self.precision == "fp32":

@@ -7,6 +7,7 @@ The order (each step relies on the ones before it):
 3. materialisation: a model built on the meta device gets storage and its seeded values, sliced per rank;
    then LoRA adapters (the recipe's ``lora``) on what this rank holds, expert adapters sliced with their experts;
    then an image model's towers frozen and its projection trained or frozen (``frozen_modules``, ``trained_modules``);
+   then the recipe's FP8 products (``fp8``: parallel/fp8.py) in the decoder layers;
 4. tensor + sequence parallelism: the attention projections split by heads, the residual stream by sequence;
 5. context parallelism: attention reads the whole row's keys and values from the cp group;
 6. activation recompute, then activation offload around it;
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from openrecipes.config.recipe import Kernels, Recompute
+from openrecipes.config.recipe import Fp8, Kernels, Recompute
 from openrecipes.models.common.lora import LoraSpec
 from openrecipes.parallel.gradients import GradientSync
 from openrecipes.parallel.mesh import ParallelState
@@ -43,6 +44,7 @@ class ParallelizeOptions:
     kernels: Kernels = field(default_factory=Kernels)        # the recipe's section: its compile is applied here
     lora: LoraSpec | None = None            # adapters to train on a frozen base
     offload_activations: bool = False       # decoder layers' saved tensors wait in host memory
+    fp8: Fp8 | None = None                  # the recipe's section: which products run in FP8
     # module paths whose parameters never train (an image model's towers) and ones that do even on a LoRA-frozen base
     # (its projection, when the recipe trains it); applied after LoRA, before the layouts read requires_grad
     frozen_modules: tuple[str, ...] = ()
@@ -87,6 +89,10 @@ def parallelize(model: nn.Module, parallel: ParallelState, options: ParallelizeO
 
             shard_expert_adapters(plan.moe_blocks(layers), parallel.expert_mesh)
     set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
+    if options.fp8 is not None:  # before TP, recompute, compile and FSDP2 wrap the modules it changes
+        from openrecipes.parallel.fp8 import apply_fp8
+
+        apply_fp8(layers, plan, options.fp8.targets)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel

@@ -62,7 +62,8 @@ def build_model(recipe: Recipe, config: Any, parallel: ParallelState) -> tuple[n
         parameter_dtype=parameter_dtype(recipe, parallel),
         seed=recipe.seed, stage_layers=stage_layers, recompute=recipe.recompute, kernels=recipe.kernels,
         lora=lora_spec(recipe) if recipe.lora is not None else None,
-        offload_activations=recipe.offload.activations, frozen_modules=frozen, trained_modules=trained))
+        offload_activations=recipe.offload.activations, frozen_modules=frozen, trained_modules=trained,
+        fp8=recipe.fp8))
     return model, grads
 
 

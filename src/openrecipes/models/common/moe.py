@@ -18,6 +18,7 @@ from torch import nn
 
 from openrecipes.config.kernel_names import backend_runs
 from openrecipes.models.common.activations import ACTIVATIONS, check_activation
+from openrecipes.models.common.fp8 import FP8_EXPERTS, fp8_grouped_linear
 from openrecipes.models.common.kernels import KernelOptions
 
 
@@ -63,8 +64,9 @@ class SoftmaxTopKRouter(nn.Module):
 
 
 def use_grouped_mm(x: torch.Tensor, backend: str = "auto") -> bool:
-    """``auto``: grouped_mm for bf16 on CUDA, else the loop; ``loop`` forces the per-expert fallback."""
-    if backend == "loop":
+    """``auto``: grouped_mm for bf16 on CUDA, else the loop; ``loop`` forces the per-expert fallback (``fp8``, set
+    by the recipe's fp8 section, has its own products: common/fp8.py)."""
+    if backend in ("loop", FP8_EXPERTS):
         return False
     supported = (backend_runs("experts", "grouped_mm", cuda=x.is_cuda, bf16=x.dtype == torch.bfloat16)
                  and hasattr(torch, "_grouped_mm"))
@@ -76,6 +78,8 @@ def use_grouped_mm(x: torch.Tensor, backend: str = "auto") -> bool:
 def grouped_linear(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch.Tensor,
                    offsets_E: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
     """y[r] = weight[e(r)] @ x[r] for rows sorted by expert; ``counts_E`` rows belong to expert e in order."""
+    if backend == FP8_EXPERTS:
+        return fp8_grouped_linear(x_RI, weight_EOI, counts_E, offsets_E)
     if use_grouped_mm(x_RI, backend):
         if offsets_E is None:
             offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
@@ -153,7 +157,8 @@ def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.T
     1e-5 of PEFT's merged weights in fp32), in bf16 the update is not rounded away into W's precision, and it
     costs R·r·(I + O) multiply-adds instead of E·O·I·r with an (E, O, I) merged weight written and kept for the
     backward per step. The frozen W is read as it is; autograd reaches only A, B and the activations."""
-    offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if use_grouped_mm(x_RD, backend) else None
+    grouped = use_grouped_mm(x_RD, backend) or backend == FP8_EXPERTS
+    offsets = torch.cumsum(counts_E, dim=0, dtype=torch.int32) if grouped else None
     gate_RF = grouped_linear(x_RD, gate_EFD, counts_E, offsets, backend)
     up_RF = grouped_linear(x_RD, up_EFD, counts_E, offsets, backend)
     if low_rank is not None:  # one A for both: gate's and up's updates from one (R, r) product

@@ -133,3 +133,60 @@ def test_a_reversed_window_is_an_error_not_a_traceback(tuned, write_card):
     tuned["result"]["window"] = [11, 5]
     errors = _errors(tuned, write_card)
     assert "start <= end" in errors["result.window"], errors
+
+
+def _with_reference(card: dict) -> dict:
+    """``card`` tuned from a reference: its start predicted at 153.3 GiB of 140, the reference offloading 0.4."""
+    _trial(card, "start")["changes"] = "offload.fraction=0.4"
+    card["tuning"]["reference"] = {"start": "start.yaml", "start_predicted_peak_gib": 153.3, "start_failure": None,
+                                   "capacity_gib": 140.0, "margin": 0.05, "changes": "offload.fraction=0.4",
+                                   "predicted_peak_gib": 131.2}
+    return card
+
+
+def _ran_out_first(card: dict) -> dict:
+    """The start's trial listed first, out of memory, before the reference."""
+    card = _with_reference(card)
+    trials = card["tuning"]["trials"]
+    numbers = [t["trial"] for t in trials]
+    for trial in trials:
+        trial["trial"] += 1
+    trials.insert(0, {"trial": min(numbers), "role": "trial", "changes": "the starting point",
+                      "failure": "out_of_memory", "wall_s": 30.0})
+    card["tuning"]["reference"].update(start_failure="out_of_memory", start_predicted_peak_gib=120.0)
+    return card
+
+
+def test_a_card_tuned_from_a_reference_validates(tuned, write_card):
+    assert _errors(_with_reference(copy.deepcopy(tuned)), write_card) == {}
+    assert _errors(_ran_out_first(tuned), write_card) == {}  # a start predicted to fit, that ran out
+
+
+REFERENCE_CASES = {
+    "a start predicted to fit": (lambda c: _changed(("tuning", "reference", "start_predicted_peak_gib"), 120.0)(
+        _with_reference(c)), "tuning.reference.start_predicted_peak_gib", "predicted to fit is measured itself"),
+    "a reference predicted not to fit": (lambda c: _changed(("tuning", "reference", "predicted_peak_gib"), 135.0)(
+        _with_reference(c)), "tuning.reference.predicted_peak_gib", "predicted to fit"),
+    "a reference other than the start's trial": (lambda c: _changed(("tuning", "reference", "changes"),
+                                                                     "offload.fraction=1.0")(_with_reference(c)),
+                                                 "tuning.reference.changes", "the trial of role start"),
+    "an out-of-memory start that is not the first trial": (lambda c: _changed(
+        ("tuning", "reference", "start_failure"), "out_of_memory")(_with_reference(c)),
+        "tuning.reference.start_failure", "is the reference"),
+    "a trial before the reference that did not run out": (lambda c: _changed(
+        ("tuning", "trials", 0, "failure"), "crash")(_ran_out_first(c)), "tuning.trials[1].trial", "measured first"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFERENCE_CASES))
+def test_each_contradiction_of_a_reference_is_an_error_naming_its_field(tuned, write_card, case):
+    change, field, word = REFERENCE_CASES[case]
+    errors = _errors(change(tuned), write_card)
+    assert field in errors and word in errors[field], errors
+
+
+def test_without_a_reference_the_start_is_the_first_trial(tuned, write_card):
+    card = _ran_out_first(tuned)
+    del card["tuning"]["reference"]
+    errors = _errors(card, write_card)
+    assert "measured first" in errors.get("tuning.trials[1].trial", ""), errors

@@ -305,6 +305,7 @@ def test_the_reserve_costs_a_rerun_without_the_compile_a_shared_cache_keeps():
             self.options = SimpleNamespace(remeasure=2, stable_cv=0.02)
             self.target = SimpleNamespace(is_cpu=False)
             self.tried, self.searching = {"start": None, "w": SimpleNamespace(key="w")}, True
+            self.reference = SimpleNamespace(key="start")  # the start fitted: it is what was measured first
 
     fixed = verify_fixed_s(False)
     assert Budget(shared=True).reserve_s() == pytest.approx(33.0 + 22.0 + fixed)

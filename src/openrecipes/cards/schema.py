@@ -316,6 +316,20 @@ class TuningAblation(_Strict):
     note: str = ""
 
 
+class TuningReference(_Strict):
+    """A starting point that did not fit the device, and the reference the tuner measured as its start instead: the
+    smallest change of its memory knobs predicted to fit (docs/tune.md)."""
+
+    start: Text = Field(description="the starting recipe given to the tuner")
+    start_predicted_peak_gib: Annotated[float, Field(gt=0)] = Field(description="its predicted peak, what must fit")
+    start_failure: Literal["out_of_memory"] | None = Field(
+        default=None, description="its trial's failure when it was run; none: predicted not to fit and never run")
+    capacity_gib: Annotated[float, Field(gt=0)] = Field(description="one device's memory the tuner planned against")
+    margin: Annotated[float, Field(ge=0, lt=1)] = Field(description="the share of it a candidate leaves free")
+    changes: Text = Field(description="the reference's changes against the starting point (its trial's changes)")
+    predicted_peak_gib: Annotated[float, Field(gt=0)] = Field(description="the reference's predicted peak")
+
+
 class Tuning(_Strict):
     """How `openrecipes tune` reached this recipe from a starting point (docs/tune.md)."""
 
@@ -326,6 +340,9 @@ class Tuning(_Strict):
     trials: Annotated[list[TuningTrial], Field(min_length=1)]
     gain: TuningGain | None = None
     ablations: list[TuningAblation] = Field(default_factory=list)
+    reference: TuningReference | None = Field(
+        default=None, description="set when the starting point did not fit: the trial of role start, and every "
+                                  "start figure above, is then this reference's")
 
 
 class RecipeCard(_Strict):

@@ -6,7 +6,9 @@ first of each its search trial, then each interleaved remeasurement. From it fol
 median of the pair gains), the start's own spread and each ablation's contribution (the winner's median over the
 ablated run, less one); the winner's trial is the card's run, so its measurement is ``result.tokens_per_s_per_gpu``.
 A verified tuned card is one whose gain is real: a winner faster than the start, every remeasured pair of one sign and
-the median gain outside the start's own spread.
+the median gain outside the start's own spread. A starting point that did not fit (``tuning.reference``) was replaced
+by its reference, the trial of role start: it names that trial's changes, fits where the start did not, and only the
+starting point and references that ran out of memory come before it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import statistics
 
 from openrecipes.cards.findings import Finding, Loc, half_unit
-from openrecipes.cards.schema import RecipeCard, Tuning
+from openrecipes.cards.schema import RecipeCard, Tuning, TuningReference
 
 # figures the tuner writes at full precision; a card edited by hand may round them to their written digits, but a
 # fraction (a spread, a contribution) no more loosely than to the percent
@@ -34,6 +36,8 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
     if tuning is None:
         return []
     out = _trial_roles(tuning)
+    if tuning.reference is not None:
+        out += _reference(tuning, tuning.reference)
     start = next((t for t in tuning.trials if t.role == "start"), None)
     winners = [t for t in tuning.trials if t.role == "winner"]
     winner = winners[0] if len(winners) == 1 else start if not winners else None
@@ -67,8 +71,37 @@ def _trial_roles(tuning: Tuning) -> list[Finding]:
             out.append(Finding(loc=("tuning", "trials"), message=f"{count} trials of role {role}; a card has one"))
     start = next((t for t in tuning.trials if t.role == "start"), None)
     if start is not None and start.trial != numbers[0]:
-        out.append(Finding(loc=("tuning", "trials", tuning.trials.index(start), "trial"),
-                           message=f"the start is trial {start.trial}, but it is measured first"))
+        before = tuning.trials[:tuning.trials.index(start)]
+        if tuning.reference is None or any(t.failure != "out_of_memory" for t in before):
+            after = "" if tuning.reference is None else ", after the starting point if it ran out of memory"
+            out.append(Finding(loc=("tuning", "trials", tuning.trials.index(start), "trial"),
+                               message=f"the start is trial {start.trial}, but it is measured first{after}"))
+    return out
+
+
+def _reference(tuning: Tuning, reference: TuningReference) -> list[Finding]:
+    """A reference in place of a start that did not fit: the trial of role start, predicted to fit where the start
+    was not (or its trial, the first, ran out of memory)."""
+    loc: Loc = ("tuning", "reference")
+    out = []
+    start = next((t for t in tuning.trials if t.role == "start"), None)
+    if start is not None and start.changes != reference.changes:
+        out.append(Finding(loc=(*loc, "changes"), message=(
+            f"{reference.changes!r} but the trial of role start, the reference, changed {start.changes!r}")))
+    limit = reference.capacity_gib * (1 - reference.margin)
+    text = f"of {reference.capacity_gib} GiB with {reference.margin:.3g} left free (at most {limit:.6g} GiB)"
+    if reference.predicted_peak_gib > limit * (1 + RELATIVE_SLACK):
+        out.append(Finding(loc=(*loc, "predicted_peak_gib"), message=(
+            f"{reference.predicted_peak_gib} GiB {text}: the reference is a change predicted to fit")))
+    if reference.start_failure is None and reference.start_predicted_peak_gib <= limit * (1 - RELATIVE_SLACK):
+        out.append(Finding(loc=(*loc, "start_predicted_peak_gib"), message=(
+            f"{reference.start_predicted_peak_gib} GiB {text}: a start predicted to fit is measured itself, unless "
+            "its trial ran out of memory (start_failure)")))
+    first = tuning.trials[0]
+    if reference.start_failure is not None and (first is start or first.failure != reference.start_failure):
+        ended = "is the reference" if first is start else f"ended with {first.failure or 'a measurement'}"
+        out.append(Finding(loc=(*loc, "start_failure"), message=(
+            f"{reference.start_failure} but the first trial, the starting point's, {ended}")))
     return out
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from openrecipes.config.recipe import Recipe
 from openrecipes.tune.journal import Journal
 from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import Calibration, Prediction, Target
@@ -111,9 +110,9 @@ class SearchBudget:
     reserve begins."""
 
     options: TuneOptions
-    start: Recipe
     runner: Any  # a tune.runner Runner; ``compile_cache_shared`` where its trials share one compile cache
     target: Target
+    reference: Candidate  # the trial measured as the start (the start itself, or its reference: tune/reference.py)
     journal: Journal
     progress: Progress
     calibration: Calibration
@@ -140,7 +139,7 @@ class SearchBudget:
         limit = self.options.trial_timeout_s
         if phase != "remeasure":
             limit = min(limit, max(1.0, self.progress.left_s() - self.reserve_s()))
-        start = self._measured("start")
+        start = self._measured(self.reference.key)
         if start is None:
             return limit
         # a candidate three times slower than the (deliberately slow) start is not worth waiting for
@@ -150,13 +149,14 @@ class SearchBudget:
         """Time held back for what follows the search: the remeasured (start, winner) pairs at their measured
         trial times (the slower of the best candidate so far and the next trial, ``next_wall_s`` to run it again,
         standing in for the winner unless it is predicted too slow to become one) and the rest of verification."""
-        start = self._measured("start")
+        start = self._measured(self.reference.key)
         if start is None:
             return 0.0
         if not self.searching:
             return CARD_S
         best = self._best()
-        best_wall = self._rerun_wall_s(self._measured(best[0].key)) if best and best[0].key != "start" else 0.0
+        best_wall = (self._rerun_wall_s(self._measured(best[0].key)) if best and best[0].key != self.reference.key
+                     else 0.0)
         if next_prediction is not None and best is not None and (
                 self.calibration.tokens_per_s_per_gpu(next_prediction) < CONTENDER_FRACTION * best[1]):
             next_wall_s = 0.0  # not a contender: nothing of it to remeasure
@@ -167,7 +167,7 @@ class SearchBudget:
 
     def remeasure_pairs(self, winner: dict[str, Any]) -> int:
         """The module's ``remeasure_pairs`` for this search's start and ``winner``."""
-        pair = self._rerun_wall_s(self._measured("start")) + self._rerun_wall_s(winner)
+        pair = self._rerun_wall_s(self._measured(self.reference.key)) + self._rerun_wall_s(winner)
         return remeasure_pairs(pair, self.progress.left_s(), self.options.remeasure, self.target.is_cpu)
 
     @property
@@ -175,14 +175,14 @@ class SearchBudget:
         return getattr(self.runner, "compile_cache_shared", False)
 
     def _rerun_wall_s(self, record: dict[str, Any]) -> float:
-        return rerun_wall_s(record, self._measured("start"), self._cache_shared, self.options.stable_cv)
+        return rerun_wall_s(record, self._measured(self.reference.key), self._cache_shared, self.options.stable_cv)
 
     def _compile_s(self, prediction: Prediction | None, settings: Settings | None) -> float:
         """What compiling adds to the trial of ``settings`` (predicted ``prediction``) beyond the start's cost: 0
         for an eager trial or a compiled start (its measured cost holds a compile already)."""
-        if prediction is None or not prediction.compiled or settings is None or self.start.kernels.compile:
+        if prediction is None or not prediction.compiled or settings is None or self.reference.recipe.kernels.compile:
             return 0.0
-        start, steps = self._measured("start"), self.options.trial_steps
+        start, steps = self._measured(self.reference.key), self.options.trial_steps
         measured = []
         for record in self.journal.records:
             if record["status"] == "ok" and record["key"] in self.tried and (record.get("prediction") or {}).get(
@@ -193,8 +193,8 @@ class SearchBudget:
         return compile_s(measured, settings, self._cache_shared)
 
     def _offload_share(self, settings: Settings | None) -> float:
-        """The trial's offloaded optimizer state as a share of the start's (1 where the start offloads none)."""
-        start = self.start.offload.fraction
+        """The trial's offloaded optimizer state as a share of the measured start's (1 where it offloads none)."""
+        start = self.reference.recipe.offload.fraction
         return 1.0 if settings is None or start <= 0 else settings.offload / start
 
     def estimated_wall_s(self, prediction: Prediction | None, settings: Settings | None = None) -> float:
@@ -203,7 +203,7 @@ class SearchBudget:
 
     def _walls(self, prediction: Prediction | None, settings: Settings | None) -> tuple[float, float]:
         """A trial's expected wall time, and to run it again (its compile traced once where trials share a cache)."""
-        start = self._measured("start")
+        start = self._measured(self.reference.key)
         if start is None:
             return 0.0, 0.0
         step_time = self.calibration.step_time_s(prediction) if prediction is not None else None

@@ -42,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trial-timeout", type=positive(float), default=900.0, metavar="SECONDS",
                         help="limit of one trial (default 900; after the start: at most 3x its time, at least 120)")
     parser.add_argument("--nproc", type=positive(int), help="processes per trial (default: the world size)")
+    parser.add_argument("--gpu-memory-gib", type=positive(float), metavar="GIB",
+                        help="one device's memory the planner fits candidates into (default: the hardware table's; "
+                             "on CPU the host's share); a start that does not fit is tuned from the smallest "
+                             "change that does (docs/tune.md)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar='"KEY=VALUE ..."',
                         help="a candidate measured right after the start (performance-only fields), repeatable")
     parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                           minutes=args.minutes, trial_steps=args.trial_steps,
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
-                          remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv))
+                          remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv),
+                          gpu_memory_gib=args.gpu_memory_gib)
     if args.max_parallel != 1 and args.slurm is None:
         raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
                          "several at once need --slurm")
@@ -122,7 +127,8 @@ def _tune(search, options, progress) -> int:
     if winner is not None:
         pairs = search.remeasure_pairs(winner.record)
         held = "" if pairs == options.remeasure else f" of the {options.remeasure} asked: the budget holds {pairs}"
-        progress.say(f"measuring the start and trial {winner.record['index']} again, interleaved "
+        start = "the start" if result.unfit is None else "the reference"  # the start did not fit
+        progress.say(f"measuring {start} and trial {winner.record['index']} again, interleaved "
                      f"({pairs} pairs{held})")
         gain = remeasure(search, winner.record, pairs)
         if gain.faster:

@@ -22,6 +22,8 @@ class TuneOptions:
     remeasure: int = 2  # interleaved (start, winner) pairs measured again before publishing (tune/remeasure.py)
     # a trial ends once its window's first steps vary less than this (runner.stable_window); None: all its steps
     stable_cv: float | None = 0.02
+    # one device's memory the planner fits candidates into, instead of the device's (or, on CPU, the host's share)
+    gpu_memory_gib: float | None = None
 
     def measurement_window(self) -> tuple[int, int]:
         return self.window or trial_window(self.trial_steps)

@@ -104,13 +104,16 @@ def _host_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
 
 
-def planner_hardware(target: Target) -> Hardware:
+def planner_hardware(target: Target, memory_gib: float | None = None) -> Hardware:
     """The planner's hardware record. A CPU has none: its numbers here are placeholders (an H200's efficiencies,
-    a slow device, host memory shared by the processes); the refit from the measured start rescales them."""
+    a slow device, host memory shared by the processes); the refit from the measured start rescales them.
+    ``memory_gib`` (``--gpu-memory-gib``) replaces one device's memory, what every candidate must fit."""
+    if memory_gib is not None and not (math.isfinite(memory_gib) and memory_gib > 0):
+        raise ValueError(f"--gpu-memory-gib: a finite number of GiB above 0, got {memory_gib}")
     if not target.is_cpu:
-        return load_hardware(target.gpu_type)
+        return load_hardware(target.gpu_type, memory_gib=memory_gib)
     base = load_hardware("H200")
-    spec = GpuSpec(name=CPU, peak_bf16_dense_flops=1e10, memory_gib=_host_memory_gib() / target.count,
+    spec = GpuSpec(name=CPU, peak_bf16_dense_flops=1e10, memory_gib=memory_gib or _host_memory_gib() / target.count,
                    hbm_tb_s=0.02, nvlink_gb_s=2.0, nvlink_domain=max(8, target.count), network_gb_s=1.0,
                    pcie_gb_s=10.0, source="placeholder for CPU trials (openrecipes tune)")
     return dataclasses.replace(base, gpu=spec)
@@ -291,7 +294,8 @@ def _fit_step(pairs: list[tuple[Prediction, float, float | None]], compile_prior
 class Planner:
     """Refusals and predictions for recipes of one model on one target."""
 
-    def __init__(self, start: Recipe, target: Target, row_tokens: int, *, image_rows: bool = False) -> None:
+    def __init__(self, start: Recipe, target: Target, row_tokens: int, *, image_rows: bool = False,
+                 memory_gib: float | None = None) -> None:
         from openrecipes.models.resolve import resolve_model_config
 
         # the config train resolves for this recipe: image rows read a checkpoint directory with its towers
@@ -299,7 +303,7 @@ class Planner:
                                            from_checkpoint=start.init == "checkpoint")
         self.shape: ModelShape = model_shape(self.config, name=start.model)
         self.image_rows = image_rows  # the rows hold images
-        self.hardware = planner_hardware(target)
+        self.hardware = planner_hardware(target, memory_gib)
         self.target = target
         self.row_tokens = row_tokens
         # None: no measured effect of compiled blocks on this target; compile is then explored around the best

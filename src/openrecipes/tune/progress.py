@@ -92,7 +92,7 @@ class Progress:
         measured = record.get("measured")
         if measured:
             tps = measured["tokens_per_s_per_gpu"]
-            if record["key"] == "start":
+            if record.get("phase") == "start":  # the start, or the reference measured in its place
                 self.start_tps = tps
             # the best of the search: a remeasured or ablated run is another sample, not another candidate
             if record.get("phase") in SEARCH_PHASES and (self.best is None or tps > self.best[0]):

@@ -56,7 +56,7 @@ class Headline:
 
 def headline(result: SearchResult, winner: dict[str, Any], gain: Gain | None, minutes: float) -> Headline:
     """The figures every place quotes: with remeasured pairs the medians of the samples, else the two trials'."""
-    start = next(r for r in result.records if r["key"] == "start")["measured"]["tokens_per_s_per_gpu"]
+    start = next(r for r in result.records if r["key"] == result.reference_key)["measured"]["tokens_per_s_per_gpu"]
     tuned = winner["measured"]["tokens_per_s_per_gpu"]
     if gain is not None and gain.pairs:
         start, tuned = statistics.median(gain.start), statistics.median(gain.winner)
@@ -71,7 +71,8 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
         measured = record.get("measured") or {}
         trials.append({
             "trial": record["index"],
-            "role": "start" if record["key"] == "start" else "winner" if record["key"] == winner_key else "trial",
+            "role": ("start" if record["key"] == result.reference_key else "winner" if record["key"] == winner_key
+                     else "trial"),
             "changes": record["label"],
             "predicted_tokens_per_s_per_gpu": prediction.get("calibrated_tokens_per_s_per_gpu")
             or prediction.get("tokens_per_s_per_gpu"),
@@ -84,6 +85,8 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
              "minutes": round(figures.minutes, 3), "pruned": result.pruned, "trials": trials}
     if gain is not None and gain.pairs:
         block["gain"] = gain.card_block()
+    if result.unfit is not None:  # the start did not fit: the reference is the "start" of the figures above
+        block["reference"] = result.unfit.card_block(_shown(result.start_path))
     if ablations is not None:
         block["ablations"] = [{"knob": a.knob, "measured_tokens_per_s_per_gpu": a.measured_tokens_per_s_per_gpu,
                                "contribution": a.contribution, "note": a.note} for a in ablations.found]
@@ -109,19 +112,27 @@ def _shown(path: Path) -> str:
 
 def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed: list[Verdict], figures: Headline,
               gain: Gain | None = None, ablations: Ablations | None = None) -> list[str]:
-    start = next(r for r in result.records if r["key"] == "start")
+    start = next(r for r in result.records if r["key"] == result.reference_key)
     failures = [r for r in result.records if r["status"] == "failed"]
     measured = ("medians of the start's and the winner's runs" if gain is not None and len(gain.pairs) > 1
                 else "one run each")
-    notes = [f"openrecipes tune: starting point {_shown(result.start_path)}, {figures.start_tps:,.1f} tokens/s/GPU; "
+    started = (f"starting point {_shown(result.start_path)}" if result.unfit is None else
+               f"starting point {_shown(result.start_path)} (did not fit) and its reference")
+    notes = [f"openrecipes tune: {started}, {figures.start_tps:,.1f} tokens/s/GPU; "
              f"tuned to {figures.tuned_tps:,.1f} ({measured}); {len(result.records)} trials in "
              f"{figures.minutes:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
              "any trial)."]
-    if winner["key"] == "start":
+    if result.unfit is not None:
+        notes.append(result.unfit.note(_shown(result.start_path)))
+    if result.options.gpu_memory_gib is not None:
+        notes.append(f"Candidates were fitted into {result.options.gpu_memory_gib:g} GiB per device "
+                     "(openrecipes tune --gpu-memory-gib), not the device's own memory.")
+    if winner["key"] == result.reference_key:
         notes.append("No measured candidate beat the starting point and passed verification: this card is the "
                      "starting point itself.")
     else:
-        notes.append(f"What changed: {describe_changes(winner['changes'])}. Why it is faster (measured): "
+        notes.append(f"What changed: {describe_changes(winner['changes'])}"
+                     f"{'' if result.unfit is None else ' (against the starting point)'}. Why it is faster (measured): "
                      f"{_why(start, winner)}.")
     if gain is not None:
         notes.append(f"Gain measured again, start and winner in turns: {gain.describe()}.")
@@ -147,7 +158,7 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
     from openrecipes.site.build import build_site
 
     out = result.options.out
-    start = next(r for r in result.records if r["key"] == "start")
+    start = next(r for r in result.records if r["key"] == result.reference_key)
     record = winner.record if winner else start
     status = "verified" if winner else "unverified"
     candidate = result.candidates[record["key"]]

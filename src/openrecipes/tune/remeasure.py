@@ -19,7 +19,7 @@ from typing import Any
 
 from openrecipes.tune.progress import failure_text
 from openrecipes.tune.search import Search
-from openrecipes.tune.space import KNOBS, Candidate, describe_changes, start_settings
+from openrecipes.tune.space import KNOBS, Candidate, describe_changes
 
 REMEASURE_KEY = "remeasure{n}-{key}"
 
@@ -66,8 +66,8 @@ def _tps(record: dict[str, Any]) -> float | None:
 
 def remeasure(search: Search, winner: dict[str, Any], pairs: int) -> Gain:
     """Run (or reuse, on a rerun) ``pairs`` more interleaved (start, winner) pairs; the gain over every pair."""
-    start_record = search.journal.find("start")
-    start, candidate = search.tried["start"], search.tried[winner["key"]]
+    start = search.reference  # the start as measured: its reference when it did not fit (tune/reference.py)
+    start_record, candidate = search.journal.find(start.key), search.tried[winner["key"]]
     start_samples, winner_samples = [_tps(start_record)], [_tps(winner)]
     for n in range(1, pairs + 1):
         for role, subject in (("start", start), ("winner", candidate)):
@@ -103,15 +103,16 @@ class Ablations:
 
 
 def ablate(search: Search, winner: Candidate, winner_tps: float) -> Ablations:
-    """The winner with each changed knob set back to the start's, one run each, while the budget allows."""
-    base = start_settings(search.start, search.facts)
+    """The winner with each changed knob set back to the measured start's (its reference's when it did not fit:
+    the knobs the reference changed to fit are not the tuner's gain), one run each, while the budget allows."""
+    base = search.reference.settings
     result = Ablations()
     for knob in KNOBS:
         if getattr(winner.settings, knob) == getattr(base, knob):
             continue
         candidate = search.candidate_or_none(replace(winner.settings, **{knob: getattr(base, knob)}))
-        if candidate is None or not candidate.changes:
-            continue  # the start itself, or a recipe train refuses
+        if candidate is None or candidate.key == search.reference.key:
+            continue  # the measured start itself, or a recipe train refuses
         prediction = search.prediction_if_fits(candidate)
         if prediction is None:
             result.found.append(Ablation(knob=knob, changes=describe_changes(candidate.changes),

@@ -1,9 +1,10 @@
 """The search: measure the start, rank candidates with the planner, run trials, refit, search around the best.
 
 Order of trials (deterministic given the trials already recorded, so a rerun walks the same path and reuses them):
-1. the starting point; 2. candidates given with ``--try``; 3. about half of the remaining budget down the planner's
-ranking (refitted after every trial); 4. the rest around the best measured recipe: every setting one knob away, and
-two knobs away from the most promising of those, best predicted first. The offload fraction and the number of
+1. the starting point (when it does not fit, the smallest change of it that does: ``tune/reference.py``); 2.
+candidates given with ``--try``; 3. about half of the remaining budget down the planner's ranking (refitted after
+every trial); 4. the rest around the best measured recipe: every setting one knob away, and two knobs away from the
+most promising of those, best predicted first. The offload fraction and the number of
 recomputed layers are solved from the memory model (``tune/solve.py``) for every setting of the other knobs.
 
 ``--minutes`` is the wall time of the whole command: ``budget.SearchBudget`` says which trials it holds.
@@ -30,6 +31,7 @@ from openrecipes.tune.options import TuneOptions
 from openrecipes.tune.predict import (Calibration, Planner, Prediction, Target, fit_calibration,
                                      resolve_target)
 from openrecipes.tune.progress import Progress, failure_text
+from openrecipes.tune.reference import ReferenceFallback, UnfitStart
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
 from openrecipes.tune.trial import (TRIAL_RECIPE, OpenTrial, early_end_s, peak_under_prediction, trial_record,
@@ -60,9 +62,11 @@ class SearchResult:
     pruned: int
     calibration: Calibration
     options: TuneOptions
+    reference_key: str = "start"  # the trial measured as the start: the start's, or its reference's when it did not fit
+    unfit: UnfitStart | None = None  # the start that did not fit, and its reference
 
 
-class Search(SearchBudget):
+class Search(SearchBudget, ReferenceFallback):
     def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
         self.options = options
         self.runner = runner
@@ -98,7 +102,8 @@ class Search(SearchBudget):
 
         manifest = read_manifest(self.rows, require=("row_tokens",))
         row_tokens = int(manifest["row_tokens"])
-        self.planner = Planner(self.start, self.target, row_tokens, image_rows=bool(manifest.get("images")))
+        self.planner = Planner(self.start, self.target, row_tokens, image_rows=bool(manifest.get("images")),
+                               memory_gib=options.gpu_memory_gib)
         shape, workload = self.planner.shape, self.planner.workload(self.start)
         self.facts = ModelFacts(num_layers=shape.num_layers, num_experts=shape.num_experts, kv_heads=shape.kv_heads,
                                 row_tokens=row_tokens, world_size=self.target.count,
@@ -108,6 +113,8 @@ class Search(SearchBudget):
         settings = {"start": dump_recipe(self.start), "target": self.target.label(),
                     "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows),
                     "stable_cv": options.stable_cv}
+        if options.gpu_memory_gib is not None:  # it decides the start's reference; absent, older outputs still resume
+            settings["gpu_memory_gib"] = options.gpu_memory_gib
         check_settings(self.out, settings)
         # the rows' content as well as their path: trials of other rows are other measurements
         measured_under = settings_sha256({**settings, "rows_sha256": manifest.get("parquet_sha256")})
@@ -115,6 +122,8 @@ class Search(SearchBudget):
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
         self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
         self.tried: dict[str, Candidate] = {}
+        self.reference = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
+        self.unfit: UnfitStart | None = None
         self.predicted: dict[Settings, Ranked | None] = {}  # None: refused
         self.solving: dict[Settings, Prediction | None] = {}  # the planner's predictions the solved knobs bisect
         self.refused: dict[str, str] = {}  # for good: train or the planner refuses it, or it would fail as a trial did
@@ -363,7 +372,6 @@ class Search(SearchBudget):
         return prediction if prediction and self.calibration.leaves_margin(prediction) else None
 
     def run(self) -> SearchResult:
-        start = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
         refusal = self.planner.refusal(self.start)
         if refusal:  # the rules train applies: running it would only show train refusing it
             raise ValueError(f"the starting point: openrecipes train refuses its layout: {refusal}")
@@ -371,15 +379,7 @@ class Search(SearchBudget):
         self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
                           f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
                           f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")
-        cut_by_budget = self._timeout("start") < self.options.trial_timeout_s
-        record = self.run_trial(start, start_prediction, "start")
-        if record["status"] != "ok":
-            failure, log = record["failure"], (self.out / record["run_dir"]).parent / "train.log"
-            if failure["class"] == "timeout" and cut_by_budget:
-                raise ValueError(f"the starting point did not finish within --minutes {self.options.minutes:g} "
-                                 f"({failure['detail']}): the budget must hold the start, the trials and "
-                                 f"verification; give more minutes (see {log})")
-            raise ValueError(f"the starting point failed ({failure['class']}: {failure['detail']}); see {log}")
+        self.measure_start(self.reference, start_prediction)  # the start, or the reference when it does not fit
         with self.in_flight:  # a job in flight is cancelled if the search stops
             self._search()
         self.progress.projected_finish(self.reserve_s())
@@ -388,7 +388,7 @@ class Search(SearchBudget):
         return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
                             records=[r for r in self.journal.records if r["key"] in self.tried],
                             candidates=self.tried, pruned=len(self._left_out()), calibration=self.calibration,
-                            options=self.options)
+                            options=self.options, reference_key=self.reference.key, unfit=self.unfit)
 
     def _search(self) -> None:
         """The trials after the start: the given candidates, the planner's ranking, then around the best."""

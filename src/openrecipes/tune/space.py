@@ -285,13 +285,16 @@ class Knob:
     """One thing the tuner may turn: its ``Settings`` field; the one recipe field it sets (``path``; None for the
     layout, rows and recompute, which ``candidate_recipe`` writes across several fields); its values next to a
     setting; and, when the planner ranks it first, its values given the knobs before it in the table and whether
-    compiled blocks are ranked (``first``). A knob without ``first`` stays as in the start until the search
-    explores around the best measured. A new knob is a ``Settings`` field and one row here."""
+    compiled blocks are ranked (``first``), and whether it trades speed for device memory (``frees_memory``). A knob
+    without ``first`` stays as in the start until the search explores around the best measured. A new knob is a
+    ``Settings`` field and one row here."""
 
     name: str
     path: str | None
     values: Callable[[Recipe, ModelFacts, Settings], list[Any]]
     first: Callable[[Recipe, ModelFacts, Settings, bool], list[Any]] | None = None
+    # trades speed for device memory: what a start that does not fit may change to fit (tune/reference.py)
+    frees_memory: bool = False
 
 
 def _recompute_values(start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:
@@ -320,13 +323,13 @@ def _first_compile(start: Recipe, facts: ModelFacts, around: Settings, with_comp
 
 KNOB_TABLE: tuple[Knob, ...] = (
     Knob("layout", None, lambda start, facts, around: layout_options(start, facts),
-         first=lambda start, facts, around, compiled: layout_options(start, facts)),
+         first=lambda start, facts, around, compiled: layout_options(start, facts), frees_memory=True),
     Knob("rows", None, lambda start, facts, around: rows_options(start, around.layout_dict()),
-         first=lambda start, facts, around, compiled: rows_options(start, around.layout_dict())),
+         first=lambda start, facts, around, compiled: rows_options(start, around.layout_dict()), frees_memory=True),
     Knob("recompute", None, _recompute_values,
-         first=lambda start, facts, around, compiled: recompute_options(facts)),
+         first=lambda start, facts, around, compiled: recompute_options(facts), frees_memory=True),
     Knob("offload", "offload.fraction", lambda start, facts, around: offload_options(start, around.offload),
-         first=lambda start, facts, around, compiled: offload_options(start)),
+         first=lambda start, facts, around, compiled: offload_options(start), frees_memory=True),
     Knob("overlap", "offload.overlap", lambda start, facts, around: [True, False] if around.offload else []),
     Knob("offload_update", "offload.update",
          lambda start, facts, around: list(OFFLOAD_UPDATES) if around.offload else []),
@@ -334,10 +337,16 @@ KNOB_TABLE: tuple[Knob, ...] = (
     Knob("experts", "kernels.experts", _kernel_values("experts")),
     Knob("compile", "kernels.compile", lambda start, facts, around: compile_options(around.layout_dict()),
          first=_first_compile),
-    Knob("offload_activations", "offload.activations", lambda start, facts, around: [False, True]),
-    Knob("loss_chunk", "kernels.loss_chunk_tokens", lambda start, facts, around: list(LOSS_CHUNKS)),
+    Knob("offload_activations", "offload.activations", lambda start, facts, around: [False, True], frees_memory=True),
+    Knob("loss_chunk", "kernels.loss_chunk_tokens", lambda start, facts, around: list(LOSS_CHUNKS), frees_memory=True),
     Knob("allocator", "kernels.allocator", _allocator_values,
-         first=lambda start, facts, around, compiled: _allocator_values(start, facts, around)),
+         first=lambda start, facts, around, compiled: _allocator_values(start, facts, around), frees_memory=True),
 )
 KNOB_BY_NAME = {knob.name: knob for knob in KNOB_TABLE}
 KNOBS = tuple(KNOB_BY_NAME)
+MEMORY_KNOBS = tuple(knob.name for knob in KNOB_TABLE if knob.frees_memory)
+
+
+def changed_knobs(settings: Settings, base: Settings) -> tuple[str, ...]:
+    """The knobs ``settings`` turns away from ``base`` (a new layout is one knob, whatever fields it moves)."""
+    return tuple(knob for knob in KNOBS if getattr(settings, knob) != getattr(base, knob))

@@ -91,9 +91,9 @@ def verify_record(result: SearchResult, record: dict[str, Any], start_record: di
 def choose_winner(result: SearchResult) -> tuple[Verdict | None, list[Verdict]]:
     """The fastest measured candidate that beats the start and passes every check, and the verdicts of those
     that were checked before it (faster, but failed)."""
-    start = next(r for r in result.records if r["key"] == "start")
+    start = next(r for r in result.records if r["key"] == result.reference_key)  # the start as measured
     start_tps = start["measured"]["tokens_per_s_per_gpu"]
-    faster = sorted((r for r in result.records if r["status"] == "ok" and r["key"] != "start"
+    faster = sorted((r for r in result.records if r["status"] == "ok" and r["key"] != result.reference_key
                      and r["measured"]["tokens_per_s_per_gpu"] > start_tps),
                     key=lambda r: -r["measured"]["tokens_per_s_per_gpu"])
     device = "cpu" if result.target.is_cpu else "cuda"

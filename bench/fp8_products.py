@@ -50,10 +50,38 @@ def _fwd_bwd(product, x, w, *extra):
     return step
 
 
+def probe_weight_gradient_scales() -> dict:
+    """Which scale layout torch._scaled_grouped_mm reads for the 2d-2d product (the experts' weight gradient): one
+    (E*O,) vector expert-major, or an (O, E) view; each compared with the dequantized product."""
+    from openrecipes.models.common.fp8 import quantize_per_group
+
+    torch.manual_seed(1)
+    experts, rows, out_dim, in_dim = 4, 256, 64, 32
+    counts = torch.tensor([64, 32, 96, 64], device="cuda")
+    group = torch.repeat_interleave(torch.arange(experts, device="cuda"), counts)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    grad, x = torch.randn(rows, out_dim, device="cuda"), torch.randn(rows, in_dim, device="cuda")
+    qg, sg = quantize_per_group(grad, group, experts)
+    qx, sx = quantize_per_group(x, group, experts)
+    dg, dx = qg.float() * sg[group], qx.float() * sx[group]
+    expected = torch.stack([g.t() @ xx for g, xx in zip(dg.split(counts.tolist()), dx.split(counts.tolist()))])
+    found = {}
+    for name, (a, b) in {"flat_expert_major": (sg.flatten(), sx.flatten()), "transposed_view": (sg.t(), sx.t())}.items():
+        try:
+            got = torch._scaled_grouped_mm(qg.t().contiguous(), qx.t().contiguous().t(), a, b, offs=offsets,
+                                           out_dtype=torch.float32)
+            found[name] = ((got - expected).norm() / expected.norm()).item()
+        except Exception as error:  # the probe's point: which layout the kernel takes
+            found[name] = repr(error)[:200]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    probe = probe_weight_gradient_scales()
+    print(f"RESULT probe 2d-2d scales: {probe}", flush=True)
     torch.manual_seed(0)
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     rows = TOKENS * TOP_K
@@ -83,7 +111,8 @@ def main() -> None:
               f"{row['fp8_ms']:.3f} ms ({row['fp8_tflops']:.0f}), x{row['speedup']:.2f}; quantize x "
               f"{row['quantize_ms']:.3f} ms", flush=True)
     report = {"benchmark": "fp8_products", "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "results": results}
+              "torch": torch.__version__, "cuda": torch.version.cuda, "probe_2d2d_scales": probe,
+              "results": results}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 

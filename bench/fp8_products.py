@@ -3,7 +3,7 @@
 Products (one 8,192-token row): the query projection (8,192 x 2,048 -> 4,096), the output projection (4,096 ->
 2,048), and the routed experts' gate projection over 65,536 token copies sorted by expert (128 experts of 2,048 ->
 768, 512 copies each: forced balance). Each variant runs forward and backward; median of 50 timed repetitions after
-10 warm-up ones, CUDA events. ``quantize`` times the row-wise quantization alone (the FP8 path's extra passes).
+two warm-up ones, CUDA events. ``quantize`` times the row-wise quantization alone (the FP8 path's extra passes).
 
 Usage: python bench/fp8_products.py --out results.json
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,21 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from openrecipes.models.common.fp8 import fp8_grouped_linear, fp8_linear, quantize  # noqa: E402
 from openrecipes.models.common.moe import grouped_linear  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_paths import timed  # noqa: E402  (bench/, beside this file: median of CUDA-event times)
+
 TOKENS, HIDDEN, HEADS_WIDTH, EXPERTS, FFN, TOP_K = 8192, 2048, 4096, 128, 768, 8
-
-
-def _time(fn, repeats: int = 50, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+REPEATS = 50
 
 
 def _fwd_bwd(product, x, w, *extra):
@@ -101,10 +90,10 @@ def main() -> None:
                     "fp8": fp8_grouped_linear if grouped else fp8_linear}
         row = {"product": name, "shape": [list(x.shape), list(w.shape)], "flops_fwd_bwd": flops}
         for variant, product in variants.items():
-            ms = _time(_fwd_bwd(product, x, w, *extra))
+            ms = timed(_fwd_bwd(product, x, w, *extra), REPEATS)[0]
             row[f"{variant}_ms"] = ms
             row[f"{variant}_tflops"] = flops / ms / 1e9
-        row["quantize_ms"] = _time(lambda: quantize(x, dim=1))
+        row["quantize_ms"] = timed(lambda: quantize(x, dim=1), REPEATS)[0]
         row["speedup"] = row["bf16_ms"] / row["fp8_ms"]
         results.append(row)
         print(f"RESULT {name}: bf16 {row['bf16_ms']:.3f} ms ({row['bf16_tflops']:.0f} TFLOP/s), fp8 "

@@ -235,6 +235,13 @@ def guarded_output_dir(path: str | os.PathLike, *, marker: str, writer: str, ove
         (staging / marker).write_text(f"written by {writer}; --overwrite may replace this directory\n")
 
 
+def shown_step(step: int) -> int:
+    """A step as people read it (the console's progress line, the site's axes, windows and texts): counted from 1,
+    as TRL's and torchtitan's logs count. The files (metrics.jsonl's ``step``, a card's curves and windows) count
+    from 0; only what is shown converts, here."""
+    return step + 1
+
+
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """Round tick values inside [low, high]: steps of 1, 2 or 5 times a power of ten, about ``count`` of them."""
     span = high - low

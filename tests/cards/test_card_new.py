@@ -321,6 +321,8 @@ def test_verify_item_writes_one_item_from_the_run(runs, tmp_path, capsys):
     assert [p.loss for p in item.loss_curve] == losses and (met.initial_loss, met.final_loss) == (losses[0], losses[-1])
     measured = measure_run_dir(runs["cand"], window=(0, 5))
     assert met.window == [0, 5] and met.steps == 6 and met.window_tokens == measured.window_tokens
+    # the card keeps the run's 0-based steps; its sentence for people counts from 1, as the console does
+    assert f"{losses[0]:.4f} at step 1 to {losses[-1]:.4f} at step 6; steps 1-6 average" in item.observed
     assert met.tokens_per_s_per_gpu == pytest.approx(measured.tokens_per_s_per_gpu, rel=1e-5)
     assert met.step_time_ms == pytest.approx(measured.step_time_mean_s * 1000, rel=1e-5)
     assert met.nan_steps == met.skipped_steps == 0 and item.precision == "fp32" and item.hardware.type == "cpu"

@@ -92,3 +92,40 @@ def catalog_of_workflows(root: Path, copies: dict[str, int] | None = None) -> tu
             pages[workflow].append(f"qwen3-30b-a3b/h200/{workflow}-{copy}.html")
     return recipes, pages
 
+
+
+TUNED_CARD = CATALOG / "qwen3-30b-a3b" / "h200" / "qwen3-30b-a3b-16l-tune-start-tuned.yaml"
+
+
+def tuned_data(pairs: int = 3, ablations: tuple[str, ...] = ("offload", "recompute")) -> dict[str, Any]:
+    """The catalog's tuned card with ``pairs`` interleaved start/winner pairs (the first its two search trials, the
+    rest remeasured a little apart) and an ablation of each knob, every figure following from its samples."""
+    import statistics
+
+    data = yaml.safe_load(TUNED_CARD.read_text())
+    tuning = data["tuning"]
+    first = {t["role"]: t["measured_tokens_per_s_per_gpu"] for t in tuning["trials"] if t["role"] != "trial"}
+    start = [first["start"] * (1 + 0.01 * k * (-1) ** k) for k in range(pairs)]
+    winner = [first["winner"] * (1 - 0.005 * k * (-1) ** k) for k in range(pairs)]
+    gains = [w / s - 1 for s, w in zip(start, winner)]
+    tuning["gain"] = {"start_tokens_per_s_per_gpu": start, "winner_tokens_per_s_per_gpu": winner,
+                      "pair_gains": gains, "median_gain": statistics.median(gains),
+                      "start_spread": (max(start) - min(start)) / statistics.median(start)}
+    tuning["start_tokens_per_s_per_gpu"] = statistics.median(start)
+    tuning["tuned_tokens_per_s_per_gpu"] = statistics.median(winner)
+    # each ablation a little slower than the winner: the knob set back gives some of the gain back
+    measured = [statistics.median(winner) / (1.1 + 0.2 * index) for index in range(len(ablations))]
+    tuning["ablations"] = [{"knob": knob, "measured_tokens_per_s_per_gpu": value,
+                            "contribution": statistics.median(winner) / value - 1}
+                           for knob, value in zip(ablations, measured)]
+    return data
+
+
+def cpu_data() -> dict[str, Any]:
+    """The Qwen card as if its run had been on the CPU: processes, the host's memory, no MFU."""
+    data = qwen_data()
+    data["gpu"] = {"type": "cpu", "memory_gb": 25.3, "count": 8, "per_node": 8, "instance": None}
+    data["status"] = "unverified"
+    data["result"]["mfu"] = None
+    data["result"]["usd_per_million_tokens"] = None
+    return data

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from .site_fixtures import REPO, catalog_of_workflows, catalog_with_variant
+from .site_fixtures import REPO, catalog_of_workflows, catalog_with_variant, cpu_data, tuned_data, write
 
 from openrecipes.cards.verification_load import load_verification_card, load_verification_dir
 from openrecipes.site.build import build_site
@@ -133,10 +133,14 @@ def test_filter_then_open_a_recipe(served_site, browser):
             assert page.locator(plot + " svg").is_visible(), plot
         assert "--max-tokens-per-gpu 16384" in page.locator("#run-script").inner_text()
         assert page.locator("#card-yaml").count() == 0  # the card is a linked file, not a second dump
+        # the resolved recipe is closed under its summary; its copy button copies it all the same
+        assert page.locator("#recipe").get_attribute("open") is None and not page.locator("#recipe-yaml").is_visible()
         page.click('button[data-copy="recipe-yaml"]')
         page.wait_for_function("document.querySelector('button[data-copy=\"recipe-yaml\"]').textContent"
                                " === 'Copied'")
-        assert page.evaluate("navigator.clipboard.readText()") == page.locator("#recipe-yaml").inner_text()
+        assert page.evaluate("navigator.clipboard.readText()") == page.locator("#recipe-yaml").text_content()
+        page.click("#recipe summary")
+        assert page.locator("#recipe-yaml").is_visible()
         assert outside == []
 
         # a phone: nothing wider than the screen, the index's rows stacked with their labels
@@ -275,5 +279,129 @@ def test_engine_and_depth_filters_on_the_published_catalog(tmp_path, browser):
             page.select_option("#filter-depth", "reduced depth")
             texts = [row.locator("td.depth").inner_text() for row in page.locator("tr.recipe:visible").all()]
             assert texts and all(text.startswith("reduced depth: ") for text in texts)
+    finally:
+        page.close()
+
+
+def _box(page, selector: str) -> dict[str, float]:
+    """The element's first box: its first line's, for text that wraps."""
+    return page.evaluate("(s) => { const r = document.querySelector(s).getClientRects()[0];"
+                         " return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }", selector)
+
+
+def test_the_index_table_fits_the_window_or_scrolls_inside_it_with_a_hint(tmp_path, browser):
+    build_site(REPO / "recipes", tmp_path / "site")
+    page = browser.new_page()
+    try:
+        with _serve(tmp_path / "site") as url:
+            for width, scrolls in ((1400, False), (1000, True), (390, False)):
+                page.set_viewport_size({"width": width, "height": 900})
+                page.goto(url + "index.html")
+                assert page.evaluate("document.documentElement.scrollWidth") <= width, width  # the page never
+                if width == 390:  # a phone: the rows are stacked blocks, each inside the screen
+                    assert max(row.bounding_box()["x"] + row.bounding_box()["width"]
+                               for row in page.locator("tr.recipe").all()) <= width
+                elif not scrolls:  # the whole table, its last column (Author) included, inside the window
+                    author = _box(page, '#recipes th[data-key="author"]')
+                    assert author["left"] >= 0 and author["right"] <= width, (width, author)
+                box = page.evaluate("() => { const s = document.getElementById('recipes-scroll');"
+                                    " return [s.scrollWidth, s.clientWidth]; }")
+                assert (box[0] > box[1]) == scrolls, (width, box)
+                assert page.locator("#recipes-scroll-hint").is_visible() == scrolls, width
+                if scrolls:  # the last column comes into view when the table's box is scrolled to its end
+                    page.evaluate("document.getElementById('recipes-scroll').scrollLeft = 1e6")
+                    author = _box(page, '#recipes th[data-key="author"]')
+                    assert author["left"] >= 0 and author["right"] <= _box(page, "#recipes-scroll")["right"] + 0.5
+    finally:
+        page.close()
+
+
+def _style(page, element, prop: str) -> str:
+    return page.evaluate("([e, p]) => getComputedStyle(e)[p]", [element.element_handle(), prop])
+
+
+def test_a_tuned_cards_page_reads(tmp_path, browser):
+    recipes = catalog_with_variant(tmp_path)
+    data = tuned_data(pairs=3, ablations=("offload", "recompute"))
+    write(recipes / "qwen3-30b-a3b" / "h200" / "tuned.yaml", data)
+    build_site(recipes, tmp_path / "site")
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        with _serve(tmp_path / "site") as url:
+            page.goto(url + "qwen3-30b-a3b/h200/tuned.html")
+            # each note one list item, without its "- "; the recipe quoted in the notes closed under a summary
+            notes = [line for line in data["notes"].splitlines() if line.startswith("- ")]
+            items = page.locator("#notes li").all_inner_texts()
+            assert len(items) == len(notes) and not any(item.startswith("- ") for item in items)
+            assert not page.locator("#notes details pre").is_visible()
+            assert page.locator("#notes").bounding_box()["height"] < 900  # no longer most of the page
+            # the chart: every remeasured sample and each ablation, beside the search trials
+            chart = page.locator("#tuning-chart svg")
+            gain = data["tuning"]["gain"]
+            for role in ("start", "winner"):
+                assert chart.locator(f":scope > circle.measured.{role}").count() == len(
+                    gain[f"{role}_tokens_per_s_per_gpu"]), role
+            assert chart.locator(":scope > polygon.ablation").count() == len(data["tuning"]["ablations"])
+            # the legend shows a mark for each kind drawn, styled as the plot's marks of that kind are
+            marks = chart.locator("g.legend-mark").all()
+            assert {m.get_attribute("class").split()[1] for m in marks} >= {"trial", "start", "winner", "predicted",
+                                                                             "failed", "ablation", "dash"}
+            for mark in marks:
+                kind = mark.get_attribute("class").split()[1]
+                shape = mark.locator(":scope > *").first
+                tag = shape.evaluate("e => e.tagName")
+                plotted = chart.locator(f":scope > {tag}.{shape.get_attribute('class').replace(' ', '.')}").first
+                for prop in ("fill", "stroke"):
+                    assert _style(page, shape, prop) == _style(page, plotted, prop), (kind, prop)
+                assert shape.bounding_box()["width"] > 0, kind  # drawn, not an empty group
+    finally:
+        page.close()
+
+
+def test_the_status_badge_says_what_it_means_and_a_cpu_run_counts_processes(tmp_path, browser):
+    recipes = catalog_with_variant(tmp_path)
+    write(recipes / "qwen3-30b-a3b" / "cpu" / "cpu-run.yaml", cpu_data())
+    build_site(recipes, tmp_path / "site")
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        with _serve(tmp_path / "site") as url:
+            page.goto(url + "qwen3-30b-a3b/cpu/cpu-run.html")
+            assert page.locator("#status").inner_text() == "○ Unverified"
+            note = page.locator("#status-note")
+            assert note.is_visible() and "not marked verified by a person" in note.inner_text()
+            badge, beside = _box(page, "#status"), _box(page, "#status-note")
+            assert beside["left"] >= badge["right"] and beside["top"] < badge["bottom"]  # on its line, right of it
+            devices = page.locator("#devices")
+            assert devices.inner_text() == "8 CPU processes"
+            assert page.locator("dt", has=page.locator("text=Processes")).count() == 1
+            page.goto(url + "index.html")
+            row = page.locator('tr.recipe:has(a[href$="cpu-run.html"])')
+            assert row.locator('td[data-label="GPUs"]').inner_text() == "8 CPU processes"
+            assert "not marked verified" in row.locator(".badge").get_attribute("title")
+    finally:
+        page.close()
+
+
+def test_steps_are_shown_from_one_as_the_console_counts_them(served_site, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.goto(served_site + "qwen3-30b-a3b/h200/variant-with-curves.html")
+        # the card's window is steps 5-19 of 20, counted from 0
+        assert "steps 6-20" in page.locator("#metrics .label").first.inner_text()
+        tips = page.locator("#loss-curves circle.point.candidate title").all_text_contents()
+        assert tips[0].startswith("candidate, step 1: ") and tips[-1].startswith("candidate, step 20: ")
+        ticks = page.locator("#loss-curves text.tick.x").all_text_contents()
+        assert "20" in ticks and "0" not in ticks
+        # a model page: openrecipes' records from 1 too; Megatron's as it counts them (from 1 already)
+        page.goto(served_site + "models/qwen3-moe-tiny.html")
+        item = load_verification_card(VERIFICATION / "qwen3-moe-tiny.yaml").card.items
+        window = next(i.metrics.window for i in item if i.metrics and i.metrics.window)
+        label = page.locator("section.item .metric .label", has_text="Step time").first.text_content()
+        assert label.endswith(f"steps {window[0] + 1}-{window[1] + 1}"), label
+        page.goto(served_site + "models/muse-spark-open-816b-a42b.html")
+        muse = load_verification_card(VERIFICATION / "muse-spark-open-816b-a42b.yaml").card.items
+        window = next(i.metrics.window for i in muse if i.metrics and i.metrics.window)
+        labels = page.locator("section.item .metric .label", has_text="Step time").all_text_contents()
+        assert f"Step time · steps {window[0]}-{window[1]}" in labels
     finally:
         page.close()

@@ -85,9 +85,10 @@ def test_every_point_has_a_tooltip_with_its_value():
     curves = _curves(steps=5)
     root = ET.fromstring(loss_plot_svg(curves))
     tips = [c.find(SVG + "title").text for c in root.iter(SVG + "circle")]
-    assert len(tips) == 10 and "candidate, step 3: 1.97 loss" in tips and "reference, step 0: 2.01 loss" in tips
+    # the card's step 3 (0-based) is the fourth step, shown as the console counts it
+    assert len(tips) == 10 and "candidate, step 4: 1.97 loss" in tips and "reference, step 1: 2.01 loss" in tips
     [lr] = [svg for key, svg in step_plots(curves) if key == "lr"]
-    assert "candidate, step 4: 0.000005 learning rate" in [c.find(SVG + "title").text
+    assert "candidate, step 5: 0.000005 learning rate" in [c.find(SVG + "title").text
                                                           for c in ET.fromstring(lr).iter(SVG + "circle")]
     bars = ET.fromstring(memory_bars_svg({"start": 20.5, "backward_peak": 1234.6}))
     assert [r.find(SVG + "title").text for r in bars.iter(SVG + "rect")] == ["start: 20.5 GiB",
@@ -107,7 +108,7 @@ def test_the_tuning_legend_names_failures_only_when_a_trial_failed():
     assert not any(re.search(r"\de[+-]?\d", t.text) for t in _ticks(svg))
     failed = dict(measured.trials[-1].model_dump(), measured_tokens_per_s_per_gpu=None, failure="out_of_memory")
     with_failure = Tuning(**{**tuning, "trials": [*tuning["trials"][:1], failed]})
-    assert "failed (x)" in _texts(tuning_plot_svg(with_failure), "legend")
+    assert "failed" in _texts(tuning_plot_svg(with_failure), "legend")
 
 
 def test_card_points_take_gradient_norm_and_learning_rate_from_metrics(tmp_path):
@@ -118,3 +119,23 @@ def test_card_points_take_gradient_norm_and_learning_rate_from_metrics(tmp_path)
     assert points[0]["grad_norm"] == 4.5 and points[0]["lr"] == 0.0
     assert "grad_norm" not in points[1] and points[1]["lr"] == 1e-4  # a non-finite norm is left out, not plotted
     Curves(candidate=points)  # and the card's schema holds them
+
+
+def test_the_tuning_chart_draws_every_sample_behind_the_quoted_gain_and_each_ablation():
+    from .site_fixtures import tuned_data
+
+    tuning = Tuning(**tuned_data(pairs=4, ablations=("offload", "recompute", "kernels"))["tuning"])
+    root = ET.fromstring(tuning_plot_svg(tuning))
+    tips = {c.find(SVG + "title").text for c in root.iter() if c.find(SVG + "title") is not None}
+    # every start and winner sample (the first of each is its search trial), at its own value
+    for role, samples in (("start", tuning.gain.start_tokens_per_s_per_gpu),
+                          ("winner", tuning.gain.winner_tokens_per_s_per_gpu)):
+        # the plot's own marks are the svg's children; the legend's sit inside a g.legend-mark
+        drawn = [c for c in root.findall(SVG + "circle") if c.get("class") == f"measured {role}"]
+        assert len(drawn) == len(samples), role
+        for pair, value in enumerate(samples[1:], start=2):
+            assert any(t.startswith(f"pair {pair}: {role} remeasured ") for t in tips), (role, pair)
+    ablations = [p for p in root.findall(SVG + "polygon") if p.get("class") == "ablation"]
+    assert len(ablations) == 3 and any("recompute set back" in t for t in tips)
+    assert [t.text for t in root.iter(SVG + "text") if "group" in (t.get("class") or "")] == [
+        "search trial", "remeasured pair", "ablation"]

@@ -80,6 +80,7 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
         read_run_info, rows_directory,
     )
     from openrecipes.measure import measure_run_dir
+    from openrecipes.utils import shown_step  # the summary is read by people: steps from 1, as the console counts
 
     run_dir = options.run_dir
     run = read_run_info(run_dir)
@@ -129,8 +130,9 @@ def _training_item(options: ItemOptions) -> dict[str, Any]:
     if options.reference is not None:
         checks.append(_convergence_check(run_dir, Path(options.reference), manifest["rows_sha256"]))
     summary = (f"{len(records)} steps recorded with {nonfinite} NaN or skipped; loss "
-               f"{metrics['initial_loss']:.4f} at step {curve[0]['step']} to {metrics['final_loss']:.4f} at step "
-               f"{curve[-1]['step']}; steps {window[0]}-{window[1]} average {metrics['step_time_ms']:,.1f} ms and "
+               f"{metrics['initial_loss']:.4f} at step {shown_step(curve[0]['step'])} to {metrics['final_loss']:.4f} "
+               f"at step {shown_step(curve[-1]['step'])}; steps {shown_step(window[0])}-{shown_step(window[1])} "
+               f"average {metrics['step_time_ms']:,.1f} ms and "
                f"{metrics['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU on {run.gpu.count} x {measured.gpu_type}."
                if curve else f"{len(records)} steps recorded, none with a finite loss.")
     return {

@@ -18,14 +18,27 @@ from urllib.parse import quote, urlsplit
 import jinja2
 from markupsafe import Markup
 
+from openrecipes.cards.schema import Gpu
 from openrecipes.cards.validate import LoadedCard, validate_paths
 from openrecipes.cards.verification_load import LoadedVerification, load_verification_dir
+from openrecipes.config.hardware import is_cpu
 from openrecipes.site.models import model_page_path, render_model_page
+from openrecipes.site.notes import note_blocks
 from openrecipes.site.plot import loss_plot_svg, memory_bars_svg, pipeline_memory_svg, step_plots, tuning_plot_svg
-from openrecipes.utils import check_output_dir, guarded_output_dir
+from openrecipes.utils import check_output_dir, guarded_output_dir, shown_step
 
 # marks a directory as ours, so a rebuild may replace it and nothing else is ever replaced
 SITE_MARKER = ".openrecipes-site"
+# what a card's status means, beside its badge on the page and in the badge's tooltip on the index: "verified" is a
+# mark its writer asked for (docs/cards.md), not something the site or a reader can infer from the numbers
+STATUS_MEANING = {
+    "verified": "marked verified by whoever wrote the card (`card new --status verified`, or `openrecipes tune` "
+                "after its gain checks), which `card validate` allows only when the checks a verified card must "
+                "pass (pinned revisions, a passing convergence check) pass",
+    "unverified": "not marked verified by a person (or by the tuner's checks): its figures are as measured, but the "
+                  "checks a verified card must pass (pinned revisions, a passing convergence check) were not asked "
+                  "of it",
+}
 FILTER_LABELS = (("model", "Model"), ("engine", "Engine"), ("depth", "Depth"), ("gpu", "GPU"), ("status", "Status"),
                  ("workflow", "Workflow"), ("modality", "Modality"))
 
@@ -49,12 +62,14 @@ class _PageEnvironment(jinja2.Environment):
 
 
 def _environment() -> jinja2.Environment:
-    return _PageEnvironment(
+    env = _PageEnvironment(
         loader=jinja2.PackageLoader("openrecipes.site", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=False,
     )
+    env.filters["shown_step"] = shown_step  # a card's 0-based step as the page shows it
+    return env
 
 
 def _asset(name: str) -> Markup:
@@ -109,19 +124,29 @@ def _safe_url(url: str | None) -> str | None:
     return None
 
 
+def devices(gpu: Gpu) -> tuple[str, str]:
+    """(label, text) of a card's devices: "GPUs", "8 x H200 141 GB (p5en.48xlarge, 8 per node)"; a CPU run has no
+    GPU and no GPU memory: "Processes", "2 CPU processes" (on how many hosts, when more than one)."""
+    if is_cpu(gpu.type):
+        hosts = -(-gpu.count // gpu.per_node)
+        on = f" on {hosts} hosts" if hosts > 1 else ""
+        return "Processes", f"{gpu.count} CPU process{'es' if gpu.count != 1 else ''}{on}"
+    instance = f"{gpu.instance}, " if gpu.instance else ""
+    return "GPUs", f"{gpu.count} x {gpu.type} {gpu.memory_gb:g} GB ({instance}{gpu.per_node} per node)"
+
+
 def _metrics(loaded: LoadedCard) -> dict[str, object]:
     card = loaded.card
     res, lay, gpu = card.result, card.layout, card.gpu
     conv = card.correctness.convergence
     build = card.workload.dataset.build
-    instance = f"{gpu.instance}, " if gpu.instance else ""
     return {
         "tokens": _number(res.tokens_per_s_per_gpu),
         "usd": f"${res.usd_per_million_tokens:,.2f}" if res.usd_per_million_tokens is not None else "—",
         "mfu": f"{res.mfu:.1%}" if res.mfu is not None else "—",
         "active_params": f"{res.active_params.count:,}",
         "cv": f"{res.step_time_cv_percent:.2f}%",
-        "gpus": f"{gpu.count} x {gpu.type} {gpu.memory_gb:g} GB ({instance}{gpu.per_node} per node)",
+        "devices": devices(gpu),
         "convergence": (
             f"{conv.result}: correlation {conv.correlation:.7g}, final loss difference "
             f"{conv.final_loss_difference:.3g}, {conv.pointwise_failures} pointwise failures over "
@@ -183,7 +208,8 @@ def _index_row(loaded: LoadedCard, href: str) -> dict[str, str]:
         "name": loaded.path.stem, "correctness": card.correctness.result,
         "model": card.model, "gpu": card.gpu.type, "status": card.status,
         "workflow": card.workload.workflow or "", "modality": card.workload.modality, "href": href,
-        "gpus": f"{card.gpu.count} x {card.gpu.type}", "label": card.layout.label,
+        "gpus": (devices(card.gpu)[1] if is_cpu(card.gpu.type) else f"{card.gpu.count} x {card.gpu.type}"),
+        "label": card.layout.label, "status_meaning": STATUS_MEANING[card.status],
         "tokens": str(metrics["tokens"]), "usd": str(metrics["usd"]), "mfu": str(metrics["mfu"]),
         "author": card.author.name, "engine": engine_of(loaded), "runnable": other_framework(loaded) is None,
         "depth": depth_of(loaded)[0], "depth_text": depth_of(loaded)[1],
@@ -227,7 +253,8 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
             stage_memory_plot=pipeline_memory_svg(curves) if curves else None,
             tuning_plot=tuning_plot_svg(loaded.card.tuning) if loaded.card.tuning else None,
             name=loaded.path.stem, other_framework=other_framework(loaded), copy_js=_asset("copy.js"),
-            depth=depth_of(loaded),
+            depth=depth_of(loaded), status_meaning=STATUS_MEANING[loaded.card.status],
+            notes=note_blocks(loaded.card.notes) if loaded.card.notes else [],
         )
         pages[relative.with_suffix(".yaml")] = loaded.text  # the card itself, linked from its page
         rows.append(_index_row(loaded, _href(relative)))

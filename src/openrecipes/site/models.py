@@ -17,6 +17,7 @@ from openrecipes.cards.schema import Curves
 from openrecipes.cards.verification import WORKFLOWS, Item
 from openrecipes.cards.verification_load import LoadedVerification
 from openrecipes.site.plot import loss_plot_svg
+from openrecipes.utils import shown_step
 
 SELECTORS = (("workflow", "Workflow"), ("hardware", "Hardware"), ("precision", "Precision"),
              ("combination", "Combination"))
@@ -28,12 +29,14 @@ def model_page_path(loaded: LoadedVerification) -> Path:
     return Path("models") / f"{loaded.path.stem}.html"
 
 
-def _metric_rows(item: Item) -> list[tuple[str, str, str]]:
-    """(id, label, value) of each recorded metric, in the order the page shows them."""
+def _metric_rows(item: Item, ours: bool) -> list[tuple[str, str, str]]:
+    """(id, label, value) of each recorded metric, in the order the page shows them; the window's steps from 1 when
+    openrecipes recorded it (from 0), as recorded when another engine did (Megatron counts iterations from 1)."""
     met = item.metrics
     if met is None:
         return []
-    window = f" · steps {met.window[0]}-{met.window[1]}" if met.window else ""
+    show = shown_step if ours else int
+    window = f" · steps {show(met.window[0])}-{show(met.window[1])}" if met.window else ""
     rows = [("initial-loss", "Initial loss", met.initial_loss), ("final-loss", "Final loss", met.final_loss),
             ("step-time", f"Step time{window}", f"{met.step_time_ms:,.3f} ms" if met.step_time_ms else None),
             ("tflops", f"Model TFLOP/s/GPU{window}",
@@ -48,17 +51,22 @@ def _metric_rows(item: Item) -> list[tuple[str, str, str]]:
 
 
 def _item_view(loaded: LoadedVerification, index: int, item: Item) -> dict[str, object]:
-    curve = (loss_plot_svg(Curves(candidate=item.loss_curve), title_id=f"plot-title-{index}")
+    ours = _engine_is_ours(loaded)
+    curve = (loss_plot_svg(Curves(candidate=item.loss_curve), title_id=f"plot-title-{index}", steps_from_zero=ours)
              if item.loss_curve else None)
     return {
         "index": index, "workflow": item.workflow, "workflow_name": WORKFLOW_NAMES[item.workflow],
         "hardware": item.hardware.type, "gpus": f"{item.hardware.count} x {item.hardware.type}",
         "precision": item.precision, "combination": item.layout.label, "status": item.status,
-        "command": item.command, "observed": item.observed, "metrics": _metric_rows(item), "curve": curve,
+        "command": item.command, "observed": item.observed, "metrics": _metric_rows(item, ours), "curve": curve,
         "checks": item.checks, "checkpoint": item.checkpoint, "data": item.data, "stack": item.stack,
         "recipe": item.recipe, "recorded": item.recorded,
         "rejected": [p.message if not p.path else f"{p.path}: {p.message}" for p in loaded.item_problems(index)],
     }
+
+
+def _engine_is_ours(loaded: LoadedVerification) -> bool:
+    return loaded.card.engine.strip().lower() == "openrecipes"
 
 
 def _options(views: list[dict[str, object]]) -> dict[str, list[str]]:
@@ -80,4 +88,4 @@ def render_model_page(env: jinja2.Environment, loaded: LoadedVerification, *, cs
     return env.get_template("model.html.jinja").render(
         card=card, items=views, options=_options(views), selectors=SELECTORS, workflow_names=WORKFLOW_NAMES,
         combos=Markup(json.dumps(combos).replace("<", "\\u003c")), recipe_links=recipe_links, css=css, js=js,
-        root="../", engine_is_ours=card.engine.strip().lower() == "openrecipes")
+        root="../", engine_is_ours=_engine_is_ours(loaded))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from openrecipes.config.rundir import METRICS_FILE, encode_metric
-from openrecipes.utils import atomic_write_text
+from openrecipes.utils import atomic_write_text, shown_step
 
 
 def truncate_after(run_dir: Path, step: int) -> None:
@@ -64,7 +64,7 @@ class MetricsStream:
             self._print_progress(record)
 
     def _print_progress(self, record: dict[str, Any]) -> None:
-        done = record["step"] + 1
+        done = shown_step(record["step"])
         elapsed = time.perf_counter() - self.started
         memory = record.get("peak_memory_gib")
         # counted from 1 (the last line reads steps/steps); metrics.jsonl keeps the 0-based step numbers

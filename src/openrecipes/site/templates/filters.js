@@ -11,6 +11,8 @@
   var headers = Array.prototype.slice.call(document.querySelectorAll("#recipes th[data-key]"));
   var count = document.getElementById("match-count");
   var none = document.getElementById("no-match");
+  var scroller = document.getElementById("recipes-scroll");
+  var hint = document.getElementById("recipes-scroll-hint");
   var sort = { key: "", order: "asc" };
   function select(key) { return document.getElementById("filter-" + key); }
   function matches(row, choice) {
@@ -70,7 +72,11 @@
     count.textContent = "Showing " + shown + " of " + rows.length + " recipes";
     none.hidden = shown !== 0;
     remember(choice);
+    hintScroll();
   }
+  // the hint shows only while the table is wider than its box (a narrow window, or long values in the rows shown)
+  function hintScroll() { hint.hidden = scroller.scrollWidth <= scroller.clientWidth + 1; }
+  window.addEventListener("resize", hintScroll);
   var params = new URLSearchParams(location.search);
   keys.forEach(function (key) {
     var wanted = params.get(key);

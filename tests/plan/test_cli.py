@@ -1,4 +1,5 @@
 import json
+import re
 
 from openrecipes.cli import main
 
@@ -32,10 +33,31 @@ def test_enumeration_prints_a_ranked_table(capsys):
                  "--recompute", "full", "--optimizer", "adam", "--offload-fraction", "0", "--top", "3",
                  "--usd-per-gpu-hour", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "fit" in lines[0] and "at 3 USD/GPU-hour" in lines[1] and len(lines) == 3 + 3 + 1
+    assert "fit" in lines[0] and "at 3 USD/GPU-hour" in lines[1] and len(lines) == 3 + 3 + 2
     assert all(line.split()[-2] in ("openrecipes", "generic") and line.split()[-1] in ("run", "never", "?")
                and "$" in line for line in lines[3:6])
     assert lines[6].startswith("on GPUs")
+    # how far this engine's predictions were from the runs it was not fitted on, with how many runs and which GPU
+    assert re.fullmatch(r"prediction error of this engine's tokens/s/GPU \(bench/plan_calibration.py\): within "
+                        r"\d+\.\d% \(median \d+\.\d%\) on \d+ held-out H200 runs \(and 3 it was fitted on\); .*",
+                        lines[7]), lines[7]
+
+
+def test_every_gpu_of_the_planner_has_a_price_or_says_how_to_give_one(capsys):
+    from openrecipes.config.hardware import load_hardware
+
+    args = ["plan", "qwen3-30b-a3b", "--gpus", "8xH100", "--ep", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rate = load_hardware().instance("AWS p5.48xlarge").usd_per_gpu_hour
+    assert f"$/1M tokens at {rate:g} USD/GPU-hour (default instance AWS p5.48xlarge of H100): $" in out
+    tokens = re.search(r"predicted ([\d,]+\.\d) tokens/s/GPU", out).group(1)
+    assert "," in tokens and float(tokens.replace(",", "")) >= 1000  # thousands separated, as every other command
+    assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xB200", "--ep", "8"]) == 0
+    assert ("$/1M tokens: no public price of B200 in config/hardware.yaml: give --usd-per-gpu-hour P (or --instance "
+            "NAME)\n") in capsys.readouterr().out
+    assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH100", "--ep", "8", "--bench-results", "/nonexistent"]) == 0
+    assert "prediction error: unknown, no measured GPU run of this engine under /nonexistent" in capsys.readouterr().out
 
 
 def test_bad_layout_is_a_user_error(capsys):

@@ -183,11 +183,23 @@ def test_start_banner_and_a_warning_when_rows_repeat(make_recipe, capsys):
     err = capsys.readouterr().err
     assert "model qwen3-moe-tiny:" in err and "N = 190,464 active per token" in err
     assert "1 process(es), layout TP1 PP1 EP1 DP1" in err and "48 rows of 64 tokens" in err
-    assert "cover 0.50 epoch(s)" in err and "warning" not in err
+    assert "cover 0.50 epoch(s)" in err and "warning" not in err and "note:" not in err  # fp32: no precision note
     # 30 steps x 4 rows = 120 rows of 48: each row 2.5 times
     train(make_recipe(steps=30, checkpoint__at_end=False, run_dir=str(make_recipe().run_dir) + "-long"),
           command="test")
     assert "warning: 30 steps x global_batch 4 = 120 rows, but the data has 48" in capsys.readouterr().err
+
+
+def test_bf16_on_a_cpu_notes_once_that_fp32_is_faster(make_recipe, capsys):
+    from openrecipes.train.banner import cpu_precision_note
+
+    train(make_recipe(steps=2, precision="bf16", optimizer__precision_aware=True), command="test")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert notes == ["openrecipes train: note: bf16 training on a CPU, where fp32 is usually 2-3x faster "
+                     "(`--set precision=fp32 --set optimizer.precision_aware=false` trains in fp32)"]
+    assert cpu_precision_note(make_recipe(precision="bf16"), "cuda") is None
+    assert cpu_precision_note(make_recipe(precision="bf16", offload__fraction=0.5), "cpu").endswith(
+        "(`--set precision=fp32 --set offload.fraction=0` trains in fp32)")
 
 
 def test_resuming_a_finished_run_says_it_is_finished(make_recipe, capsys):

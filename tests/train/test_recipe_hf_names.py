@@ -10,7 +10,7 @@ from openrecipes.config.hf_names import HF_TRAINING_NAMES
 from openrecipes.config.recipe import load_recipe
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
-OURS = {"learning_rate": "optimizer.lr", "num_train_epochs": "steps", "warmup_steps": "optimizer.warmup_fraction",
+OURS = {"learning_rate": "optimizer.lr", "num_train_epochs": "epochs", "warmup_steps": "optimizer.warmup_fraction",
         "per_device_train_batch_size": "global_batch", "max_seq_length": "data.build.row_tokens"}
 
 
@@ -51,3 +51,14 @@ def test_every_named_key_exists_in_the_recipe():
             annotation = model.model_fields[part].annotation
             model = next((a for a in (annotation, *getattr(annotation, "__args__", ())) if hasattr(a, "model_fields")),
                          None)
+
+
+@pytest.mark.parametrize("key, ours", [("r", "rank"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"),
+                                       ("target_modules", "targets")])
+def test_peft_lora_names_get_the_recipe_key(key, ours):
+    lora = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-lora.yaml"
+    with pytest.raises(ValueError) as error:
+        load_recipe(lora, [f"lora.{key}=16"])
+    assert str(error.value) == (f"{lora}: lora.{key}: Extra inputs are not permitted (did you mean '{ours}'? PEFT's "
+                                f"LoraConfig calls lora.{ours} {key})")
+    load_recipe(lora, [f"lora.{ours}={'[q_proj]' if ours == 'targets' else 0 if ours == 'dropout' else 16}"])

@@ -45,3 +45,28 @@ def test_performance_changes_and_more_steps_are_recorded(make_recipe, tmp_path):
     with pytest.raises(ValueError, match=r"optimizer\.lr: 0\.003 -> 0\.03"):
         train(load_recipe(path), command="t", resume=True)
     assert len((run_dir / "resumes.jsonl").read_text().splitlines()) == 1
+
+
+def test_train_recipe_and_resume_together_continue_the_run_or_name_what_differs(make_recipe, tmp_path, capsys,
+                                                                               monkeypatch):
+    """As TRL's resume_from_checkpoint beside its config: `train RECIPE --resume RUN_DIR` continues the run when
+    RECIPE is the run's recipe but for performance-only fields and steps; otherwise one line names the fields."""
+    from openrecipes.cli import main
+    from openrecipes.config.recipe import dump_recipe
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    run_dir = tmp_path / "run"
+    recipe = make_recipe(run_dir=str(run_dir))
+    train(recipe, command="t", stop_after=1)
+    path = tmp_path / "recipe.yaml"  # the user's own copy, naming another run_dir: --resume says which run
+    path.write_text(dump_recipe(recipe.model_copy(update={"run_dir": str(tmp_path / "elsewhere")})))
+    capsys.readouterr()
+    assert main(["train", str(path), "--resume", str(run_dir), "--set", "optimizer.lr=1e-3",
+                 "--set", "seed=5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "optimizer.lr: 0.003 -> 0.001" in err and "seed: 0 -> 5" in err, err
+    assert main(["train", str(path), "--resume", str(run_dir), "--set", "layout.max_tokens_per_gpu=64"]) == 0
+    assert [json.loads(line)["step"] for line in _metrics(run_dir).splitlines()] == list(range(6))
+    [record] = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert record == {"step": 2, "changes": {"layout.max_tokens_per_gpu": [128, 64]}}
+    assert not (tmp_path / "elsewhere").exists()

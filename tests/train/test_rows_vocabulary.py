@@ -45,7 +45,7 @@ def test_ids_beyond_the_vocabulary_are_refused_before_step_0(rows_dir, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"openrecipes train: error: data.rows: the rows in {rows} use token ids up to {largest:,}; model qwen3-moe-tiny's "
                        f"vocab_size is 512 (ids 0 to 511): build the rows with the model's tokenizer, or train a "
-                       "model whose vocabulary holds them"], err
+                       f"model whose vocabulary holds them (--set model_overrides.vocab_size={largest + 1})"], err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

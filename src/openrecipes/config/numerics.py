@@ -70,7 +70,7 @@ FIELD_RULES: dict[str, FieldRule] = {
              "lora.targets"),
     **_rules(NUMERICS, "whether the projection of an image model's vision features trains or stays frozen: a "
              "different model update", "vision.train_projection"),
-    **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps"),
+    **_rules(NUMERICS, "the number of updates and, through the schedule, every learning rate", "steps", "epochs"),
     **_rules(NUMERICS, "rows per optimizer step: the gradient is averaged over a different batch", "global_batch"),
     **_rules(NUMERICS, "the random initialisation and any sampling", "seed"),
     **_rules(NUMERICS, "replaces the router's choice of experts with round-robin routing", "debug.force_load_balance"),

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
-from openrecipes.config.hf_names import hf_name_hint
+from openrecipes.config.epochs import epochs_into_steps
+from openrecipes.config.hf_names import hf_name_hint, peft_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
 from openrecipes.config.recompute_names import RecomputeGranularity
 from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
@@ -281,6 +282,8 @@ class Recipe(BaseModel):
     precision: Literal["bf16", "fp32"] = "bf16"
     fp8: Fp8 | None = None                      # FP8 products on top of bf16 (the card says precision fp8)
     steps: int = Field(..., ge=1)
+    # passes over data.build.rows instead of steps, turned into steps on load (config/epochs.py)
+    epochs: float | None = Field(None, gt=0)
     global_batch: int = Field(..., ge=1)       # rows per optimizer step
     seed: int = 0
     distributed_timeout_minutes: float = Field(10.0, gt=0)  # a collective waiting longer ends the job
@@ -291,6 +294,11 @@ class Recipe(BaseModel):
     logging: Logging = Field(default_factory=Logging)
     kernels: Kernels = Field(default_factory=Kernels)
     debug: Debug = Field(default_factory=Debug)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_into_steps(cls, tree: Any) -> Any:
+        return epochs_into_steps(tree)
 
     @field_validator("model_overrides")
     @classmethod
@@ -374,7 +382,7 @@ def _format_error(error: ValidationError, source: str) -> str:
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         hint = ""
         if item["type"] == "extra_forbidden":  # another tool's name for a setting, or a misspelt key
-            hf_hint = hf_name_hint(str(item["loc"][-1]))
+            hf_hint = hf_name_hint(str(item["loc"][-1])) or peft_name_hint(item["loc"][:-1], str(item["loc"][-1]))
             close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
             hint = f" ({hf_hint})" if hf_hint else f" (did you mean '{close[0]}'?)" if close else ""
         lines.append(f"{source}: {where}: {item['msg']}{hint}")

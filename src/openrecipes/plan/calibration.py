@@ -9,7 +9,9 @@ named there are held out. `bench/plan_calibration.py` prints and saves the table
 
 from __future__ import annotations
 
+import functools
 import json
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -58,6 +60,7 @@ NOT_FOR_MEMORY = {
 class MeasuredRun:
     source: str
     variant: str
+    gpu: str = ""  # the result's device name ("NVIDIA H200")
     layers: int
     layout: LayoutConfig
     setup: TrainingSetup
@@ -124,7 +127,8 @@ def _run_from_result(source: str, report: dict, result: dict) -> MeasuredRun:
     if phases:  # rank 0's training peak, without the model build
         peak = max(v for p in phases for k, v in p.items() if k.endswith("_peak"))
     return MeasuredRun(
-        source=source, variant=variant, layers=result.get("layers", report["layers"]), layout=layout, setup=setup,
+        source=source, variant=variant, gpu=str(report.get("gpu", "")), layers=result.get("layers", report["layers"]),
+        layout=layout, setup=setup,
         tokens_per_s_per_gpu=None if _excluded(NOT_FOR_SPEED, source, variant)
         else result["measure"]["tokens_per_s_per_gpu"],
         peak_allocated_gib=None if _excluded(NOT_FOR_MEMORY, source, variant) else peak)
@@ -176,3 +180,30 @@ def compare(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b")
                               predicted_allocated_gib=max(s.allocated_gib for s in plan.stages),
                               fitted=run.variant in fitted and run.tokens_per_s_per_gpu is not None))
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def speed_error_line(results_dir: str, planner_path: str | None = None) -> str:
+    """One line beside a plan: how far this engine's predicted tokens/s/GPU were from its GPU runs under
+    ``results_dir`` held out of the calibration (worst and median), how many and on which GPU; or that none was
+    found. Cached: a ranking and its tests ask for it again with the same files."""
+    from openrecipes.config.hardware import known_gpu_name
+    from openrecipes.plan.hardware import load_hardware
+
+    runs = measured_runs(Path(results_dir)) if Path(results_dir).is_dir() else []
+    by_gpu: dict[str, list[MeasuredRun]] = {}
+    for run in runs:
+        if run.tokens_per_s_per_gpu is not None:
+            by_gpu.setdefault(known_gpu_name(run.gpu), []).append(run)
+    parts = []
+    for gpu, group in sorted(by_gpu.items()):
+        comparisons = compare(group, load_hardware(gpu, path=planner_path))
+        errors = sorted(abs(c.throughput_error) for c in comparisons if not c.fitted)
+        if errors:
+            parts.append(f"within {errors[-1]:.1%} (median {statistics.median(errors):.1%}) on {len(errors)} held-out "
+                         f"{gpu} runs (and {len(comparisons) - len(errors)} it was fitted on)")
+    if not parts:
+        return (f"prediction error: unknown, no measured GPU run of this engine under {results_dir} "
+                "(--bench-results)")
+    return (f"prediction error of this engine's tokens/s/GPU (bench/plan_calibration.py): {'; '.join(parts)}; "
+            "other GPUs and the generic model: not measured")

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
+    from openrecipes.plan.calibration import speed_error_line
     from openrecipes.plan.enumerate import capped_note, engine_for, evaluate, offload_update_for, search
     from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))
         else:
             _print_plan(plan, shape.name, hw.gpu.name, args.engine, price)
+            print(speed_error_line(str(args.bench_results), args.hardware))
         return 0
     sweep = {k: [settings[k]] if k in settings else list(SWEEPS[k]) for k in DEFAULTS}
     plans, evaluated, valid = search(
@@ -148,12 +150,12 @@ def run(args: argparse.Namespace) -> int:
                           "published_cards": gaps, "gpu_runs_searched": runs.searched}, indent=2))
         return 0
     engines = sorted({p.setup.engine for p in top})
-    print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated} valid layout settings, "
-          f"{len(plans)} fit; best {len(top)} by predicted tokens/s/GPU "
+    print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated:,} valid layout settings, "
+          f"{len(plans):,} fit; best {len(top)} by predicted tokens/s/GPU "
           f"({'; '.join(f'{e}: {_basis(e)}' for e in engines) or _basis(args.engine)})")
     if capped_note(evaluated, valid):
         print(capped_note(evaluated, valid))
-    print(_price_line(price))
+    print(_price_line(price, hw.gpu.name))
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
              f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11} {'on GPUs':<7}"
     print(header)
@@ -161,10 +163,11 @@ def run(args: argparse.Namespace) -> int:
         usd = _price_json(p, price)["usd_per_million_tokens"]
         print(f"{rank:>3}  {p.layout.label():<32} {p.layout.max_tokens_per_gpu:>7} {p.setup.recompute:<9} "
               f"{p.setup.optimizer:<15} {p.setup.offload_fraction:>4.1f} {p.peak_memory_gib:>8.1f} "
-              f"{p.throughput.tokens_per_s_per_gpu:>10.1f} {p.throughput.mfu:>6.1%} "
+              f"{p.throughput.tokens_per_s_per_gpu:>10,.1f} {p.throughput.mfu:>6.1%} "
               f"{'-' if usd is None else f'${usd:.2f}':>8} {engine_name(p.setup.engine):<11} "
               f"{'?' if r is None else 'run' if r else 'never':<7}")
     print(_gpu_runs_line(runs, ran))
+    print(speed_error_line(str(args.bench_results), args.hardware))
     for gap in gaps:
         print(gap["why"])
     return 0
@@ -190,9 +193,10 @@ def _price_json(plan: Any, price: Any) -> dict[str, Any]:
             "usd_per_gpu_hour": price.usd_per_gpu_hour, "price_source": price.source}
 
 
-def _price_line(price: Any) -> str:
+def _price_line(price: Any, gpu: str) -> str:
     if price is None:
-        return "$/1M tokens: no price (the GPU has no default instance; give --usd-per-gpu-hour or --instance)"
+        return (f"$/1M tokens: no public price of {gpu} in config/hardware.yaml: give --usd-per-gpu-hour P (or "
+                "--instance NAME)")
     return f"$/1M tokens at {price.usd_per_gpu_hour:g} USD/GPU-hour ({price.source})"
 
 
@@ -221,10 +225,10 @@ def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) 
           + ", ".join(f"{k} {v:.1f}" for k, v in host.host_parts_gib.items()) + ")")
     verdict = "fits" if plan.fits else "does NOT fit"
     print(f"peak {plan.peak_memory_gib:.1f} GiB of {plan.capacity_gib} GiB: {verdict}")
-    print(f"predicted {t.tokens_per_s_per_gpu:.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "
+    print(f"predicted {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, MFU {t.mfu:.1%}, step {t.step_time_s:.2f} s, "
           f"{t.microbatches} microbatches, bubble {t.bubble_fraction:.1%} ({_basis(plan.setup.engine)})")
     usd = _price_json(plan, price)["usd_per_million_tokens"]
-    print(_price_line(price) + ("" if usd is None else f": ${usd:.2f}"))
+    print(_price_line(price, gpu) + ("" if usd is None else f": ${usd:.2f}"))
     reason = unsupported_reason(plan.layout)
     if reason and plan.setup.engine == "openrecipes":
         print(f"openrecipes train cannot run this layout yet: {reason}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("recipe", nargs="?", help="recipe YAML file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. --set layout.dp=2 --set steps=5")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its last checkpoint; with RECIPE, that recipe, which "
+                             "may differ from the run's only in performance-only fields and steps")
     parser.add_argument("--stop-after", type=int, metavar="N",
                         help="stop after step N (0-based) with a checkpoint, as an interruption would")
     launch = parser.add_argument_group("several processes (torchrun)")
@@ -114,11 +117,11 @@ def _load_recipe(args: argparse.Namespace):
     from openrecipes.config.rundir import RECIPE_FILE
 
     if args.resume:
-        if args.recipe:
-            raise ValueError("give either RECIPE or --resume RUN_DIR, not both")
         recipe_path = Path(args.resume) / RECIPE_FILE
         if not recipe_path.is_file():
             raise FileNotFoundError(f"{recipe_path} is missing: {args.resume} is not a run directory")
+        if args.recipe:  # as TRL's resume_from_checkpoint beside its config: RECIPE must be the run's, but for speed
+            return _recipe_resuming(args.recipe, args.overrides, Path(args.resume))
         recipe = load_recipe(recipe_path, args.overrides)
         if Path(recipe.run_dir).resolve() != Path(args.resume).resolve():
             recipe = recipe.model_copy(update={"run_dir": str(args.resume)})
@@ -126,6 +129,19 @@ def _load_recipe(args: argparse.Namespace):
     if args.recipe:
         return load_recipe(args.recipe, args.overrides)
     raise ValueError("give a RECIPE file or --resume RUN_DIR")
+
+
+def _recipe_resuming(recipe_file: str, overrides: list[str], run_dir) -> Any:
+    """RECIPE (with ``overrides``) continuing the run in ``run_dir``: refused in one line naming the fields that
+    differ from the run's recorded recipe, unless they are performance-only or ``steps`` (what --set may change on
+    resume, train/resume.py)."""
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.train.resume import resumed_changes
+
+    recipe = load_recipe(recipe_file, overrides)
+    recipe = recipe.model_copy(update={"run_dir": str(run_dir)})  # the run resumed is --resume's, wherever RECIPE says
+    resumed_changes(run_dir, recipe)
+    return recipe
 
 
 def _typed_command(args: argparse.Namespace) -> str:

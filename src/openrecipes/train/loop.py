@@ -21,6 +21,7 @@ from openrecipes.parallel.gradients import GradientSync, clip_scale, grad_norm_s
 from openrecipes.parallel.mesh import ParallelState
 from openrecipes.train import engine
 from openrecipes.train.exports import adapter_base, export_hf, exports_base
+from openrecipes.train.banner import cpu_precision_note
 from openrecipes.train.heartbeat import Heartbeat
 from openrecipes.train.images import check_rows_directory, pipeline_image_inputs
 from openrecipes.train.rows_vocabulary import check_rows_vocabulary
@@ -100,6 +101,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     torch.manual_seed(recipe.seed)
 
     loader = _row_loader(recipe, config, run_dir, parallel, rank=rank, world=world)
+    note = cpu_precision_note(recipe, device.type) if rank == 0 else None
+    if note:
+        print(note, file=sys.stderr, flush=True)
     row_tokens, rows_per_microbatch = loader.dataset.row_tokens, loader.rows_per_microbatch
 
     clock.mark("setup")

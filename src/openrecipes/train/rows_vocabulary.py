@@ -20,6 +20,9 @@ def check_rows_vocabulary(recipe: Recipe, config: Any, rows: Path, max_token_id:
     if largest < vocab_size:
         return
     field = "data.build.tokenizer" if recipe.data.build is not None else "data.rows"
+    # a randomly initialised model takes any vocabulary; a checkpoint's embedding has the rows it was trained with
+    bigger = (f", or train a model whose vocabulary holds them (--set model_overrides.vocab_size={largest + 1})"
+              if recipe.init == "random" else "")
     raise ValueError(f"{field}: the rows in {rows} use token ids up to {largest:,}; model {recipe.model}'s vocab_size "
-                     f"is {vocab_size:,} (ids 0 to {vocab_size - 1:,}): build the rows with the model's tokenizer, "
-                     "or train a model whose vocabulary holds them")
+                     f"is {vocab_size:,} (ids 0 to {vocab_size - 1:,}): build the rows with the model's "
+                     f"tokenizer{bigger}")

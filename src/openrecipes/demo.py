@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     _say(f"[3/7] training the candidate: {layout}, {nproc} process(es)")
     _check(_call(["train", str(recipes / "demo-candidate.yaml"), "--nproc", str(nproc)])[0], "candidate training")
 
-    _say("[4/7] measuring both runs (window steps 5-%d)" % (args.steps - 1))
+    _say(f"[4/7] measuring both runs (window steps 6-{args.steps} of {args.steps})")
     verify_dir = out / "verify"
     verify_dir.mkdir()
     window = ["--window", "5", str(args.steps - 1)]

@@ -21,6 +21,7 @@ import yaml
 from openrecipes.config.layout import rows_per_microbatch, stage_layer_counts
 from openrecipes.cards.dataset import ROWS_TEXT, card_workflow, dataset_block, read_rows_manifest, rows_dir_of
 from openrecipes.config.rundir import PROFILE_FILE
+from openrecipes.utils import shown_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,7 +279,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                          + ", ".join(d.path for d in rules.numerics)))
 
     notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement "
-             f"window steps {measured.window[0]}-{measured.window[1]}."]
+             f"window steps {shown_step(measured.window[0])}-{shown_step(measured.window[1])} (counted from 1)."]
     if measured.price_source:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]

@@ -104,8 +104,13 @@ def _group_ids(counts_E: torch.Tensor, rows: int) -> torch.Tensor:
                                    output_size=rows)
 
 
-def _grouped_kernels(x: torch.Tensor, *dims: int) -> bool:
-    return x.is_cuda and hasattr(torch, "_scaled_grouped_mm") and all(n % _ALIGN == 0 for n in dims)
+def _grouped_kernels(x: torch.Tensor, counts_E: torch.Tensor, *dims: int) -> bool:
+    """Whether torch._scaled_grouped_mm takes this product: every dimension and every expert's row count a multiple
+    of 16 (a ragged count trips a device-side assert that ends the process, seen on an H100 with torch 2.11). The
+    count check reads the counts on the host: one sync per product, the price of not crashing."""
+    if not (x.is_cuda and hasattr(torch, "_scaled_grouped_mm") and all(n % _ALIGN == 0 for n in dims)):
+        return False
+    return bool((counts_E % _ALIGN == 0).all())
 
 
 def _grouped_forward(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch.Tensor,
@@ -113,7 +118,7 @@ def _grouped_forward(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: tor
     """y[r] = W[e(r)] x[r], both scaled along I."""
     qx, sx = _quantize(x_RI, 1)
     qw, sw = _quantize(weight_EOI, 2)
-    if _grouped_kernels(x_RI, weight_EOI.shape[1], weight_EOI.shape[2]):
+    if _grouped_kernels(x_RI, counts_E, weight_EOI.shape[1], weight_EOI.shape[2]):
         return torch._scaled_grouped_mm(qx, qw.transpose(-2, -1), sx.squeeze(1), sw.squeeze(2), offs=offsets_E,
                                         out_dtype=out_dtype)
     group = _group_ids(counts_E, x_RI.shape[0])
@@ -127,7 +132,7 @@ def _grouped_weight_grad(grad_RO: torch.Tensor, x_RI: torch.Tensor, counts_E: to
     group = _group_ids(counts_E, x_RI.shape[0])
     qg, sg = _quantize_per_group(grad_RO, group, experts)
     qx, sx = _quantize_per_group(x_RI, group, experts)
-    if _grouped_kernels(x_RI, grad_RO.shape[1], x_RI.shape[1]) and x_RI.shape[0] % _ALIGN == 0:
+    if _grouped_kernels(x_RI, counts_E, grad_RO.shape[1], x_RI.shape[1]):
         return torch._scaled_grouped_mm(qg.t().contiguous(), qx.t().contiguous().t(), sg.flatten(), sx.flatten(),
                                         offs=offsets_E, out_dtype=out_dtype)
     dequant_g, dequant_x = qg.float() * sg[group], qx.float() * sx[group]

@@ -51,6 +51,25 @@ class ParallelizeOptions:
     trained_modules: tuple[str, ...] = ()
 
 
+def _adapt(model: nn.Module, plan, layers: list[nn.Module], parallel: ParallelState,
+           options: ParallelizeOptions) -> None:
+    """Step 3's second half, on the materialised weights: LoRA adapters, what trains, the FP8 products."""
+    if options.lora is not None:
+        # after materialising: the base keeps its own names and values; the adapters draw theirs by name
+        from openrecipes.models.common.lora import apply_lora
+
+        apply_lora(model, options.lora, dtype=options.parameter_dtype)
+        if parallel.distributed and parallel.expert_mesh is not None:
+            from openrecipes.parallel.expert import shard_expert_adapters
+
+            shard_expert_adapters(plan.moe_blocks(layers), parallel.expert_mesh)
+    set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
+    if options.fp8 is not None:  # before TP, recompute, compile and FSDP2 wrap the modules it changes
+        from openrecipes.parallel.fp8 import apply_fp8
+
+        apply_fp8(layers, plan, options.fp8.targets)
+
+
 def parallelize(model: nn.Module, parallel: ParallelState, options: ParallelizeOptions) -> GradientSync:
     """Apply ``parallel``'s layout to ``model`` in place (see the module docstring for the order)."""
     from openrecipes.models.families import family_for_model
@@ -79,20 +98,7 @@ def parallelize(model: nn.Module, parallel: ParallelState, options: ParallelizeO
 
         model.to_empty(device=parallel.device)
         model.init_weights(seed=options.seed, fill=fill_sharded_seeded_normal_)  # the whole model's values, sliced
-    if options.lora is not None:
-        # after materialising: the base keeps its own names and values; the adapters draw theirs by name
-        from openrecipes.models.common.lora import apply_lora
-
-        apply_lora(model, options.lora, dtype=options.parameter_dtype)
-        if distributed and parallel.expert_mesh is not None:
-            from openrecipes.parallel.expert import shard_expert_adapters
-
-            shard_expert_adapters(plan.moe_blocks(layers), parallel.expert_mesh)
-    set_trainable(model, frozen=options.frozen_modules, trained=options.trained_modules)
-    if options.fp8 is not None:  # before TP, recompute, compile and FSDP2 wrap the modules it changes
-        from openrecipes.parallel.fp8 import apply_fp8
-
-        apply_fp8(layers, plan, options.fp8.targets)
+    _adapt(model, plan, layers, parallel, options)
     tp_sharded: frozenset[str] = frozenset()
     if distributed and parallel.tp_size > 1:
         from openrecipes.parallel.tensor import apply_tensor_parallel

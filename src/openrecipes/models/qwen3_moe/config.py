@@ -78,7 +78,8 @@ class Qwen3MoeConfig:
             raise ValueError(f"config field 'decoder_sparse_step' must be positive, got {self.decoder_sparse_step}")
         outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
         if outside:
-            raise ValueError(f"mlp_only_layers {outside} are not layers of this model (0..{self.num_hidden_layers - 1})")
+            raise ValueError(f"mlp_only_layers {outside} are not layers of this model "
+                             f"(0..{self.num_hidden_layers - 1})")
         if self.dense_layers and self.intermediate_size <= 0:
             raise ValueError(f"config field 'intermediate_size' must be positive for the dense layers "
                              f"{list(self.dense_layers)}, got {self.intermediate_size}")

@@ -15,7 +15,7 @@ def test_total_includes_the_frozen_expert_bias():
     assert full["total_params"] == full["trainable_params"] + 62 * 256
     assert full["trainable_params"] == get_config("muse-spark-open-816b-a42b").total_params()
     assert by_name["qwen3-30b-a3b"]["frozen_params"] == 0
-    for name in ("muse-spark-tiny", "qwen3-moe-tiny"):  # against the built module, every parameter counted
+    for name in ("muse-spark-tiny", "qwen3-moe-tiny", "glm4-moe-tiny"):  # against the built module, every parameter counted
         config = get_config(name)
         model = family_for_config(config).build(config, device="meta", seed=None)
         assert by_name[name]["total_params"] == sum(p.numel() for p in model.parameters()), name

@@ -13,6 +13,7 @@ FAMILY_MODULES = (
     "openrecipes.models.muse_spark.family",
     "openrecipes.models.qwen3_vl_moe.family",
     "openrecipes.models.deepseek_v3.family",
+    "openrecipes.models.glm4_moe.family",
 )
 
 

@@ -8,9 +8,8 @@ MLA (multi-head latent attention): queries from hidden -> q_lora_rank (RMSNorm) 
 projection when q_lora_rank is null); keys and values from hidden -> kv_lora_rank (RMSNorm) -> heads x (nope + v),
 and one rope part of the key shared by every head, taken from the hidden state beside the latent. RoPE rotates the
 rope parts only; scores are over nope + rope, scaled by 1/sqrt(nope + rope).
-Router: sigmoid scores in fp32; choice = scores + e_score_correction_bias; experts come from the topk_group groups
-with the largest sum of their two best choices; the gating weights are the unbiased scores of the chosen experts,
-renormalised (norm_topk_prob) and multiplied by routed_scaling_factor.
+Router and MoE block (group-limited sigmoid routing with the correction bias, routed plus shared experts):
+models/common/group_routing.py, shared with GLM-4.5.
 
 Multi-token prediction (DeepSeek-V3 report §2.2; ``DeepseekV3MTPLayer``), held when ``config.mtp_layers``: depth
 k = 1..D reads the representation h^(k-1) of the depth before (depth 0: the main model's last hidden state after its
@@ -26,76 +25,20 @@ Legend: B rows, T tokens per row, D hidden, H heads, E routed experts, K experts
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.group_routing import GroupLimitedMoe
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.mlp import GatedMLP
-from openrecipes.models.common.moe import GroupedExperts, LocalTokenDispatcher, Routing, balanced
 from openrecipes.models.common.norms import RMSNorm
 from openrecipes.models.common.rope import apply_rope, rope_angles
-from openrecipes.models.common.router import KeepFP32
 from openrecipes.models.deepseek_v3.config import DeepseekV3Config
-
-# keeps a zero sum of gating weights finite, as transformers' router does
-_NORM_FLOOR = 1e-20
 
 # transformers builds the latent norms (q_a_layernorm, kv_a_layernorm) with its RMSNorm's default epsilon whatever
 # config.rms_norm_eps says (modeling_deepseek_v3: DeepseekV3RMSNorm(q_lora_rank)); the other norms take the config's
 LATENT_NORM_EPS = 1e-6
-
-
-class GroupLimitedRouter(KeepFP32):
-    """``forward(x_TD) -> Routing``; ``weight`` (E, D) fp32, ``e_score_correction_bias`` (E,) fp32 and frozen (it
-    steers the choice only; a frozen parameter so checkpoints carry it like every other tensor)."""
-
-    def __init__(self, config: DeepseekV3Config, *, balanced_routing: bool = False) -> None:
-        super().__init__()
-        self.top_k, self.groups, self.top_groups = config.num_experts_per_tok, config.n_group, config.topk_group
-        self.normalize_top_k, self.scaling = config.norm_topk_prob, config.routed_scaling_factor
-        self.balanced_routing = balanced_routing
-        experts = config.n_routed_experts
-        self.weight = nn.Parameter(torch.empty(experts, config.hidden_size, dtype=torch.float32))
-        self.e_score_correction_bias = nn.Parameter(torch.empty(experts, dtype=torch.float32), requires_grad=False)
-
-    def forward(self, x_TD: torch.Tensor) -> Routing:
-        compute = torch.promote_types(self.weight.dtype, torch.float32)
-        scores_TE = torch.sigmoid(F.linear(x_TD.to(compute), self.weight.to(compute)))
-        choice_TE = scores_TE.detach() + self.e_score_correction_bias.detach().to(compute)
-        tokens, experts = choice_TE.shape
-        choice_TGX = choice_TE.view(tokens, self.groups, experts // self.groups)
-        group_scores_TG = choice_TGX.topk(2, dim=-1).values.sum(dim=-1)
-        best_groups_TG = torch.topk(group_scores_TG, self.top_groups, dim=-1).indices
-        kept_TG = torch.zeros_like(group_scores_TG, dtype=torch.bool).scatter_(1, best_groups_TG, True)
-        choice_TE = choice_TGX.masked_fill(~kept_TG[..., None], float("-inf")).view(tokens, experts)
-        experts_TK = torch.topk(choice_TE, self.top_k, dim=-1).indices
-        weights_TK = scores_TE.gather(-1, experts_TK)
-        if self.normalize_top_k:
-            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + _NORM_FLOOR)
-        weights_TK = weights_TK * self.scaling
-        routing = Routing(experts_TK=experts_TK, weights_TK=weights_TK.to(x_TD.dtype))
-        return balanced(routing, experts) if self.balanced_routing else routing
-
-
-class DeepseekV3Moe(nn.Module):
-    """Routed experts plus shared experts. ``token_dispatcher`` is swapped by expert parallelism (not an nn.Module
-    attribute), as in ``SparseMoeBlock``."""
-
-    def __init__(self, config: DeepseekV3Config, kernels: KernelOptions) -> None:
-        super().__init__()
-        self.gate = GroupLimitedRouter(config, balanced_routing=kernels.balanced_routing)
-        self.experts = GroupedExperts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size,
-                                      activation=config.hidden_act, backend=kernels.experts)
-        self.shared_experts = (GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts,
-                                        config.hidden_act) if config.n_shared_experts else None)
-        self.token_dispatcher = LocalTokenDispatcher()
-
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
-        out = self.token_dispatcher(x_TD, self.gate(x_TD), self.experts).reshape(x_BTD.shape)
-        return out if self.shared_experts is None else out + self.shared_experts(x_BTD)
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -156,7 +99,7 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.self_attn = MultiHeadLatentAttention(config, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = (GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act) if self.dense
-                    else DeepseekV3Moe(config, kernels))
+                    else GroupLimitedMoe(config, kernels))
 
     def forward(self, x_BTD: torch.Tensor, angles_BTF: torch.Tensor, documents: Documents | None) -> torch.Tensor:
         h = x_BTD + self.self_attn(self.input_layernorm(x_BTD), angles_BTF, documents)

@@ -160,7 +160,7 @@ VARIANTS = {
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
 
-PROFILED = ("dsv3_bal_c", "long32k_c", "long32k_c_none", "single_bal_c_lora", "single_bal_c_none_lora", "single_bal_c_none", "muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
+PROFILED = ("dsv3_bal_c", "single_bal_c_fp8", "long32k_c", "long32k_c_none", "single_bal_c_lora", "single_bal_c_none_lora", "single_bal_c_none", "muse4l16e_bal_c", "single_bal", "single_bal_c", "single_bal_c_off05", "single_bal_hoff05", "dp2ep2_bal", "dp2ep2_pa_bal", "tp2_pa_bal", "cp2_pa_bal", "dp4ep4_pa_bal")
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:

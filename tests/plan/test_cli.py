@@ -137,3 +137,19 @@ def test_offload_update_is_the_recipes_default_for_this_engine(capsys):
                  "--recompute", "full", "--max-tokens-per-gpu", "4096", "--engine", "openrecipes", "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert ranked and all(plan["offload_update"] == default for plan in ranked)
+
+
+def test_each_ranked_prediction_carries_its_measured_error(capsys):
+    # this engine's rows carry the worst held-out error of its H200 runs; the generic model's and another GPU's "?"
+    from openrecipes.plan.calibration import speed_error
+
+    h200 = speed_error("bench/results", "H200")
+    assert h200 is not None and speed_error("bench/results", "B200") is None
+    args = ["--max-tokens-per-gpu", "4096", "--recompute", "full", "--optimizer", "adam", "--offload-fraction", "0",
+            "--top", "3", "--usd-per-gpu-hour", "3"]
+    for gpus, expected in (("8xH200", f"±{h200:.0%}"), ("8xB200", "?")):
+        assert main(["plan", "qwen3-moe-tiny", "--gpus", gpus, *args]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert "tok/s/GPU  error" in lines[2]
+        rows = [line.split() for line in lines[3:6]]  # ... tokens/s, error, MFU, $/1M tokens, engine, on GPUs
+        assert [row[-5] if row[-2] == "openrecipes" else expected for row in rows] == [expected] * 3, lines

@@ -183,10 +183,10 @@ def compare(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b")
 
 
 @functools.lru_cache(maxsize=4)
-def speed_error_line(results_dir: str, planner_path: str | None = None) -> str:
-    """One line beside a plan: how far this engine's predicted tokens/s/GPU were from its GPU runs under
-    ``results_dir`` held out of the calibration (worst and median), how many and on which GPU; or that none was
-    found. Cached: a ranking and its tests ask for it again with the same files."""
+def held_out_errors(results_dir: str, planner_path: str | None = None) -> dict[str, tuple[list[float], int]]:
+    """Per GPU: the sorted relative errors of this engine's predicted tokens/s/GPU on its GPU runs under
+    ``results_dir`` held out of the calibration, and how many runs it was fitted on. Cached: a ranking and its tests
+    ask again with the same files."""
     from openrecipes.config.hardware import known_gpu_name
     from openrecipes.plan.hardware import load_hardware
 
@@ -195,13 +195,30 @@ def speed_error_line(results_dir: str, planner_path: str | None = None) -> str:
     for run in runs:
         if run.tokens_per_s_per_gpu is not None:
             by_gpu.setdefault(known_gpu_name(run.gpu), []).append(run)
-    parts = []
+    out = {}
     for gpu, group in sorted(by_gpu.items()):
         comparisons = compare(group, load_hardware(gpu, path=planner_path))
         errors = sorted(abs(c.throughput_error) for c in comparisons if not c.fitted)
         if errors:
-            parts.append(f"within {errors[-1]:.1%} (median {statistics.median(errors):.1%}) on {len(errors)} held-out "
-                         f"{gpu} runs (and {len(comparisons) - len(errors)} it was fitted on)")
+            out[gpu] = (errors, len(comparisons) - len(errors))
+    return out
+
+
+def speed_error(results_dir: str, gpu: str, planner_path: str | None = None) -> float | None:
+    """The worst held-out error of this engine's predictions on ``gpu`` (``held_out_errors``), None unmeasured."""
+    from openrecipes.config.hardware import known_gpu_name
+
+    found = held_out_errors(results_dir, planner_path).get(known_gpu_name(gpu))
+    return found[0][-1] if found else None
+
+
+def speed_error_line(results_dir: str, planner_path: str | None = None) -> str:
+    """One line beside a plan: how far this engine's predicted tokens/s/GPU were from its GPU runs under
+    ``results_dir`` held out of the calibration (worst and median), how many and on which GPU; or that none was
+    found."""
+    parts = [f"within {errors[-1]:.1%} (median {statistics.median(errors):.1%}) on {len(errors)} held-out {gpu} runs "
+             f"(and {fitted} it was fitted on)"
+             for gpu, (errors, fitted) in held_out_errors(results_dir, planner_path).items()]
     if not parts:
         return (f"prediction error: unknown, no measured GPU run of this engine under {results_dir} "
                 "(--bench-results)")

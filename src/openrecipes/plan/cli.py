@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
-    from openrecipes.plan.calibration import speed_error_line
+    from openrecipes.plan.calibration import speed_error, speed_error_line
     from openrecipes.plan.enumerate import capped_note, engine_for, evaluate, offload_update_for, search
     from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
@@ -157,13 +157,17 @@ def run(args: argparse.Namespace) -> int:
         print(capped_note(evaluated, valid))
     print(_price_line(price, hw.gpu.name))
     header = f"{'#':>3}  {'layout':<32} {'tok/GPU':>7} {'recompute':<9} {'optimizer':<15} {'offl':>4} " \
-             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'MFU':>6} {'$/1M tok':>8} {'engine':<11} {'on GPUs':<7}"
+             f"{'peak GiB':>8} {'tok/s/GPU':>10} {'error':>6} {'MFU':>6} {'$/1M tok':>8} {'engine':<11} {'on GPUs':<7}"
     print(header)
+    measured_error = speed_error(str(args.bench_results), hw.gpu.name, args.hardware)
     for rank, (p, r) in enumerate(zip(top, ran), 1):
         usd = _price_json(p, price)["usd_per_million_tokens"]
+        # the engine's worst held-out error on this GPU; the generic model's is not measured
+        error = measured_error if p.setup.engine == "openrecipes" else None
         print(f"{rank:>3}  {p.layout.label():<32} {p.layout.max_tokens_per_gpu:>7} {p.setup.recompute:<9} "
               f"{p.setup.optimizer:<15} {p.setup.offload_fraction:>4.1f} {p.peak_memory_gib:>8.1f} "
-              f"{p.throughput.tokens_per_s_per_gpu:>10,.1f} {p.throughput.mfu:>6.1%} "
+              f"{p.throughput.tokens_per_s_per_gpu:>10,.1f} {'?' if error is None else f'±{error:.0%}':>6} "
+              f"{p.throughput.mfu:>6.1%} "
               f"{'-' if usd is None else f'${usd:.2f}':>8} {engine_name(p.setup.engine):<11} "
               f"{'?' if r is None else 'run' if r else 'never':<7}")
     print(_gpu_runs_line(runs, ran))

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
-from openrecipes.models.common.hf_experts import FusedHalf, Part
+from openrecipes.models.common.hf_experts import FusedHalf, Mxfp4Part, Part, Rearranged
+from openrecipes.models.common.mxfp4 import dequantize_mxfp4
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.families import ModelFamily, family_for_config
@@ -119,7 +120,8 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
             ignored[reason if isinstance(reason, str) else "outside the text model"].append(hf_key)
             continue
         _, stored = checkpoint.metadata(hf_key)
-        if stored not in WEIGHT_DTYPES:
+        quantized = all(isinstance(part, Mxfp4Part) for _, part in family.native_parts(hf_key))
+        if stored not in WEIGHT_DTYPES and not (quantized and stored == "U8"):  # MXFP4: uint8, dequantized below
             raise ValueError(f"tensor {hf_key!r} in {checkpoint.path / checkpoint.file_of[hf_key]}: dtype {stored} "
                              f"is not a weight dtype ({', '.join(WEIGHT_DTYPES)}); convert it first")
         mtp_parts = family.mtp.native_parts(hf_key, config) if family.mtp is not None else None
@@ -177,6 +179,15 @@ def _assemble(checkpoint: HFCheckpoint, name: str, shape: tuple[int, ...], parts
         tensor = checkpoint.get_slice(key, slice(None), slice(half.index * shape[1], (half.index + 1) * shape[1]))
         if expert_layouts is not None:
             expert_layouts.add("fused")
+    elif kinds == {Rearranged}:  # a fixed view of one whole tensor (gpt-oss's transposed, interleaved experts)
+        (part,) = parts
+        if checkpoint.metadata(key)[0] != part.hf_shape(shape):
+            raise ValueError(f"tensor {key!r} in {checkpoint.path / checkpoint.file_of[key]}: shape "
+                             f"{checkpoint.metadata(key)[0]} does not match the config's {part.hf_shape(shape)} "
+                             f"(for {name})")
+        tensor = part.take(checkpoint.get(key))
+    elif kinds == {Mxfp4Part}:  # MXFP4 blocks and scales, dequantized (common/mxfp4.py), then this half's rows
+        tensor = _dequantized(checkpoint, name, parts)
     else:  # one tensor per expert, stacked along dim 0
         absent = [e for e in range(shape[0]) if e not in parts]
         if absent or len(parts) != shape[0]:
@@ -190,6 +201,16 @@ def _assemble(checkpoint: HFCheckpoint, name: str, shape: tuple[int, ...], parts
         raise ValueError(f"tensor {key!r} in {checkpoint.path / checkpoint.file_of[key]}: "
                          f"shape {tuple(tensor.shape)} does not match the config's {shape} (for {name})")
     return tensor
+
+
+def _dequantized(checkpoint: HFCheckpoint, name: str, parts: dict[Part, str]) -> torch.Tensor:
+    roles = {part.role: key for part, key in parts.items()}
+    if set(roles) != {"blocks", "scales"}:
+        raise ValueError(f"{checkpoint.path}: {name} needs MXFP4 blocks and scales; found only {sorted(roles)}")
+    half = next(iter(parts)).half
+    weight = dequantize_mxfp4(checkpoint.get(roles["blocks"]), checkpoint.get(roles["scales"]),
+                              dtype=torch.bfloat16)
+    return weight if half is None else weight[..., half::2, :].contiguous()
 
 
 def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",

@@ -14,6 +14,7 @@ FAMILY_MODULES = (
     "openrecipes.models.qwen3_vl_moe.family",
     "openrecipes.models.deepseek_v3.family",
     "openrecipes.models.glm4_moe.family",
+    "openrecipes.models.gpt_oss.family",
 )
 
 

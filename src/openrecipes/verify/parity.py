@@ -69,7 +69,7 @@ def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 
 def native_gradients(family, hf_params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor | None]:
     """transformers' gradients under native names, in the native layout (None: no gradient reached it)."""
-    from openrecipes.models.common.hf_experts import FusedHalf
+    from openrecipes.models.common.hf_experts import FusedHalf, Rearranged
 
     parts: dict[str, dict] = {}
     for hf_name, param in hf_params.items():
@@ -81,6 +81,9 @@ def native_gradients(family, hf_params: dict[str, torch.nn.Parameter]) -> dict[s
             out[name] = held[None]
         elif any(g is None for g in held.values()):
             out[name] = None
+        elif all(isinstance(part, Rearranged) for part in held):  # a fixed view of the whole tensor
+            (part, grad), = held.items()
+            out[name] = part.take(grad)
         elif all(isinstance(part, FusedHalf) for part in held):  # this half of dim 1 of gate_up_proj
             (part, grad), = held.items()
             out[name] = grad.chunk(2, dim=1)[part.index]

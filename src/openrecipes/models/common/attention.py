@@ -10,6 +10,11 @@ Backends:
   documents and windows without a T×T mask.
 - ``flex``: FlexAttention with a block mask from the documents' boundaries (``document_flex``), compiled on CUDA.
 ``auto`` picks varlen on CUDA for packed rows or windows, else sdpa.
+
+Attention sinks (gpt-oss): ``sinks`` (H,) holds one learned logit per query head that joins every row's softmax
+denominator and attends to nothing: p(s) = exp(score_s) / (exp(sink) + sum_s' exp(score_s')). ``reference`` computes
+it with the sink as an extra softmax column; ``sdpa`` as a virtual key of zeros (score 0) and value zero, whose float
+mask entry is the sink, which is exact. ``varlen`` and ``flex`` refuse it (no sink argument in those kernels here).
 """
 
 from __future__ import annotations
@@ -157,11 +162,18 @@ def sliced_query_varlen(q_BHQD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torc
 
 def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
               documents: Documents | None = None, window: int | None = None,
-              backend: str = "auto") -> torch.Tensor:
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention within documents (and within ``window`` tokens when given). Returns (B, H, T, D).
+    ``sinks`` (H,): per-head logits added to each softmax's denominator (see the module docstring).
 
     ``backend`` may also be a callable taking the same arguments (parallelism plugs in its own this way)."""
+    if sinks is not None and sinks.shape != (q_BHTD.shape[1],):
+        raise ValueError(f"attention sinks: expected one per query head ({q_BHTD.shape[1]}), got shape "
+                         f"{tuple(sinks.shape)} (tensor parallelism does not split sinks)")
     if callable(backend):
+        if sinks is not None:  # a parallel backend (context parallelism) has no sink term
+            raise ValueError("attention sinks are not supported with a parallel attention backend "
+                             "(context parallelism)")
         return backend(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     rows, tokens = q_BHTD.shape[0], q_BHTD.shape[2]
     # one whole document per row: plain causal attention (the fastest kernels). Not decided inside a compiled block,
@@ -170,9 +182,17 @@ def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
         documents = None
     if backend == "auto":
         packed_or_windowed = documents is not None or window is not None
-        backend = "varlen" if q_BHTD.is_cuda and packed_or_windowed and _varlen_available() else "sdpa"
+        backend = ("varlen" if q_BHTD.is_cuda and packed_or_windowed and _varlen_available() and sinks is None
+                   else "sdpa")
     if backend == "reference":
-        return _reference(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
+        return _reference(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window, sinks=sinks)
+    if sinks is not None:
+        if backend == "sdpa":
+            return _sdpa_with_sinks(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window,
+                                    sinks=sinks)
+        if backend in BACKENDS:
+            raise ValueError(f"attention backend {backend!r} does not support attention sinks; use 'sdpa' or "
+                             "'reference'")
     if backend == "sdpa":
         return _sdpa(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     if backend == "varlen":
@@ -188,14 +208,34 @@ def _expand_kv(x_BKTD: torch.Tensor, groups: int) -> torch.Tensor:
     return x_BKTD if groups == 1 else x_BKTD.repeat_interleave(groups, dim=1)
 
 
-def _reference(q, k, v, *, scale, documents, window):
+def _reference(q, k, v, *, scale, documents, window, sinks=None):
     groups = q.shape[1] // k.shape[1]
     wide = torch.promote_types(q.dtype, torch.float32)
     k, v = _expand_kv(k, groups).to(wide), _expand_kv(v, groups).to(wide)
     scores = torch.matmul(q.to(wide), k.transpose(-1, -2)) * scale
     mask = attention_mask(q.shape[2], documents=documents, window=window, device=q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v).to(q.dtype)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1), v).to(q.dtype)
+    # the sink as one more softmax column, dropped after normalising: it takes probability and gives no value
+    sink_column = sinks.to(wide)[None, :, None, None].expand(*scores.shape[:3], 1)
+    probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs, v).to(q.dtype)
+
+
+def _sdpa_with_sinks(q, k, v, *, scale, documents, window, sinks):
+    """SDPA over the keys plus one virtual key of zeros (score exactly 0) with a zero value, whose additive float
+    mask entry is the head's sink: the softmax then has exp(sink) in its denominator and nothing more."""
+    groups = q.shape[1] // k.shape[1]
+    rows, heads, tokens, head_dim = q.shape
+    k, v = _expand_kv(k, groups), _expand_kv(v, groups)
+    zeros = k.new_zeros(rows, heads, 1, head_dim)
+    k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+    allowed = attention_mask(tokens, documents=documents, window=window, device=q.device)
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    bias = bias.expand(allowed.shape[0], heads, tokens, tokens)
+    sink_column = sinks.to(q.dtype)[None, :, None, None].expand(bias.shape[0], heads, tokens, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.cat([bias, sink_column], dim=-1), scale=scale)
 
 
 def _sdpa(q, k, v, *, scale, documents, window):

@@ -31,9 +31,42 @@ class FusedHalf:
     index: int
 
 
+@dataclass(frozen=True)
+class Rearranged:
+    """A native parameter is a fixed view of one whole HF tensor (gpt-oss): ``half`` 0 or 1, the even or odd
+    entries of the HF tensor's last dim (gate and up interleaved there), None all of them; ``transposed``, the last
+    two dims swapped (experts stored (in, out)). ``take`` reads the native tensor from the HF one."""
+
+    half: int | None = None
+    transposed: bool = False
+
+    def take(self, hf: torch.Tensor) -> torch.Tensor:
+        out = hf if self.half is None else hf[..., self.half::2]
+        return (out.transpose(-1, -2) if self.transposed else out).contiguous()
+
+    def hf_shape(self, native_shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = list(native_shape)
+        if self.transposed:
+            shape[-1], shape[-2] = shape[-2], shape[-1]
+        if self.half is not None:
+            shape[-1] *= 2
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class Mxfp4Part:
+    """The ``role`` ('blocks' or 'scales') tensor of an MXFP4-quantised (E, out, in) weight (common/mxfp4.py);
+    ``half`` 0 or 1: the native parameter is its even or odd output rows (gpt-oss's interleaved gate and up), None:
+    all of them."""
+
+    role: str
+    half: int | None = None
+
+
 # Where one HF tensor sits in a native parameter: None, the whole of it; an int e, expert e's slice along dim 0
-# (per-expert layout); a FusedHalf, part of a fused gate_up_proj.
-Part = None | int | FusedHalf
+# (per-expert layout); a FusedHalf, part of a fused gate_up_proj; a Rearranged view of a whole tensor; one of the
+# two tensors of an MXFP4 weight.
+Part = None | int | FusedHalf | Rearranged | Mxfp4Part
 
 
 def check_expert_layout(layout: str) -> str:

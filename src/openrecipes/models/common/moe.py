@@ -101,24 +101,58 @@ class ExpertLowRank(NamedTuple):
     scaling: float
 
 
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's gated form: the gate clamped above at ``limit``, the up projection clamped to [-limit, limit], and
+    (up + 1) · gate · sigmoid(alpha · gate). A gated form of its own rather than an activation: the clamp and the
+    ``+ 1`` act on both projections (transformers' ``GptOssExperts._apply_gate``)."""
+
+    alpha: float
+    limit: float
+
+    def __call__(self, gate_RF: torch.Tensor, up_RF: torch.Tensor) -> torch.Tensor:
+        gate_RF = gate_RF.clamp(max=self.limit)
+        up_RF = up_RF.clamp(min=-self.limit, max=self.limit)
+        return (up_RF + 1) * (gate_RF * torch.sigmoid(gate_RF * self.alpha))
+
+
+class ExpertBiases(NamedTuple):
+    """Per-expert biases of the three projections: gate and up (E, F), down (E, D)."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
 class GroupedExperts(nn.Module):
     """E gated experts, act(x W_gate) * (x W_up) W_down (SwiGLU with ``silu``); weights stored (E, out, in) like
     nn.Linear, one tensor per projection. ``activation`` is a name from ``common.activations`` (HF ``hidden_act``).
+    ``bias``: per-expert biases ``{gate,up,down}_proj_bias`` beside the weights; ``glu``: a gated form replacing
+    act(gate) · up (gpt-oss's ``ClampedSwiGLU``). Both default off, leaving the plain experts unchanged.
 
     ``lora_gate_up`` and ``lora_down`` hold per-expert adapters (modules with ``lora_A``, ``lora_B`` and ``scaling``)
     once ``common.lora`` adds them; every adapted instance stays this one class, so a compiled block serves them all."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: str = "silu",
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", bias: bool = False, glu: ClampedSwiGLU | None = None) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.activation = check_activation(activation)
         self.backend = backend  # KernelOptions.experts
+        self.glu = glu
         self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_size))
+        if bias:
+            self.gate_proj_bias = nn.Parameter(torch.empty(num_experts, ffn_size))
+            self.up_proj_bias = nn.Parameter(torch.empty(num_experts, ffn_size))
+            self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.has_bias = bias
         self.lora_gate_up: nn.Module | None = None
         self.lora_down: nn.Module | None = None
+
+    def biases(self) -> ExpertBiases | None:
+        return ExpertBiases(self.gate_proj_bias, self.up_proj_bias, self.down_proj_bias) if self.has_bias else None
 
     def low_rank(self, local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> ExpertLowRank | None:
         """The adapters' factors (each through ``local``: an expert-parallel rank's own shard), None without."""
@@ -132,7 +166,8 @@ class GroupedExperts(nn.Module):
         """``x_RD`` sorted by expert, ``counts_E`` rows per local expert; ``weights_R`` (optional) scales each
         row's hidden activation. Returns (R, D)."""
         return swiglu_experts(x_RD, counts_E, self.gate_proj, self.up_proj, self.down_proj, weights_R,
-                              activation=self.activation, backend=self.backend, low_rank=self.low_rank())
+                              activation=self.activation, backend=self.backend, low_rank=self.low_rank(),
+                              biases=self.biases(), glu=self.glu)
 
 
 def _low_rank_linear(x_RI: torch.Tensor, A_ErI: torch.Tensor, B_EOr: torch.Tensor, scaling: float,
@@ -149,9 +184,12 @@ def _low_rank_linear(x_RI: torch.Tensor, A_ErI: torch.Tensor, B_EOr: torch.Tenso
 def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.Tensor, up_EFD: torch.Tensor,
                    down_EDF: torch.Tensor, weights_R: torch.Tensor | None = None, *,
                    activation: str = "silu", backend: str = "auto",
-                   low_rank: ExpertLowRank | None = None) -> torch.Tensor:
+                   low_rank: ExpertLowRank | None = None, biases: ExpertBiases | None = None,
+                   glu: ClampedSwiGLU | None = None) -> torch.Tensor:
     """The gated experts on rows sorted by expert; ``activation`` (a ``common.activations`` name) gates the up
     projection: SwiGLU for ``silu``, GeGLU for ``gelu``. ``low_rank``: adapters' updates added to each projection.
+    ``biases``: each row's expert's biases added after each projection; ``glu``: a gated form in place of
+    act(gate) · up.
 
     An adapted projection computes x W^T + s (x A^T) B^T, not x (W + s B A)^T: the same value up to rounding (within
     1e-5 of PEFT's merged weights in fp32), in bf16 the update is not rounded away into W's precision, and it
@@ -167,7 +205,13 @@ def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.T
                                        offsets, backend)
         gate_RF = gate_RF + gate_up_R2F[:, :B_E2Fr.shape[2]]
         up_RF = up_RF + gate_up_R2F[:, B_E2Fr.shape[2]:]
-    hidden_RF = ACTIVATIONS[activation](gate_RF) * up_RF
+    if biases is not None:
+        # each row's expert, without a host sync (output_size given)
+        experts_R = torch.repeat_interleave(torch.arange(counts_E.shape[0], device=counts_E.device), counts_E,
+                                            output_size=x_RD.shape[0])
+        gate_RF = gate_RF + biases.gate.to(gate_RF.dtype)[experts_R]
+        up_RF = up_RF + biases.up.to(up_RF.dtype)[experts_R]
+    hidden_RF = glu(gate_RF, up_RF) if glu is not None else ACTIVATIONS[activation](gate_RF) * up_RF
     if weights_R is not None:
         # the down projection is linear, so gating its F-wide input equals gating its D-wide output, for less work
         hidden_RF = hidden_RF * weights_R.unsqueeze(-1)
@@ -175,6 +219,9 @@ def swiglu_experts(x_RD: torch.Tensor, counts_E: torch.Tensor, gate_EFD: torch.T
     if low_rank is not None:
         out_RD = out_RD + _low_rank_linear(hidden_RF, low_rank.down_A, low_rank.down_B, low_rank.scaling, counts_E,
                                            offsets, backend)
+    if biases is not None:  # the down bias is gated like the product it follows
+        down_RD = biases.down.to(out_RD.dtype)[experts_R]
+        out_RD = out_RD + (down_RD if weights_R is None else down_RD * weights_R.unsqueeze(-1))
     return out_RD
 
 

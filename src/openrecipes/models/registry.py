@@ -15,6 +15,7 @@ FAMILY_MODULES = (
     "openrecipes.models.deepseek_v3.family",
     "openrecipes.models.glm4_moe.family",
     "openrecipes.models.gpt_oss.family",
+    "openrecipes.models.qwen3_5_moe.family",
 )
 
 

@@ -33,3 +33,12 @@ def apply_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, *, pairing: str =
         even, odd = x_BHTD[..., 0::2], x_BHTD[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
     raise ValueError(f"unknown RoPE pairing {pairing!r}; expected 'half' or 'adjacent'")
+
+
+def apply_partial_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` dimensions of each head (rotate-half pairing within them); keep the rest
+    (GLM-4.5's and Qwen3.5's partial rotary: ``angles`` hold the rotated width's frequencies alone)."""
+    if rotary_dim == x_BHTD.shape[-1]:
+        return apply_rope(x_BHTD, angles_BTF)
+    rotated, kept = x_BHTD.split([rotary_dim, x_BHTD.shape[-1] - rotary_dim], dim=-1)
+    return torch.cat((apply_rope(rotated, angles_BTF), kept), dim=-1)

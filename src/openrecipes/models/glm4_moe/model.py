@@ -25,16 +25,9 @@ from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seede
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.mlp import GatedMLP
 from openrecipes.models.common.norms import RMSNorm
-from openrecipes.models.common.rope import apply_rope, rope_angles
+from openrecipes.models.common.rope import apply_partial_rope as partial_rope
+from openrecipes.models.common.rope import rope_angles
 from openrecipes.models.glm4_moe.config import Glm4MoeConfig
-
-
-def partial_rope(x_BHTD: torch.Tensor, angles_BTF: torch.Tensor, rotary_dim: int) -> torch.Tensor:
-    """Rotate the first ``rotary_dim`` dimensions of each head (rotate-half pairing within them); keep the rest."""
-    if rotary_dim == x_BHTD.shape[-1]:
-        return apply_rope(x_BHTD, angles_BTF)
-    rotated, kept = x_BHTD.split([rotary_dim, x_BHTD.shape[-1] - rotary_dim], dim=-1)
-    return torch.cat((apply_rope(rotated, angles_BTF), kept), dim=-1)
 
 
 class Glm4MoeAttention(nn.Module):

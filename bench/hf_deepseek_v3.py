@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deepseek_v3_workload as workload  # noqa: E402
+from peer_harness import (emit, enable_recompute, gpu_peak_flops, load_probe, memory_fields,  # noqa: E402
+                          summarize, train)
 
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 NORM_FLOOR = 1e-20  # transformers' router adds it to the sum of the kept scores
@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--balanced", action="store_true", help="force round-robin expert choice (exact balance)")
     parser.add_argument("--no-recompute", action="store_true", help="no gradient checkpointing")
+    parser.add_argument("--experts", default=EXPERTS_IMPLEMENTATION, choices=["grouped_mm", "eager"],
+                        help="transformers' experts implementation")
     parser.add_argument("--tiny", action="store_true", help="the tiny registered config and short rows (CPU tests)")
     return parser.parse_args(argv)
 
@@ -87,7 +89,7 @@ def force_balanced_routing(modeling) -> str:
     return "DeepseekV3TopkRouter.forward"
 
 
-def build_model(fields: dict, device: torch.device):
+def build_model(fields: dict, device: torch.device, experts: str = EXPERTS_IMPLEMENTATION):
     """DeepseekV3ForCausalLM in bf16 on ``device``; the experts implementation asked for where this transformers
     takes the keyword for DeepSeek-V3, its default otherwise (the note says which)."""
     import transformers
@@ -98,10 +100,10 @@ def build_model(fields: dict, device: torch.device):
     with device:
         try:
             model = transformers.AutoModelForCausalLM.from_config(
-                config, experts_implementation=EXPERTS_IMPLEMENTATION, **kwargs)
+                config, experts_implementation=experts, **kwargs)
         except (TypeError, ValueError, KeyError) as error:
             note = (f"transformers {transformers.__version__} refused experts_implementation="
-                    f"{EXPERTS_IMPLEMENTATION!r} for DeepSeek-V3 ({error}); its default experts forward runs")
+                    f"{experts!r} for DeepSeek-V3 ({error}); its default experts forward runs")
             print(f"[hf_deepseek_v3] note: {note}", flush=True)
             model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     return model.to(device), note
@@ -118,81 +120,8 @@ def experts_dispatch(model) -> dict:
             "experts_dispatch": "@use_experts_implementation" in source}
 
 
-def enable_recompute(model) -> None:
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # the newer name; gradient_checkpointing_enable warns there
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def load_probe(model, experts: int):
-    """Per MoE layer, tokens per expert of one armed forward: a pre-hook on the experts module reads the indices it
-    is handed (the same call in every 5.x layout). Recomputed forwards are ignored (only the first call per layer)."""
-    probe = {"armed": False, "counts": {}}
-
-    def hook(module, args, kwargs):
-        if probe["armed"] and module not in probe["counts"]:
-            indices = args[1] if len(args) > 1 else kwargs["top_k_index"]
-            probe["counts"][module] = torch.bincount(indices.reshape(-1), minlength=experts).float().cpu()
-
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "gate"):
-            layer.mlp.experts.register_forward_pre_hook(hook, with_kwargs=True)
-    return probe
-
-
-def train(model, *, steps: int, tokens: int, vocab: int, device: torch.device, probe: dict, probe_step: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=device.type == "cuda")
-    gen = torch.Generator(device=device).manual_seed(1234)
-    times, losses = [], []
-    for step in range(steps):
-        ids = torch.randint(0, vocab, (1, tokens), device=device, generator=gen)
-        probe["armed"] = step == probe_step
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        probe["armed"] = False
-        losses.append(loss.item())
-        print(f"[hf_deepseek_v3] step {step:2d} {times[-1] * 1e3:9.1f} ms {tokens / times[-1]:9.0f} tok/s "
-              f"loss {losses[-1]:.4f}", flush=True)
-    return times, losses
-
-
-def summarize(times: list[float], tokens: int, active_params: int, peak_flops: float | None) -> dict:
-    """The workload's window, cut to the steps run (a short CPU run summarises its last step)."""
-    last = min(workload.WINDOW[1], len(times) - 1)
-    first = min(workload.WINDOW[0], last)
-    window = times[first:last + 1]
-    rates = [tokens / t for t in window]
-    out = {"window": [first, last], "window_steps": len(window),
-           "step_time_median_s": statistics.median(window), "step_time_mean_s": statistics.mean(window),
-           "tokens_per_s_median": statistics.median(rates), "tokens_per_s_mean": statistics.mean(rates),
-           "tokens_per_s_window": tokens * len(window) / sum(window),
-           "step_time_cv": statistics.pstdev(window) / statistics.mean(window), "active_params_N": active_params}
-    if peak_flops:
-        out["peak_flops"] = peak_flops
-        for key in ("median", "mean", "window"):
-            out[f"mfu_{key}"] = 6 * active_params * out[f"tokens_per_s_{key}"] / peak_flops
-    return out
-
-
-def gpu_peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    from openrecipes.config.hardware import load_hardware
-
-    name = torch.cuda.get_device_name(device)
-    part = next((p for p in ("H200", "H100") if p in name), None)  # the same 989 TFLOP/s datasheet figure
-    return load_hardware().gpu(part).peak_bf16_dense_flops if part else None
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -206,7 +135,7 @@ def run(args: argparse.Namespace) -> dict:
     patched = force_balanced_routing(modeling) if args.balanced else None
     torch.manual_seed(0)
     started = time.perf_counter()
-    model, note = build_model(workload.hf_config_fields(args.tiny), device)
+    model, note = build_model(workload.hf_config_fields(args.tiny), device, args.experts)
     build_s = time.perf_counter() - started
     # the engine's model, by count (the routers' correction biases are buffers here, frozen parameters there; an
     # older transformers may hold them as parameters: left out on both sides)
@@ -221,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = train(model, steps=args.steps, tokens=tokens, vocab=config.vocab_size, device=device,
-                          probe=probe, probe_step=min(args.steps - 1, workload.WINDOW[1] + 1))
+                          probe=probe, probe_step=min(args.steps - 1, workload.WINDOW[1] + 1), tag="hf_deepseek_v3")
     mean_load = tokens * config.num_experts_per_tok / config.n_routed_experts
     loads = [c / mean_load for c in probe["counts"].values()]
     result = {
@@ -238,23 +167,15 @@ def run(args: argparse.Namespace) -> dict:
         "load_max_over_mean": [round(c.max().item(), 3) for c in loads],
         "load_min_over_mean": [round(c.min().item(), 3) for c in loads],
         "step_times_s": times, "losses": losses,
-        **summarize(times, tokens, config.active_params(), gpu_peak_flops(device)),
+        **summarize(times, tokens, workload.WINDOW, config.active_params(), gpu_peak_flops(device)),
+        **memory_fields(device),
     }
-    if device.type == "cuda":
-        result.update(peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30,
-                      peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30,
-                      alloc_retries=torch.cuda.memory_stats(device).get("num_alloc_retries"))
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = run(args)
-    line = json.dumps(result, default=str)
-    print("RESULT " + line, flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    emit(run(args), args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""What the transformers peers (bench/hf_qwen3_moe.py, bench/hf_deepseek_v3.py) share: the reference training step
+(pure bf16, fused AdamW, the model's shifted LM loss, no clipping, no compile), its timing, the window's statistics,
+gradient checkpointing, the MFU peak and the result's output. One copy, so both peers train and time alike."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def enable_recompute(model) -> None:
+    """Gradient checkpointing of every decoder layer, non-reentrant (transformers' default)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the newer name; gradient_checkpointing_enable warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+def load_probe(model, experts: int):
+    """Per MoE layer, tokens per expert of one armed forward: a pre-hook on the experts module reads the indices it
+    is handed (the same call in every 5.x layout, Qwen3-MoE and DeepSeek-V3 alike). Recomputed forwards are ignored
+    (only the first call per layer counts)."""
+    probe = {"armed": False, "counts": {}}
+
+    def hook(module, args, kwargs):
+        if probe["armed"] and module not in probe["counts"]:
+            indices = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            probe["counts"][module] = torch.bincount(indices.reshape(-1), minlength=experts).float().cpu()
+
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "gate"):
+            layer.mlp.experts.register_forward_pre_hook(hook, with_kwargs=True)
+    return probe
+
+
+
+
+
+
+
+
+def train(model, *, steps: int, tokens: int, vocab: int, device: torch.device, probe: dict, probe_step: int,
+          tag: str):
+    """``steps`` steps of one random row of ``tokens`` ids; each step's time synchronised on CUDA. ``probe["armed"]``
+    is true during step ``probe_step`` only (outside the window: a load probe's host syncs do not count)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    gen = torch.Generator(device=device).manual_seed(1234)
+    times, losses = [], []
+    for step in range(steps):
+        ids = torch.randint(0, vocab, (1, tokens), device=device, generator=gen)
+        probe["armed"] = step == probe_step
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        probe["armed"] = False
+        losses.append(loss.item())
+        print(f"[{tag}] step {step:2d} {times[-1] * 1e3:9.1f} ms {tokens / times[-1]:9.0f} tok/s "
+              f"loss {losses[-1]:.4f}", flush=True)
+    return times, losses
+
+
+def summarize(times: list[float], tokens: int, window: tuple[int, int], active_params: int,
+              peak_flops: float | None) -> dict:
+    """Statistics over ``window`` (0-based steps, inclusive), cut to the steps run (a short CPU run summarises its
+    last step); ``tokens_per_s_window`` is the window's tokens over its time, as `openrecipes measure` reports."""
+    last = min(window[1], len(times) - 1)
+    first = min(window[0], last)
+    kept = times[first:last + 1]
+    rates = [tokens / t for t in kept]
+    out = {"window": [first, last], "window_steps": len(kept),
+           "step_time_median_s": statistics.median(kept), "step_time_mean_s": statistics.mean(kept),
+           "tokens_per_s_median": statistics.median(rates), "tokens_per_s_mean": statistics.mean(rates),
+           "tokens_per_s_window": tokens * len(kept) / sum(kept),
+           "step_time_cv": statistics.pstdev(kept) / statistics.mean(kept), "active_params_N": active_params}
+    if peak_flops:
+        out["peak_flops"] = peak_flops
+        for key in ("median", "mean", "window"):
+            out[f"mfu_{key}"] = 6 * active_params * out[f"tokens_per_s_{key}"] / peak_flops
+    return out
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of config/hardware.yaml for an H100 or H200 (the engine's MFU uses the same)."""
+    if device.type != "cuda":
+        return None
+    from openrecipes.config.hardware import load_hardware
+
+    name = torch.cuda.get_device_name(device)
+    part = next((p for p in ("H200", "H100") if p in name), None)  # the same 989 TFLOP/s datasheet figure
+    return load_hardware().gpu(part).peak_bf16_dense_flops if part else None
+
+
+def memory_fields(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return dict(peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+                peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30,
+                alloc_retries=torch.cuda.memory_stats(device).get("num_alloc_retries"))
+
+
+def emit(result: dict, out: str | None) -> None:
+    """One ``RESULT {json}`` line on stdout, and the JSON in ``out``."""
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -1,0 +1,166 @@
+"""The benchmark workloads declared in bench/workloads.yaml, validated: one entry per workload (model and depth, row
+shape, layout, recompute, kernels, LoRA, FP8, and the peer it is compared with). `engine_speed.py` trains an entry,
+`run.py` runs entries beside their peers, `report.py` writes BENCHMARKS.md's current tables from their results.
+
+Unset fields keep engine_speed.py's defaults (one 8,192-token row of 8 layers of Qwen3-30B-A3B, full recompute, eager,
+precision-aware Adam on one GPU): an entry states only what differs, so its record in a results file is the same dict
+the engine-speed results have always carried.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BENCH = Path(__file__).resolve().parent
+WORKLOADS_FILE = BENCH / "workloads.yaml"
+
+# a peer harness: its script (bench/) and the registered model family it trains (the workload's model must be one)
+PEER_HARNESSES = {
+    "transformers_qwen3_moe": ("hf_qwen3_moe.py", "qwen3-30b-a3b"),
+    "transformers_deepseek_v3": ("hf_deepseek_v3.py", "deepseek-v3-671b"),
+}
+# modules that hold a workload's model and row shape shared with a peer (the one home of those numbers)
+MODEL_FROM = {"deepseek_v3_workload"}
+# fields that describe the comparison, not the engine's run: left out of the engine's spec (and its results record)
+_NOT_ENGINE = {"description", "peer", "baseline", "profile", "model_from"}
+
+
+def default_window(steps: int) -> tuple[int, int]:
+    """The timing window (0-based steps, inclusive) of a run without its own: 5 steps of warm-up, and the last
+    step left out (the profiled one)."""
+    return 5, min(19, steps - 2)
+
+
+class Peer(BaseModel):
+    """The other framework a workload is measured beside, in the same call; its recompute and routing follow the
+    workload's (gradient checkpointing unless ``recompute: none``; forced balance when ``balanced``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    harness: Literal["transformers_qwen3_moe", "transformers_deepseek_v3"]
+    experts: Literal["grouped_mm", "eager"] = "grouped_mm"  # transformers' experts implementation
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+    # the comparison
+    peer: Peer | None = None
+    baseline: str | None = None  # another workload this one is reported against (e.g. FP8 against bf16)
+    profile: bool = False  # profile the last step (outside the window) and keep the table in the results
+    # the model and its depth
+    model: str | None = None  # default qwen3-30b-a3b
+    model_from: Literal["deepseek_v3_workload"] | None = None
+    overrides: dict[str, Any] | None = None  # model_overrides; default {num_hidden_layers: layers}
+    layers: int | None = Field(None, ge=1)
+    tiny_model: str | None = None  # what a CPU plumbing run trains instead
+    # rows
+    packed: bool = False  # many short documents per row, or one document
+    rows_per_step: int = Field(1, ge=1)
+    rows_per_microbatch: int | None = Field(None, ge=1)
+    row_tokens: int | None = Field(None, ge=1)
+    balanced: bool = True  # forced exact expert balance (debug.force_load_balance)
+    steps: int | None = Field(None, ge=3)
+    window: tuple[int, int] | None = None
+    # layout
+    nproc: int | None = Field(None, ge=1)
+    dp: int | None = Field(None, ge=1)
+    ep: int | None = Field(None, ge=1)
+    tp: int | None = Field(None, ge=1)
+    cp: int | None = Field(None, ge=1)
+    # recompute, kernels, optimizer, precision
+    recompute: Literal["full", "none", "selective", "experts", "full_keep_attention"] | None = None
+    compile: bool | None = None
+    attention: str | None = None
+    loss_chunk: int | None = Field(None, ge=0)
+    precision_aware: bool | None = None
+    offload: float | None = Field(None, ge=0, le=1)
+    offload_update: Literal["device", "host"] | None = None
+    lora: bool | None = None
+    fp8: list[Literal["experts", "projections"]] | None = None
+
+    @model_validator(mode="after")
+    def _peer_runs_the_same_work(self) -> Workload:
+        if self.peer is None:
+            return self
+        _, family_model = PEER_HARNESSES[self.peer.harness]
+        model = self.engine_spec().get("model", "qwen3-30b-a3b")
+        problems = [f"the peer trains {family_model}, the workload {model}" if model != family_model else None,
+                    "packed rows" if self.packed else None,
+                    "more than one row per step" if self.rows_per_step != 1 else None,
+                    "several GPUs" if (self.nproc or 1) > 1 else None,
+                    "LoRA (transformers + peft is not a harness here yet)" if self.lora else None,
+                    "FP8" if self.fp8 else None, "offload" if self.offload else None]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ValueError(f"a peer runs one dense bf16 row on one GPU; this workload has {', '.join(problems)}")
+        return self
+
+    def engine_spec(self) -> dict[str, Any]:
+        """The dict engine_speed.py's run_variant reads (the fields set, plus the shared model and row shape of
+        ``model_from``)."""
+        spec = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in _NOT_ENGINE}
+        spec["fp8"] = list(self.fp8) if self.fp8 else None
+        spec = {k: v for k, v in spec.items() if v is not None}
+        if "window" in spec:
+            spec["window"] = list(spec["window"])
+        if self.model_from:
+            shared = _shared_shape(self.model_from)
+            spec = {**shared, **{k: v for k, v in spec.items() if k not in shared}}
+        return spec
+
+    def peer_settings(self) -> dict[str, Any]:
+        """What the peer is told: its harness, the experts implementation, recompute and routing as the engine's."""
+        assert self.peer is not None
+        script, _ = PEER_HARNESSES[self.peer.harness]
+        return {"harness": self.peer.harness, "script": f"bench/{script}", "experts": self.peer.experts,
+                "recompute": self.recompute != "none", "balanced": self.balanced}
+
+
+def _shared_shape(module_name: str) -> dict[str, Any]:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    module = importlib.import_module(module_name)
+    return dict(model=module.MODEL, overrides=dict(module.OVERRIDES), tiny_model=module.TINY_MODEL,
+                row_tokens=module.ROW_TOKENS, steps=module.STEPS, window=list(module.WINDOW))
+
+
+class WorkloadFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    workloads: dict[str, Workload]
+    # results files the report reads no figure from, each with why (a rerun replaced it, or its timing is unfit)
+    superseded: dict[str, str] = {}
+    # YAML anchors shared by several entries (read by the YAML loader, ignored here)
+    shared: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _baselines_exist(self) -> WorkloadFile:
+        for name, workload in self.workloads.items():
+            if workload.baseline is not None and workload.baseline not in self.workloads:
+                raise ValueError(f"{name}: baseline {workload.baseline!r} is not a workload")
+        return self
+
+
+def read_workload_file(path: Path = WORKLOADS_FILE) -> WorkloadFile:
+    return WorkloadFile.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+@cache
+def load_workloads(path: Path = WORKLOADS_FILE) -> dict[str, Workload]:
+    return read_workload_file(path).workloads
+
+
+def select(names: str | list[str], path: Path = WORKLOADS_FILE) -> dict[str, Workload]:
+    """The named workloads, in the order given; an unknown name fails with the known ones listed."""
+    names = [n for n in (names.split(",") if isinstance(names, str) else names) if n]
+    known = load_workloads(path)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; declared in {path}: {', '.join(known)}")
+    return {n: known[n] for n in names}

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", help="comma-separated names from bench/workloads.yaml")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, help="the results file (bench/results/DATE-NAME-GPU.json to keep it)")
+    parser.add_argument("--out", type=Path, help="the results file (bench/results/NAME-GPU.json to keep it; its date is inside)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps of the workloads without their own (a short plumbing run; default theirs)")
     parser.add_argument("--list", action="store_true", help="print the declared workloads and stop")

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.decoder import decoder_stack, positions
 from openrecipes.models.common.group_routing import GroupLimitedMoe
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
@@ -169,20 +170,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         if mtp and (self.model.mtp_layers is None or layers is not None):
             raise ValueError("mtp: the model holds no multi-token-prediction layer (config.mtp_layers is 0), or runs "
                              "a part of its layers")
-        rows, tokens = input_ids.shape[:2]
-        if position_ids is None:
-            position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
-        first = layers is None or layers.start == 0
-        last = layers is None or layers.stop == self.config.num_hidden_layers
-        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
+        position_ids = positions(input_ids, position_ids)
         angles = rope_angles(position_ids, self.config.qk_rope_head_dim, self.config.rope_theta,
                              self.config.rope_scaling)
-        chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
-        for layer in chosen:
-            h = layer(h, angles, documents)
-        if self.model.norm is not None and last:
-            h = self.model.norm(h)
-        out = self.lm_head(h) if self.lm_head is not None and last else h
+        out, h = decoder_stack(self, input_ids, angles, documents, layers)
         return (out, self._mtp_hidden(h, input_ids, angles, documents)) if mtp else out
 
     def _mtp_hidden(self, h_BTD: torch.Tensor, input_ids: torch.Tensor, angles_BTF: torch.Tensor,

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.decoder import decoder_stack, positions
 from openrecipes.models.common.group_routing import GroupLimitedMoe
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_
 from openrecipes.models.common.kernels import KernelOptions
@@ -102,20 +103,10 @@ class Glm4MoeForCausalLM(nn.Module):
                 documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
         """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk). The embedding
         runs before layer 0 and the final norm and head after the last layer."""
-        rows, tokens = input_ids.shape[:2]
-        if position_ids is None:
-            position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
-        first = layers is None or layers.start == 0
-        last = layers is None or layers.stop == self.config.num_hidden_layers
-        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
+        position_ids = positions(input_ids, position_ids)
         # the frequencies of the rotated width alone: 1 / theta^(2i / R), as transformers computes them
         angles = rope_angles(position_ids, self.config.rotary_dim, self.config.rope_theta)
-        chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
-        for layer in chosen:
-            h = layer(h, angles, documents)
-        if self.model.norm is not None and last:
-            h = self.model.norm(h)
-        return self.lm_head(h) if self.lm_head is not None and last else h
+        return decoder_stack(self, input_ids, angles, documents, layers)[0]
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:

@@ -25,6 +25,7 @@ from torch import nn
 
 from openrecipes.models.common.activations import ACTIVATIONS
 from openrecipes.models.common.attention import Documents, attention
+from openrecipes.models.common.decoder import decoder_stack, positions
 from openrecipes.models.common.init import SeededFill, build_on_meta, fill_seeded_normal_, seeded_uniform
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.mlp import GatedMLP
@@ -209,20 +210,10 @@ class Qwen35MoeForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 documents: Documents | None = None, *, layers: range | None = None) -> torch.Tensor:
         """``layers``: run only these decoder layers (global indices; an interleaved pipeline chunk)."""
-        rows, tokens = input_ids.shape[:2]
-        if position_ids is None:
-            position_ids = torch.arange(tokens, device=input_ids.device).expand(rows, tokens)
-        first = layers is None or layers.start == 0
-        last = layers is None or layers.stop == self.config.num_hidden_layers
-        h = self.model.embed_tokens(input_ids) if self.model.embed_tokens is not None and first else input_ids
+        position_ids = positions(input_ids, position_ids)
         # the rotated width's own frequencies, 1 / theta^(2i / R), as transformers computes them
         angles = rope_angles(position_ids, self.config.rotary_dim, self.config.rope_theta)
-        chosen = self.model.layers.values() if layers is None else [self.model.layers[str(i)] for i in layers]
-        for layer in chosen:
-            h = layer(h, angles, documents)
-        if self.model.norm is not None and last:
-            h = self.model.norm(h)
-        return self.lm_head(h) if self.lm_head is not None and last else h
+        return decoder_stack(self, input_ids, angles, documents, layers)[0]
 
     @torch.no_grad()
     def init_weights(self, *, seed: int = 0, fill: SeededFill = fill_seeded_normal_) -> None:

@@ -30,9 +30,17 @@ _ALIGN = 16  # _scaled_mm and _scaled_grouped_mm need every dimension of a produ
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` rounded to e4m3 with one fp32 scale per slice along ``dim`` (the summed dimension); the scale keeps
     ``dim`` as size 1, so ``q.float() * scale`` is the dequantized tensor."""
-    amax = x.detach().abs().amax(dim=dim, keepdim=True).float().clamp(min=_AMAX_FLOOR)
-    scale = amax / E4M3_MAX
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+    scale = _scale(x.detach().abs().amax(dim=dim, keepdim=True).float())
+    return _round(x, scale), scale
+
+
+def _scale(amax: torch.Tensor) -> torch.Tensor:
+    return amax.clamp(min=_AMAX_FLOOR) / E4M3_MAX
+
+
+def _round(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x / scale`` in e4m3, clamped first: rounding can carry a row's largest value just past e4m3's range."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
 _compiled: dict[str, object] = {}
@@ -55,8 +63,8 @@ def quantize_per_group(x_RC: torch.Tensor, group_R: torch.Tensor, groups: int) -
     magnitude = x_RC.detach().abs().float()
     amax = magnitude.new_zeros(groups, x_RC.shape[1]).scatter_reduce_(
         0, group_R[:, None].expand_as(magnitude), magnitude, reduce="amax")
-    scale_GC = amax.clamp(min=_AMAX_FLOOR) / E4M3_MAX
-    return (x_RC.float() / scale_GC[group_R]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale_GC
+    scale_GC = _scale(amax)
+    return _round(x_RC, scale_GC[group_R]), scale_GC
 
 
 _quantize = _fused(quantize)

@@ -176,3 +176,18 @@ def check_field_types(config_class: type, values: dict[str, Any], *, source: str
         hint = hints.get(name)
         if hint is not None and _matches(value, hint) is False:
             raise ValueError(f"{source}: {name}={value!r} must be {_describe(hint)}")
+
+
+def build_config(config_class: type, kwargs: dict[str, Any], *, source: str) -> Any:
+    """``config_class(**kwargs)`` for a config read from ``source``: a required field missing, or a value the class
+    refuses, is one error naming ``source``."""
+    from dataclasses import MISSING, fields
+
+    missing = [f.name for f in fields(config_class)
+               if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{source}: missing required field(s) {missing}")
+    try:
+        return config_class(**kwargs)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None

@@ -7,12 +7,13 @@ the published DeepSeek-V3 checkpoints have) is refused by name, never computed a
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import (ROPE_PLACEMENTS, build_config, check_field_types, check_other_keys,
+                                                 read_rope)
 from openrecipes.models.common.rope_scaling import ROPE_SCALING_KEYS, RopeScaling, yarn_mscale
 from openrecipes.utils import read_json
 
@@ -248,15 +249,8 @@ class DeepseekV3Config:
                 raise ValueError(f"{source}: rope_scaling.{key}={rope[key]!r} is not read by {kind} RoPE")
         kwargs["rope_scaling"] = RopeScaling.from_hf(
             rope, max_position_embeddings=kwargs.get("max_position_embeddings", 4096), source=source)
-        missing = [f.name for f in fields(cls)
-                   if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
-        if missing:
-            raise ValueError(f"{source}: missing required field(s) {missing}")
         kwargs["keep_mtp"] = kwargs.get("num_nextn_predict_layers", 0) > 0
-        try:
-            config = cls(**kwargs)
-        except ValueError as error:
-            raise ValueError(f"{source}: {error}") from None
+        config = build_config(cls, kwargs, source=source)
         for key, value in (("qk_head_dim", config.qk_head_dim), ("head_dim", config.qk_rope_head_dim)):
             if raw.get(key) not in (None, value):
                 raise ValueError(f"{source}: {key}={raw[key]!r} contradicts the head dims (expected {value})")

@@ -9,12 +9,13 @@ them and neither does this model (import skips their tensors with a note, models
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import (ROPE_PLACEMENTS, build_config, check_field_types, check_other_keys,
+                                                 read_rope)
 from openrecipes.utils import read_json
 
 MODEL_TYPE = "glm4_moe"
@@ -186,14 +187,7 @@ class Glm4MoeConfig:
             kwargs["head_dim"] = raw["head_dim"]
         elif isinstance(kwargs.get("hidden_size"), int) and isinstance(kwargs.get("num_attention_heads"), int):
             kwargs["head_dim"] = kwargs["hidden_size"] // max(kwargs["num_attention_heads"], 1)
-        missing = [f.name for f in fields(cls)
-                   if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
-        if missing:
-            raise ValueError(f"{source}: missing required field(s) {missing}")
-        try:
-            config = cls(**kwargs)
-        except ValueError as error:
-            raise ValueError(f"{source}: {error}") from None
+        config = build_config(cls, kwargs, source=source)
         if config.n_shared_experts == 0:  # transformers keeps a zero-width shared MLP whose tensors this model lacks
             raise ValueError(f"{source}: n_shared_experts=0 is not supported for a Hugging Face checkpoint "
                              "(transformers builds a zero-width shared expert); give 1 or more")

@@ -11,11 +11,12 @@ reader does not know. ``quantization_config`` (MXFP4 experts) is accepted: impor
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import (ROPE_PLACEMENTS, build_config, check_field_types, check_other_keys,
+                                                 read_rope)
 from openrecipes.models.common.rope_scaling import ROPE_SCALING_KEYS, RopeScaling
 from openrecipes.utils import read_json
 
@@ -167,14 +168,7 @@ class GptOssConfig:
         if "head_dim" not in kwargs and "hidden_size" in kwargs and "num_attention_heads" in kwargs:
             kwargs["head_dim"] = kwargs["hidden_size"] // max(kwargs["num_attention_heads"], 1)
         kwargs["rope_theta"], kwargs["rope_scaling"] = _read_rope(raw, kwargs, source)
-        missing = [f.name for f in fields(cls)
-                   if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
-        if missing:
-            raise ValueError(f"{source}: missing required field(s) {missing}")
-        try:
-            return cls(**kwargs)
-        except ValueError as error:
-            raise ValueError(f"{source}: {error}") from None
+        return build_config(cls, kwargs, source=source)
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "GptOssConfig":

@@ -11,12 +11,13 @@ because a text-only model gives its three position axes the same ids, where inte
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from openrecipes.models.common.activations import check_activation
-from openrecipes.models.common.hf_config import ROPE_PLACEMENTS, check_field_types, check_other_keys, read_rope
+from openrecipes.models.common.hf_config import (ROPE_PLACEMENTS, build_config, check_field_types, check_other_keys,
+                                                 read_rope)
 from openrecipes.utils import read_json
 
 MODEL_TYPE = "qwen3_5_moe_text"
@@ -194,14 +195,7 @@ class Qwen35MoeConfig:
         if raw.get("head_dim") is not None:
             kwargs["head_dim"] = raw["head_dim"]
         kwargs["layer_types"] = _layer_types(raw, source)
-        missing = [f.name for f in fields(cls)
-                   if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
-        if missing:
-            raise ValueError(f"{source}: missing required field(s) {missing}")
-        try:
-            return cls(**kwargs)
-        except ValueError as error:
-            raise ValueError(f"{source}: {error}") from None
+        return build_config(cls, kwargs, source=source)
 
     @classmethod
     def from_hf_json(cls, path: str | Path) -> "Qwen35MoeConfig":

@@ -2,8 +2,10 @@
 
 Products (one 8,192-token row): the query projection (8,192 x 2,048 -> 4,096), the output projection (4,096 ->
 2,048), and the routed experts' gate projection over 65,536 token copies sorted by expert (128 experts of 2,048 ->
-768, 512 copies each: forced balance). Each variant runs forward and backward; median of 50 timed repetitions after
-two warm-up ones, CUDA events. ``quantize`` times the row-wise quantization alone (compiled, as the products run it) (the FP8 path's extra passes).
+768): 512 copies each (forced balance), or counts drawn from a skewed routing (ragged: the weight gradient pads).
+Each product runs eager (the FP8 quantization compiled on its own) and compiled whole (``torch.compile`` of the
+product: quantization fused into the transposes, as compiled blocks run it). Median of 50 timed repetitions after
+two warm-up ones, CUDA events; the compiled FP8 experts' kernels are profiled once (the top of the table is printed).
 
 Usage: python bench/fp8_products.py --out results.json
 """
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from openrecipes.models.common.fp8 import _quantize, fp8_grouped_linear, fp8_linear  # noqa: E402
+from openrecipes.models.common.fp8 import fp8_grouped_linear, fp8_linear  # noqa: E402
 from openrecipes.models.common.moe import grouped_linear  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,69 +41,67 @@ def _fwd_bwd(product, x, w, *extra):
     return step
 
 
-def probe_weight_gradient_scales() -> dict:
-    """Which scale layout torch._scaled_grouped_mm reads for the 2d-2d product (the experts' weight gradient): one
-    (E*O,) vector expert-major, or an (O, E) view; each compared with the dequantized product."""
-    from openrecipes.models.common.fp8 import quantize_per_group
+def _skewed_counts(rows: int, generator: torch.Generator) -> torch.Tensor:
+    """Per-expert row counts summing to ``rows`` from a Zipf-like routing: most counts not a multiple of 16."""
+    weights = 1.0 / torch.arange(1, EXPERTS + 1, dtype=torch.float64) ** 0.8
+    return torch.multinomial(weights, rows, replacement=True, generator=generator).bincount(minlength=EXPERTS)
 
-    torch.manual_seed(1)
-    experts, rows, out_dim, in_dim = 4, 256, 64, 32
-    counts = torch.tensor([64, 32, 96, 64], device="cuda")
-    group = torch.repeat_interleave(torch.arange(experts, device="cuda"), counts)
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    grad, x = torch.randn(rows, out_dim, device="cuda"), torch.randn(rows, in_dim, device="cuda")
-    qg, sg = quantize_per_group(grad, group, experts)
-    qx, sx = quantize_per_group(x, group, experts)
-    dg, dx = qg.float() * sg[group], qx.float() * sx[group]
-    expected = torch.stack([g.t() @ xx for g, xx in zip(dg.split(counts.tolist()), dx.split(counts.tolist()))])
-    found = {}
-    for name, (a, b) in {"flat_expert_major": (sg.flatten(), sx.flatten()), "transposed_view": (sg.t(), sx.t())}.items():
-        try:
-            got = torch._scaled_grouped_mm(qg.t().contiguous(), qx.t().contiguous().t(), a, b, offs=offsets,
-                                           out_dtype=torch.float32)
-            found[name] = ((got - expected).norm() / expected.norm()).item()
-        except Exception as error:  # the probe's point: which layout the kernel takes
-            found[name] = repr(error)[:200]
-    return found
+
+def _profile_top(step, rows: int = 12) -> str:
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    probe = probe_weight_gradient_scales()
-    print(f"RESULT probe 2d-2d scales: {probe}", flush=True)
     torch.manual_seed(0)
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     rows = TOKENS * TOP_K
-    counts = torch.full((EXPERTS,), rows // EXPERTS, device="cuda")
+    balanced = torch.full((EXPERTS,), rows // EXPERTS, device="cuda")
+    skewed = _skewed_counts(rows, torch.Generator().manual_seed(0)).cuda()
+    experts_x, experts_w = torch.randn(rows, HIDDEN, **bf16), torch.randn(EXPERTS, FFN, HIDDEN, **bf16) * 0.02
     cases = {
         "q_proj": (torch.randn(TOKENS, HIDDEN, **bf16), torch.randn(HEADS_WIDTH, HIDDEN, **bf16) * 0.02, ()),
         "o_proj": (torch.randn(TOKENS, HEADS_WIDTH, **bf16), torch.randn(HIDDEN, HEADS_WIDTH, **bf16) * 0.02, ()),
-        "experts_gate": (torch.randn(rows, HIDDEN, **bf16), torch.randn(EXPERTS, FFN, HIDDEN, **bf16) * 0.02,
-                         (counts,)),
+        "experts_gate": (experts_x, experts_w, (balanced,)),
+        "experts_gate_skewed": (experts_x, experts_w, (skewed,)),
     }
-    results = []
+    results, profile = [], None
     for name, (x, w, extra) in cases.items():
         x.requires_grad_(), w.requires_grad_()
         grouped = bool(extra)
         flops = 3 * 2 * x.shape[0] * x.shape[1] * w.shape[-2]
-        variants = {"bf16": (lambda a, b, c: grouped_linear(a, b, c, backend="grouped_mm")) if grouped else F.linear,
-                    "fp8": fp8_grouped_linear if grouped else fp8_linear}
+        bf16_product = (lambda a, b, c: grouped_linear(a, b, c, backend="grouped_mm")) if grouped else F.linear
+        fp8_product = fp8_grouped_linear if grouped else fp8_linear
+        variants = {"bf16": bf16_product, "fp8": fp8_product,
+                    "bf16_compiled": torch.compile(bf16_product), "fp8_compiled": torch.compile(fp8_product)}
         row = {"product": name, "shape": [list(x.shape), list(w.shape)], "flops_fwd_bwd": flops}
+        if grouped:
+            row["counts_multiple_of_16"] = int((extra[0] % 16 == 0).sum())
         for variant, product in variants.items():
-            ms = timed(_fwd_bwd(product, x, w, *extra), REPEATS)[0]
-            row[f"{variant}_ms"] = ms
-            row[f"{variant}_tflops"] = flops / ms / 1e9
-        row["quantize_ms"] = timed(lambda: _quantize(x, 1), REPEATS)[0]
-        row["speedup"] = row["bf16_ms"] / row["fp8_ms"]
+            try:
+                ms = timed(_fwd_bwd(product, x, w, *extra), REPEATS)[0]
+            except Exception as error:  # one variant's failure is a result, the others still run
+                row[f"{variant}_error"] = repr(error)[:300]
+                continue
+            row[f"{variant}_ms"], row[f"{variant}_tflops"] = ms, flops / ms / 1e9
+        for mode in ("", "_compiled"):
+            if f"fp8{mode}_ms" in row and f"bf16{mode}_ms" in row:
+                row[f"speedup{mode}"] = row[f"bf16{mode}_ms"] / row[f"fp8{mode}_ms"]
         results.append(row)
-        print(f"RESULT {name}: bf16 {row['bf16_ms']:.3f} ms ({row['bf16_tflops']:.0f} TFLOP/s), fp8 "
-              f"{row['fp8_ms']:.3f} ms ({row['fp8_tflops']:.0f}), x{row['speedup']:.2f}; quantize x "
-              f"{row['quantize_ms']:.3f} ms", flush=True)
+        print(f"RESULT {json.dumps(row)}", flush=True)
+        if name == "experts_gate_skewed" and "fp8_compiled_ms" in row:
+            profile = _profile_top(_fwd_bwd(variants["fp8_compiled"], x, w, *extra))
+            print(profile, flush=True)
     report = {"benchmark": "fp8_products", "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "probe_2d2d_scales": probe,
-              "results": results}
+              "torch": torch.__version__, "cuda": torch.version.cuda, "results": results,
+              "profile_experts_skewed_fp8_compiled": profile}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 

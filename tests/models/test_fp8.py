@@ -5,7 +5,7 @@ definition itself (``emulate``); the CUDA kernels are held to the same reference
 import pytest
 import torch
 
-from openrecipes.models.common.fp8 import E4M3, fp8_grouped_linear, fp8_linear
+from openrecipes.models.common.fp8 import E4M3, _padding, fp8_grouped_linear, fp8_linear
 
 
 def _reference_quantize(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -53,13 +53,15 @@ def _grouped_case(device, dtype, counts):
 
 
 def _grouped_reference(x, w, grad, counts):
-    """Per expert: the forward and the input gradient scale per row, the weight gradient per expert's rows."""
+    """Per expert: the forward and the input gradient scale per row; the weight gradient sums each expert's rows,
+    its operands scaled per column over all the rows."""
     out, dx, dw = [], [], []
-    for e, (xe, ge) in enumerate(zip(x.split(counts.tolist()), grad.split(counts.tolist()))):
+    sizes = counts.tolist()
+    columns_g, columns_x = _reference_quantize(grad, 0).split(sizes), _reference_quantize(x, 0).split(sizes)
+    for e, (xe, ge) in enumerate(zip(x.split(sizes), grad.split(sizes))):
         out.append(_reference_quantize(xe, 1) @ _reference_quantize(w[e], 1).t())
         dx.append(_reference_quantize(ge, 1) @ _reference_quantize(w[e].t(), 1).t())
-        dw.append(_reference_quantize(ge.t(), 1) @ _reference_quantize(xe.t(), 1).t() if len(xe)
-                  else torch.zeros(w.shape[1:], dtype=torch.float64, device=x.device))
+        dw.append(columns_g[e].t() @ columns_x[e])
     return torch.cat(out), torch.cat(dx), torch.stack(dw)
 
 
@@ -75,6 +77,26 @@ def _check_grouped(device, dtype, counts, tolerance):
 @pytest.mark.parametrize("counts", [[16, 0, 32, 16], [5, 11, 0, 9]], ids=["aligned", "ragged"])
 def test_grouped_is_its_definition_on_cpu(counts):
     _check_grouped("cpu", torch.float32, counts, 1e-6)
+
+
+def test_weight_gradient_scales_are_shared_by_the_experts():
+    # an expert whose values are 1,000x smaller than another's keeps its relative precision under the shared scale
+    x, w, grad, counts_E = _grouped_case("cpu", torch.float32, [16, 16])
+    with torch.no_grad():
+        x[16:] *= 1e-3
+    fp8_grouped_linear(x, w, counts_E).backward(grad)
+    exact = grad[16:].double().t() @ x[16:].double()
+    assert 1e-3 < _rel(w.grad[1], exact) < 0.06
+
+
+@pytest.mark.parametrize("counts", [[16, 0, 32, 16], [5, 11, 0, 9], [1, 0, 0, 30]])
+def test_padding_puts_every_expert_at_a_multiple_of_16(counts):
+    counts_E = torch.tensor(counts)
+    dest_R, ends_E, width = _padding(counts_E, sum(counts))
+    starts = (ends_E - (counts_E + 15) // 16 * 16).tolist()
+    assert all(s % 16 == 0 for s in starts) and width % 16 == 0 and int(ends_E[-1]) <= width
+    expected = [start + j for start, n in zip(starts, counts) for j in range(n)]
+    assert dest_R.tolist() == expected
 
 
 def test_an_all_zero_row_stays_zero():

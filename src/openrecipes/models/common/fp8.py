@@ -4,8 +4,10 @@ Definition (every GEMM, forward and both backward products): each operand is sca
 sums over, one fp32 scale per row of the other dimension, ``s = amax(|row|) / 448`` (e4m3's largest finite value),
 and rounded to ``float8_e4m3fn``; the product sums ``(q_a · s_a)(q_b · s_b)`` in fp32 and rounds the result to the
 output dtype. ``fp8_linear`` does this for ``x @ W^T`` (a dense projection), ``fp8_grouped_linear`` for the routed
-experts' products over rows sorted by expert, where the weight gradient's scales are taken per expert (each expert's
-rows sum on their own). The weights and their gradients stay in their own dtype: only the products' inputs are
+experts' products over rows sorted by expert. Their weight gradient sums each expert's rows on their own; its
+operands take one scale per column over all the rows (constant within every expert's rows, as the definition asks;
+e4m3's exponent keeps an expert whose values are far below another's at full relative precision down to 2^-15 of
+the column's largest), so the scales come from one reduction and no expert boundary is read on the host. The weights and their gradients stay in their own dtype: only the products' inputs are
 rounded, so the optimizer and its master weights are unchanged (torchao's float8 "rowwise" recipe and DeepSeek-V3's
 fine-grained FP8 scale the same way, at other granularities).
 
@@ -17,7 +19,6 @@ the component test holds the kernels to.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 FP8_EXPERTS = "fp8"  # GroupedExperts.backend once the recipe's fp8 section puts the routed experts in FP8
@@ -29,9 +30,10 @@ _ALIGN = 16  # _scaled_mm and _scaled_grouped_mm need every dimension of a produ
 
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` rounded to e4m3 with one fp32 scale per slice along ``dim`` (the summed dimension); the scale keeps
-    ``dim`` as size 1, so ``q.float() * scale`` is the dequantized tensor."""
+    ``dim`` as size 1, so ``q.float() * scale`` is the dequantized tensor. ``q`` is contiguous whatever x's strides:
+    a transposed operand is transposed in the same pass (fused where compiled)."""
     scale = _scale(x.detach().abs().amax(dim=dim, keepdim=True).float())
-    return _round(x, scale), scale
+    return _round(x, scale).contiguous(), scale
 
 
 def _scale(amax: torch.Tensor) -> torch.Tensor:
@@ -58,17 +60,18 @@ def _fused(fn):
     return call
 
 
-def quantize_per_group(x_RC: torch.Tensor, group_R: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows sorted by group, scaled along the rows of each group: one scale per (group, column), (groups, C)."""
-    magnitude = x_RC.detach().abs().float()
-    amax = magnitude.new_zeros(groups, x_RC.shape[1]).scatter_reduce_(
-        0, group_R[:, None].expand_as(magnitude), magnitude, reduce="amax")
-    scale_GC = _scale(amax)
-    return _round(x_RC, scale_GC[group_R]), scale_GC
+def quantize_columns_padded(x_RC: torch.Tensor, dest_R: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows sorted by group, scaled along the rows: one scale per column over every row (constant within each
+    group, so each group's product may sum its rows), returned transposed, (C, width) row-major e4m3, with row r at
+    column ``dest_R[r]`` and zeros in the padding between groups; the scale (C,)."""
+    scale_C = _scale(x_RC.detach().abs().amax(dim=0).float())
+    q_RC = _round(x_RC, scale_C)
+    padded_WC = q_RC.new_zeros(width, x_RC.shape[1]).index_copy(0, dest_R, q_RC)
+    return padded_WC.t().contiguous(), scale_C
 
 
 _quantize = _fused(quantize)
-_quantize_per_group = _fused(quantize_per_group)
+_quantize_columns_padded = _fused(quantize_columns_padded)
 
 
 def _mm(a_MK: torch.Tensor, b_NK: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -96,8 +99,8 @@ class _Fp8Linear(torch.autograd.Function):
     def backward(ctx, grad_MN: torch.Tensor):
         x_MK, weight_NK = ctx.saved_tensors
         grad_MN = grad_MN.contiguous()
-        grad_x = _mm(grad_MN, weight_NK.t().contiguous(), x_MK.dtype)  # sums over N
-        grad_w = _mm(grad_MN.t().contiguous(), x_MK.t().contiguous(), weight_NK.dtype)  # sums over M
+        grad_x = _mm(grad_MN, weight_NK.t(), x_MK.dtype)  # sums over N
+        grad_w = _mm(grad_MN.t(), x_MK.t(), weight_NK.dtype)  # sums over M
         return grad_x, grad_w
 
 
@@ -112,13 +115,24 @@ def _group_ids(counts_E: torch.Tensor, rows: int) -> torch.Tensor:
                                    output_size=rows)
 
 
-def _grouped_kernels(x: torch.Tensor, counts_E: torch.Tensor, *dims: int) -> bool:
-    """Whether torch._scaled_grouped_mm takes this product: every dimension and every expert's row count a multiple
-    of 16 (a ragged count trips a device-side assert that ends the process, seen on an H100 with torch 2.11). The
-    count check reads the counts on the host: one sync per product, the price of not crashing."""
-    if not (x.is_cuda and hasattr(torch, "_scaled_grouped_mm") and all(n % _ALIGN == 0 for n in dims)):
-        return False
-    return bool((counts_E % _ALIGN == 0).all())
+def _grouped_kernels(x: torch.Tensor, out_dtype: torch.dtype, *dims: int) -> bool:
+    """Whether torch._scaled_grouped_mm takes this product: bf16 out (the grouped kernel's only output dtype) and
+    every fixed dimension a multiple of 16. Decided from shapes alone, so no host sync: the experts' row counts are
+    ragged, which the forward and input-gradient products take (rows are their M dimension) and the weight gradient
+    takes padded (its groups are along K, where each group must start 16 bytes apart)."""
+    return (x.is_cuda and hasattr(torch, "_scaled_grouped_mm") and out_dtype == torch.bfloat16
+            and all(n % _ALIGN == 0 for n in dims))
+
+
+def _padding(counts_E: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where row r lands when every expert's rows start at a multiple of 16: the destinations (R,), the padded
+    groups' end offsets (E,) int32, and a width that holds them whatever the counts (so the shape is static)."""
+    padded_E = (counts_E + _ALIGN - 1) // _ALIGN * _ALIGN
+    end_E = torch.cumsum(padded_E, dim=0)
+    shift_E = (end_E - padded_E) - (torch.cumsum(counts_E, dim=0) - counts_E)
+    dest_R = torch.arange(rows, device=counts_E.device) + shift_E[_group_ids(counts_E, rows)]
+    width = -(-(rows + (_ALIGN - 1) * counts_E.numel()) // _ALIGN) * _ALIGN
+    return dest_R, end_E.to(torch.int32), width
 
 
 def _grouped_forward(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: torch.Tensor,
@@ -126,7 +140,7 @@ def _grouped_forward(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: tor
     """y[r] = W[e(r)] x[r], both scaled along I."""
     qx, sx = _quantize(x_RI, 1)
     qw, sw = _quantize(weight_EOI, 2)
-    if _grouped_kernels(x_RI, counts_E, weight_EOI.shape[1], weight_EOI.shape[2]):
+    if _grouped_kernels(x_RI, out_dtype, weight_EOI.shape[1], weight_EOI.shape[2]):
         return torch._scaled_grouped_mm(qx, qw.transpose(-2, -1), sx.squeeze(1), sw.squeeze(2), offs=offsets_E,
                                         out_dtype=out_dtype)
     group = _group_ids(counts_E, x_RI.shape[0])
@@ -134,17 +148,20 @@ def _grouped_forward(x_RI: torch.Tensor, weight_EOI: torch.Tensor, counts_E: tor
 
 
 def _grouped_weight_grad(grad_RO: torch.Tensor, x_RI: torch.Tensor, counts_E: torch.Tensor,
-                         offsets_E: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """dW[e] = sum over e's rows of grad[r]^T x[r], both scaled along e's rows (one scale per expert and column)."""
-    experts = counts_E.numel()
-    group = _group_ids(counts_E, x_RI.shape[0])
-    qg, sg = _quantize_per_group(grad_RO, group, experts)
-    qx, sx = _quantize_per_group(x_RI, group, experts)
-    if _grouped_kernels(x_RI, counts_E, grad_RO.shape[1], x_RI.shape[1]):
-        return torch._scaled_grouped_mm(qg.t().contiguous(), qx.t().contiguous().t(), sg.flatten(), sx.flatten(),
-                                        offs=offsets_E, out_dtype=out_dtype)
-    dequant_g, dequant_x = qg.float() * sg[group], qx.float() * sx[group]
-    out = dequant_g.new_zeros(experts, grad_RO.shape[1], x_RI.shape[1])
+                         out_dtype: torch.dtype) -> torch.Tensor:
+    """dW[e] = sum over e's rows of grad[r]^T x[r], both scaled along the rows (one scale per column)."""
+    experts, (rows, out_dim), in_dim = counts_E.numel(), grad_RO.shape, x_RI.shape[1]
+    if _grouped_kernels(x_RI, out_dtype, out_dim, in_dim):
+        dest_R, ends_E, width = _padding(counts_E, rows)
+        qg_OW, sg_O = _quantize_columns_padded(grad_RO, dest_R, width)
+        qx_IW, sx_I = _quantize_columns_padded(x_RI, dest_R, width)
+        # one scale per (expert, row of each operand), expert-major: the shared scales repeated per expert
+        return torch._scaled_grouped_mm(qg_OW, qx_IW.t(), sg_O.repeat(experts), sx_I.repeat(experts), offs=ends_E,
+                                        out_dtype=out_dtype)
+    qg, sg = quantize(grad_RO, 0)
+    qx, sx = quantize(x_RI, 0)
+    dequant_g, dequant_x = qg.float() * sg, qx.float() * sx
+    out = dequant_g.new_zeros(experts, out_dim, in_dim)
     for e, (g, x) in enumerate(zip(dequant_g.split(counts_E.tolist()), dequant_x.split(counts_E.tolist()))):
         out[e] = g.t() @ x
     return out.to(out_dtype)
@@ -161,9 +178,8 @@ class _Fp8GroupedLinear(torch.autograd.Function):
         x_RI, weight_EOI, counts_E, offsets_E = ctx.saved_tensors
         grad_RO = grad_RO.contiguous()
         # dx[r] = W[e(r)]^T grad[r]: the forward's product with the weight transposed, scaled along O
-        grad_x = _grouped_forward(grad_RO, weight_EOI.transpose(-2, -1).contiguous(), counts_E, offsets_E,
-                                  x_RI.dtype)
-        grad_w = _grouped_weight_grad(grad_RO, x_RI, counts_E, offsets_E, weight_EOI.dtype)
+        grad_x = _grouped_forward(grad_RO, weight_EOI.transpose(-2, -1), counts_E, offsets_E, x_RI.dtype)
+        grad_w = _grouped_weight_grad(grad_RO, x_RI, counts_E, weight_EOI.dtype)
         return grad_x, grad_w, None, None
 
 

@@ -25,7 +25,9 @@ from openrecipes.checkpoint.adapter_checksums import (forget_adapter_checksums, 
                                                      write_adapter_checksums)
 from openrecipes.checkpoint.lora_reader import (EXPERT_PARAMETER_NAMES, PREFIX, AdapterConfig, adapter_factors,
                                                read_adapter_config, read_adapter_tensors)
+from openrecipes.models.common.hf_experts import FusedHalf, Part, Rearranged
 from openrecipes.models.common.lora import EXPERTS, LINEAR_TARGETS, LoraSpec
+from openrecipes.models.families import ModelFamily, family_for_config, family_for_model
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -39,9 +41,30 @@ def _peft_expert_key(module: str, which: str, factor: str) -> str:
     return f"{PREFIX}{module}{hop}.lora_{factor}.weight"
 
 
+def _interleaved(family: ModelFamily, module: str) -> bool:
+    """Whether transformers holds the gate and up rows of ``module``'s gate_up_proj interleaved (gpt-oss) rather than
+    as two halves: the family's HF mapping says so."""
+    return any(isinstance(part, Rearranged) and part.half is not None
+               for _, part in family.native_parts(f"{module}.gate_up_proj"))
+
+
+def _native_rows(part: Part, delta: torch.Tensor, name: str) -> torch.Tensor:
+    """The rows of an expert delta (E, out, in) that a native parameter holds, ``part`` placing it in the HF one (its
+    storage orientation is PEFT's concern, not the delta's)."""
+    if part is None or (isinstance(part, Rearranged) and part.half is None):
+        return delta
+    if isinstance(part, FusedHalf):
+        width = delta.shape[1] // 2
+        return delta[:, part.index * width:(part.index + 1) * width]
+    if isinstance(part, Rearranged):
+        return delta[:, part.half::2]
+    raise ValueError(f"{name}: an adapter of a tensor stored as {part} is not merged")
+
+
 def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's adapters as PEFT state-dict tensors (contiguous, on the CPU, dtype kept)."""
     out: dict[str, torch.Tensor] = {}
+    family: ModelFamily | None = None
     for name, param in model.named_parameters():
         if "lora_" not in name:
             continue
@@ -55,6 +78,9 @@ def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             if factor == "A":  # (E, r, in) -> (E·r, in)
                 tensor = tensor.reshape(E * tensor.shape[1], tensor.shape[2])
             else:  # (E, out, r) -> (out, r·E), column k·E + e = B_e[:, k]; gate_up's (E, 2, F, r) is (E, 2F, r)
+                family = family or family_for_model(model)
+                if which == "gate_up" and _interleaved(family, module):
+                    tensor = tensor.transpose(1, 2)  # (E, F, 2, r): gate j, up j in rows 2j, 2j + 1
                 tensor = tensor.reshape(E, -1, tensor.shape[-1])
                 tensor = tensor.permute(1, 2, 0).reshape(tensor.shape[1], -1)
             out[_peft_expert_key(module, which, factor)] = tensor.contiguous()
@@ -144,8 +170,7 @@ def _deltas(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: Pat
 
 def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Write base + s·BA as a Hugging Face checkpoint directory ``out``; return a summary."""
-    from openrecipes.checkpoint.hf import HFCheckpoint, read_config, save_hf
-    from openrecipes.checkpoint.hf import from_hf
+    from openrecipes.checkpoint.hf import from_hf, save_hf
     from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER
     from openrecipes.utils import check_output_dir
 
@@ -155,17 +180,14 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
     check_output_dir(out, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs)  # before reading
     config, tensors = _read_adapter(adapter)
     deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
-    _, model_config = read_config(HFCheckpoint(base))
     model = from_hf(base)
+    family = family_for_config(model.config)
     native = dict(model.named_parameters())
-    F = getattr(model_config, "moe_intermediate_size", None)
     with torch.no_grad():
         for name, delta in deltas.items():
-            if name.endswith(".gate_up_proj"):  # native gate and up are the halves of the fused rows
-                stem = name[:-len("gate_up_proj")]
-                targets = [(stem + "gate_proj", delta[:, :F]), (stem + "up_proj", delta[:, F:])]
-            else:
-                targets = [(name, delta)]
+            # an expert delta is (E, out, in); the native gate and up take their rows of gate_up_proj's
+            targets = ([(target, _native_rows(part, delta, name)) for target, part in family.native_parts(name)]
+                       if delta.dim() == 3 else [(name, delta)])
             for target, value in targets:
                 if target not in native or native[target].shape != value.shape:
                     raise ValueError(f"{adapter / WEIGHTS_FILE}: the adapter changes {target} "

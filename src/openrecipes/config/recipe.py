@@ -158,7 +158,8 @@ class Mtp(BaseModel):
     loss_weight: float = Field(0.1, gt=0)
 
 
-LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_down_proj", "latent_up_proj"]
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_down_proj", "latent_up_proj",
+                     "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]
 
 
 class Lora(BaseModel):
@@ -169,7 +170,7 @@ class Lora(BaseModel):
     alpha: float = Field(16.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     # attention projections, every routed expert's projections (one adapter per expert), Muse Spark's latent
-    # projections (the seed's fc1_latent_proj / fc2_latent_proj)
+    # projections (the seed's fc1_latent_proj / fc2_latent_proj), Qwen3.5-MoE's linear-attention projections
     targets: list[LoraTarget] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
     @model_validator(mode="after")

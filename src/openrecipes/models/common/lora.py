@@ -3,7 +3,8 @@
 Legend: E experts, D hidden (in), O out, F expert FFN width, r rank; scaling s = alpha / r.
 
 - A linear target (attention ``q_proj``/``k_proj``/``v_proj``/``o_proj``, Muse Spark's ``latent_down_proj``/
-  ``latent_up_proj``) gets two child modules, ``lora_A`` (D -> r) and ``lora_B`` (r -> O), and a forward hook that adds
+  ``latent_up_proj``, Qwen3.5-MoE's linear-attention ``in_proj_qkv``/``in_proj_z``/``in_proj_a``/``in_proj_b``/
+  ``out_proj``) gets two child modules, ``lora_A`` (D -> r) and ``lora_B`` (r -> O), and a forward hook that adds
   ``s · lora_B(lora_A(dropout(x)))`` to its output. The base weight keeps its name (``...q_proj.weight``) and the
   adapter's names are PEFT's (``...q_proj.lora_A.weight``), so the Hugging Face export is a prefix.
 - The routed experts (``experts``) get one adapter per expert, held by the grouped experts module itself
@@ -39,7 +40,8 @@ from torch.nn.functional import linear
 from openrecipes.models.common.init import seeded_uniform
 from openrecipes.models.common.moe import GroupedExperts
 
-LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "latent_down_proj", "latent_up_proj")
+LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "latent_down_proj", "latent_up_proj",
+                  "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")
 EXPERTS = "experts"
 TARGETS = (*LINEAR_TARGETS, EXPERTS)
 

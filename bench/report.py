@@ -20,6 +20,8 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+from openrecipes.plan.calibration import SUPERSEDED
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS_FILE, read_workload_file  # noqa: E402
 
@@ -64,13 +66,15 @@ def read_results(path: Path) -> tuple[dict, list[dict]]:
     return head, [{**head, **s} for s in samples]
 
 
-def collect(results_dir: Path = RESULTS, workload_file: Path = WORKLOADS_FILE) -> tuple[list[dict], list[str]]:
-    """Every GPU sample of a declared workload under ``results_dir``, and what was left out, with why."""
+def collect(results_dir: Path = RESULTS, workload_file: Path = WORKLOADS_FILE,
+            superseded: dict[str, str] = SUPERSEDED) -> tuple[list[dict], list[str]]:
+    """Every GPU sample of a declared workload under ``results_dir``, and what was left out, with why; ``superseded``:
+    the files (or FILE:WORKLOAD) no speed figure is taken from (the planner's calibration leaves them out too)."""
     declared = read_workload_file(workload_file)
     samples, skipped = [], []
     for path in sorted(results_dir.glob("*.json")):
-        if path.name in declared.superseded:
-            skipped.append(f"{path.name} (superseded: {declared.superseded[path.name]})")
+        if path.name in superseded:
+            skipped.append(f"{path.name} (superseded: {superseded[path.name]})")
             continue
         try:
             head, found = read_results(path)
@@ -80,8 +84,8 @@ def collect(results_dir: Path = RESULTS, workload_file: Path = WORKLOADS_FILE) -
         if head["gpu"] == "cpu":
             skipped.append(f"{path.name} (a CPU plumbing run)")
             continue
-        unfit = sorted({s["workload"] for s in found if f"{path.name}:{s['workload']}" in declared.superseded})
-        skipped += [f"{path.name}:{n} (superseded: {declared.superseded[path.name + ':' + n]})" for n in unfit]
+        unfit = sorted({s["workload"] for s in found if f"{path.name}:{s['workload']}" in superseded})
+        skipped += [f"{path.name}:{n} (superseded: {superseded[path.name + ':' + n]})" for n in unfit]
         undeclared = sorted({s["workload"] for s in found} - set(declared.workloads))
         if undeclared:
             skipped.append(f"{path.name}: {', '.join(undeclared)} (not declared)")
@@ -124,10 +128,11 @@ def _row(name: str, workload, latest: list[dict], by_source: dict) -> str:
             f"{latest[0]['gpu']} | `bench/results/{latest[0]['source']}` |")
 
 
-def render(results_dir: Path = RESULTS, workload_file: Path = WORKLOADS_FILE) -> str:
+def render(results_dir: Path = RESULTS, workload_file: Path = WORKLOADS_FILE,
+           superseded: dict[str, str] = SUPERSEDED) -> str:
     """The generated part of BENCHMARKS.md, markers included."""
     declared = read_workload_file(workload_file)
-    samples, skipped = collect(results_dir, workload_file)
+    samples, skipped = collect(results_dir, workload_file, superseded)
     by_source = defaultdict(list)
     for s in samples:
         by_source[s["source"]].append(s)

@@ -134,8 +134,6 @@ def _shared_shape(module_name: str) -> dict[str, Any]:
 class WorkloadFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     workloads: dict[str, Workload]
-    # results files the report reads no figure from, each with why (a rerun replaced it, or its timing is unfit)
-    superseded: dict[str, str] = {}
     # YAML anchors shared by several entries (read by the YAML loader, ignored here)
     shared: dict[str, Any] = {}
 

@@ -39,8 +39,8 @@ def test_render_from_samples(tmp_path):
     workloads = tmp_path / "w.yaml"
     workloads.write_text(yaml.safe_dump({"workloads": {
         "a": {"description": "a one", "peer": {"harness": "transformers_qwen3_moe"}},
-        "b": {"compile": True}, "b_fp8": {"compile": True, "fp8": ["experts"], "baseline": "b"}},
-        "superseded": {"old.json": "a rerun replaced it"}}))
+        "b": {"compile": True}, "b_fp8": {"compile": True, "fp8": ["experts"], "baseline": "b"}}}))
+    superseded = {"old.json": "a rerun replaced it"}
     write = lambda name, data: (tmp_path / "results" / name).write_text(json.dumps(data))  # noqa: E731
     write("1-first.json", _engine_report("2026-01-01", "GPU-X", [("a", 900.0), ("b", 100.0)]))
     write("2-run.json", _bench_run("2026-02-01", "GPU-Y", [("a", 1, "engine", 1200.0), ("a", 1, "peer", 1000.0),
@@ -50,7 +50,7 @@ def test_render_from_samples(tmp_path):
     write("old.json", _engine_report("2027-01-01", "GPU-Z", [("a", 1.0)]))
     write("junk.json", {"benchmark": "something_else", "date": "2026-03-01", "gpu": "GPU-X"})
     write("cpu.json", _engine_report("2026-04-01", "cpu", [("a", 7.0)]))
-    text = report.render(tmp_path / "results", workloads)
+    text = report.render(tmp_path / "results", workloads, superseded)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
     assert set(rows) == {"`a`", "`b`", "`b_fp8`"}
     assert "1,200, 1,300" in rows["`a`"] and "**1.25x** (1.200-1.300)" in rows["`a`"]  # median of the two rounds
@@ -61,4 +61,4 @@ def test_render_from_samples(tmp_path):
     for name in ("old.json", "junk.json", "cpu.json", "zz"):
         assert name in skipped
     write("2-run.json", _bench_run("2026-02-01", "GPU-Y", [("a", 1, "engine", 1100.0), ("a", 1, "peer", 1000.0)]))
-    assert report.render(tmp_path / "results", workloads) != text  # a new sample changes the generated text
+    assert report.render(tmp_path / "results", workloads, superseded) != text  # a new sample changes the generated text

@@ -26,8 +26,16 @@ ROW_TOKENS = 8192  # bench/engine_speed.py's rows on the GPU
 FITTED_ON = {"tp_s_per_layer": "tp2_pa_bal", "cp_s_per_layer": "cp2_pa_bal",
              "cpu_adam_elements_per_s_per_rank": "dp2ep2_pa_off_bal"}
 
-# result files (or file:variant) whose speed or memory is not comparable, and why (single_bal of -1gpu-h200-final
-# also profiled step 10 inside its window, but that step took 0.215 s against 0.204-0.209 s: kept)
+# result files (or file:variant) whose speed no one reads, the planner's calibration nor bench/report.py (the home of
+# this list: src cannot read bench/), and why (single_bal of -1gpu-h200-final also profiled step 10 inside its window,
+# but that step took 0.215 s against 0.204-0.209 s: kept)
+SUPERSEDED = {
+    "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine (rerun: -final)",
+    "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "the profiled step inside the timing window (rerun)",
+    "2026-11-29-engine_speed-4gpu-h200-memory-trace.json": "a two-step timing window, run for its memory phases",
+    "2026-11-29-engine_speed-2gpu-h200.json:dp2ep2_bal": "the profiled step inside the timing window",
+    "2026-11-29-engine_speed-2gpu-h200-offload.json": "before the CPU update moved to slices (rerun: -offload-sliced)",
+}
 # runs of knobs the planner's model leaves out (compiled blocks, recompute other than full, offload streamed through
 # the GPU, Muse Spark), and one call whose variants shared a process
 _KNOBS_NOT_MODELLED = {
@@ -36,14 +44,7 @@ _KNOBS_NOT_MODELLED = {
     name: "compiled blocks and recompute other than full: knobs the calibration table does not describe" for name in (
         "2026-12-01-e-engine_speed-h200.json", "2026-12-01-h-engine_speed-packed-c-h200.json",
         "2026-12-01-h-engine_speed-nat-h200.json:single_nat_c_none")}
-NOT_FOR_SPEED = {
-    "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",
-    "2026-11-29-engine_speed-4gpu-h200-profiled-in-window.json": "profiled step inside the timing window (rerun)",
-    "2026-11-29-engine_speed-4gpu-h200-memory-trace.json": "two-step timing window; run for its memory phases",
-    "2026-11-29-engine_speed-2gpu-h200.json:dp2ep2_bal": "profiled step inside the timing window",
-    "2026-11-29-engine_speed-2gpu-h200-offload.json": "before the CPU update moved to slices (rerun: -sliced)",
-    **_KNOBS_NOT_MODELLED,
-}
+NOT_FOR_SPEED = {**SUPERSEDED, **_KNOBS_NOT_MODELLED}
 NOT_FOR_MEMORY = {
     "2026-11-29-engine_speed-2gpu-h200-offload.json": "the same layout as the -sliced rerun",
     "2026-11-29-engine_speed-1gpu-h200-previous.json": "an earlier version of the engine",

@@ -118,14 +118,15 @@ class ExpertParallelDispatcher:
         self.local_experts = num_experts // ep_size
         self.compute_dtype = compute_dtype
         self.etp_group, self.etp_size, self.etp_rank = etp_group, etp_size, etp_rank
+        self.ep_rank = dist.get_rank(group)
+        self.mirrored = False  # ``assume_mirrored_routing``: the counts are this rank's own, not exchanged
+        self.received_rows: list[int] = []  # with ``mirrored``: rows each forward received (what the tool reports)
 
     def __call__(self, x_TD: torch.Tensor, routing: Routing, experts: GroupedExperts) -> torch.Tensor:
         tokens, top_k = routing.experts_TK.shape
         order_R, inverse_R, counts_E = sort_by_expert(routing.experts_TK, self.num_experts)
         x_RD = GatherTokenCopies.apply(x_TD, order_R, inverse_R, top_k)  # grouped by destination rank
-        recv_counts = torch.empty_like(counts_E)
-        dist.all_to_all_single(recv_counts, counts_E, group=self.group)   # L counts from each source
-        counts_SL = recv_counts.view(self.ep_size, self.local_experts)
+        counts_SL = self._received_counts(counts_E)
         send_splits = counts_E.view(self.ep_size, self.local_experts).sum(1).tolist()
         recv_splits = counts_SL.sum(1).tolist()
         received = _AllToAll.apply(x_RD, recv_splits, send_splits, self.group)
@@ -134,13 +135,31 @@ class ExpertParallelDispatcher:
         out_TKD = PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
         return (out_TKD * routing.weights_TK.unsqueeze(-1).to(out_TKD.dtype)).sum(dim=1)
 
+    def _received_counts(self, counts_E: torch.Tensor) -> torch.Tensor:
+        """(S, L): the rows each source rank sends to each of this rank's experts. Mirrored: every source routes as
+        this rank does, so each sends what this rank sends to itself (exact when routing is balanced)."""
+        if self.mirrored:
+            own_L = counts_E.view(self.ep_size, self.local_experts)[self.ep_rank]
+            counts_SL = own_L.expand(self.ep_size, -1).contiguous()
+            self.received_rows.append(int(counts_SL.sum()))
+            return counts_SL
+        recv_counts = torch.empty_like(counts_E)
+        dist.all_to_all_single(recv_counts, counts_E, group=self.group)   # L counts from each source
+        return recv_counts.view(self.ep_size, self.local_experts)
+
+    def _peer_counts(self, counts_SL: torch.Tensor) -> torch.Tensor:
+        """(P, S, L): every etp peer's received counts; mirrored, each peer received what this rank did."""
+        if self.mirrored:
+            return counts_SL.expand(self.etp_size, *counts_SL.shape).contiguous()
+        counts_PSL = counts_SL.new_empty((self.etp_size * counts_SL.shape[0], counts_SL.shape[1]))
+        dist.all_gather_into_tensor(counts_PSL, counts_SL.contiguous(), group=self.etp_group)
+        return counts_PSL.view(self.etp_size, *counts_SL.shape)
+
     def _experts(self, received: torch.Tensor, counts_SL: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
         """The local experts on the received rows (ordered by source rank, then expert); same order out."""
         sizes = None
         if self.etp_size > 1:  # every etp peer's rows, each peer applying its slice of the FFN
-            counts_PSL = counts_SL.new_empty((self.etp_size * counts_SL.shape[0], counts_SL.shape[1]))
-            dist.all_gather_into_tensor(counts_PSL, counts_SL.contiguous(), group=self.etp_group)
-            counts_PSL = counts_PSL.view(self.etp_size, *counts_SL.shape)
+            counts_PSL = self._peer_counts(counts_SL)
             sizes = counts_PSL.sum((1, 2)).tolist()
             received = _GatherFromPeers.apply(received, sizes, self.etp_rank, self.etp_group)
             counts_SL = counts_PSL.flatten(0, 1)  # (peer, source) pairs act as sources
@@ -223,6 +242,19 @@ def shard_expert_adapters(moe_blocks: list[nn.Module], expert_mesh) -> None:
                 sharded = DTensor.from_local(piece, expert_mesh, [Replicate(), Shard(0), etp_placement],
                                              run_check=False, shape=full.shape, stride=full.stride())
                 setattr(adapter, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
+
+
+def assume_mirrored_routing(model: nn.Module) -> list[ExpertParallelDispatcher]:
+    """Make every expert-parallel dispatcher of ``model`` take the row counts other ranks would send as this rank's
+    own (every rank of the expert group routes as this one does) instead of exchanging them. For one rank run alone
+    under a fake process group, whose all-to-all returns no real counts: the shapes it then gives the token exchange
+    are those the real one delivers when routing is balanced (``debug.force_load_balance``), docs/plan.md. Returns
+    the dispatchers (each records its received rows per forward)."""
+    dispatchers = [m.token_dispatcher for m in model.modules()
+                   if isinstance(getattr(m, "token_dispatcher", None), ExpertParallelDispatcher)]
+    for dispatcher in dispatchers:
+        dispatcher.mirrored = True
+    return dispatchers
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -39,7 +39,11 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
 def _sharded(param: nn.Parameter | None, tp_mesh, dim: int) -> nn.Parameter | None:
     if param is None:
         return None
-    return nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)]), requires_grad=param.requires_grad)
+    # every rank holds the same whole weight (built from one seed or read from one checkpoint): each cuts its slice
+    # locally (src_data_rank=None) rather than receiving it from rank 0, which also keeps a rank run alone under a
+    # fake process group on real values (train/rank_measure.py)
+    return nn.Parameter(distribute_tensor(param.detach(), tp_mesh, [Shard(dim)], src_data_rank=None),
+                        requires_grad=param.requires_grad)
 
 
 def _carry_adapter(target: nn.Module, linear: nn.Linear, tp_mesh, *, a_dim: int | None, b_dim: int | None) -> bool:

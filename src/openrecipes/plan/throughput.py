@@ -14,7 +14,7 @@ matmuls (rank r beside each adapted weight, three passes) are added.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.measure.metrics import mfu as model_flops_utilisation
@@ -33,6 +33,10 @@ class Throughput:
     bubble_fraction: float
     microbatches: int
     parts_s: dict[str, float]
+    # each stage's own figures (stage 0 first): compute of one microbatch (forward, backward and recompute, no
+    # communication) and the optimizer step; what one rank measured alone compares with (train/rank_measure.py)
+    stage_compute_s: list[float] = field(default_factory=list)
+    stage_optimizer_s: list[float] = field(default_factory=list)
 
 
 def mean_context(seq_len: float, window: int | None) -> float:
@@ -55,13 +59,13 @@ def _link_time(nbytes: float, span: int, hw: Hardware) -> float:
 
 
 def _sync_and_update_s(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
-                       hw: Hardware, cpu_adam_rate: float) -> tuple[float, float]:
-    """The data-parallel gradient sync and the optimizer step of the busiest stage, in seconds (not overlapped)."""
+                       hw: Hardware, cpu_adam_rate: float) -> list[tuple[float, float]]:
+    """The data-parallel gradient sync and the optimizer step of each stage, in seconds (not overlapped)."""
     eff = hw.efficiency
     edp = expert_data_parallel_size(layout)
     grad_bytes = GRAD_BYTES[setup.grad_dtype]
     dp_group = layout.dp * layout.cp
-    sync = opt = 0.0
+    stages = []
     for i, layers in enumerate(counts):
         dense, experts = stage_params(shape, layout, layers, first=i == 0, last=i == len(counts) - 1)
         if setup.lora is not None:  # only the adapters have gradients and optimizer state
@@ -81,8 +85,8 @@ def _sync_and_update_s(shape: ModelShape, layout: LayoutConfig, counts: list[int
             gpu_opt = elements * (1 - setup.offload_fraction) * touched / (hw.gpu.hbm_tb_s * 1e12 * eff.hbm)
             cpu_opt = max(cpu_elems / cpu_adam_rate,
                           cpu_elems * (grad_bytes + 2) / (hw.gpu.pcie_gb_s * 1e9))
-        sync, opt = max(sync, s), max(opt, gpu_opt + cpu_opt)
-    return sync, opt
+        stages.append((s, gpu_opt + cpu_opt))
+    return stages
 
 
 def _mtp_layer_s(shape: ModelShape, tok: float, seq_len: float, imbalance: float, frozen: float, peak: float,
@@ -166,7 +170,8 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     pipeline = slots * max(stage_times)
     bubble = (slots - m) / slots
 
-    sync, opt = _sync_and_update_s(shape, layout, counts, setup, hw, cpu_adam_rate)
+    per_stage = _sync_and_update_s(shape, layout, counts, setup, hw, cpu_adam_rate)
+    sync, opt = max(s for s, _ in per_stage), max(o for _, o in per_stage)
     step = pipeline + sync + opt
     tokens = m * layout.dp * layout.cp * T
     world = layout.world_size
@@ -175,4 +180,5 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     parts_s = {k: v for k, v in parts.items()}
     parts_s.update(pipeline=pipeline, dp_sync=sync, optimizer=opt)
     return Throughput(step_time_s=step, tokens_per_s_per_gpu=tps, mfu=mfu, bubble_fraction=bubble,
-                      microbatches=m, parts_s={k: round(v, 4) for k, v in parts_s.items()})
+                      microbatches=m, parts_s={k: round(v, 4) for k, v in parts_s.items()},
+                      stage_compute_s=[p["compute"] for p in stage_parts], stage_optimizer_s=[o for _, o in per_stage])

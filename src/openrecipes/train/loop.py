@@ -285,11 +285,14 @@ def _sequence_slices(parallel: ParallelState) -> tuple:
 
 
 def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torch.device, grads: GradientSync,
-               parallel: ParallelState, pipeline=None) -> dict:
+               parallel: ParallelState, pipeline=None, *, timed: bool = False) -> dict:
+    """One optimizer step. ``timed``: the record also holds each phase's seconds (``phase_times_s``: each
+    microbatch's forward and backward, or the pipeline's forward_backward, the gradient sync and norm, the optimizer),
+    the device drained between phases (train/rank_measure.py)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    trace = MemoryTrace(device, recipe.debug.memory_trace)
+    trace = MemoryTrace(device, recipe.debug.memory_trace, timed=timed)
     microbatches = loader.microbatches(step)
     counts = torch.tensor([sum(float(engine.loss_weights(b).sum()) for b in microbatches),
                            sum(_sum_doc_len_sq(b) for b in microbatches)], dtype=torch.float64, device=device)
@@ -358,6 +361,8 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
             parallel.pp_rank, parallel.pp_size, device)
     if trace.phases:
         record["memory_phases_gib"] = trace.phases
+    if timed:
+        record["phase_times_s"] = trace.times
     return record
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,11 +55,15 @@ def build_peak_and_reset(device: torch.device) -> float | None:
 
 class MemoryTrace:
     """With debug.memory_trace on CUDA: this rank's memory at the start of the step and the peak of each
-    phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them)."""
+    phase (the peak counter restarts at every mark, so the recorded run-wide peak stays the maximum of them).
+    ``timed``: also the seconds of each phase (``times``), the device drained at each mark, so a phase's kernels
+    count in it and not in the next (a step measured this way loses the overlap of phases: for one rank's figures)."""
 
-    def __init__(self, device: torch.device, enabled: bool) -> None:
+    def __init__(self, device: torch.device, enabled: bool, *, timed: bool = False) -> None:
         self.enabled = device.type == "cuda" and enabled
         self.device, self.phases = device, {}
+        self.timed, self.times = timed, {}
+        self._clock = self._now() if timed else 0.0
         if self.enabled:
             self.phases["start"] = round(torch.cuda.memory_allocated(device) / 2**30, 3)
             self._peak_so_far = torch.cuda.max_memory_allocated(device)
@@ -68,7 +73,16 @@ class MemoryTrace:
         peak = torch.cuda.max_memory_allocated(self.device)
         return max(peak, self._peak_so_far) if self.enabled else peak
 
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def mark(self, phase: str) -> None:
+        if self.timed:
+            now = self._now()
+            self.times[phase] = now - self._clock
+            self._clock = now
         if self.enabled:
             peak = torch.cuda.max_memory_allocated(self.device)
             self.phases[f"{phase}_peak"] = round(peak / 2**30, 3)

@@ -24,6 +24,7 @@ VERB_MODULES: dict[str, str] = {
     "plan": "openrecipes.plan.cli",
     "data": "openrecipes.data.cli",
     "measure": "openrecipes.measure.cli",
+    "measure-rank": "openrecipes.train.rank_cli",
     "verify": "openrecipes.verify.cli",
     "card": "openrecipes.cards.cli",
     "site": "openrecipes.site.cli",

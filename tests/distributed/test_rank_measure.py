@@ -1,0 +1,131 @@
+"""One rank of a layout measured alone under the fake process group (train/rank_measure.py, `openrecipes
+measure-rank`): the rank builds exactly its shards, its expert exchange receives what the real all-to-all delivers
+under balanced routing, its step is finite and timed, and the layouts it cannot measure are refused by name."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """The tiny recipe's rows, built once for every measured rank."""
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.config.rundir import rows_directory
+    from openrecipes.data.build import build_recipe_rows
+
+    run = tmp_path_factory.mktemp("ranks") / "run"
+    recipe = load_recipe(EXAMPLE, [f"run_dir={run}"])
+    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+    return run
+
+
+def measure(run_dir, rank, world, *sets):
+    out = Path(run_dir).parent / f"rank-{world}-{rank}-{'-'.join(sets)}.json"
+    args = [sys.executable, "-m", "openrecipes.train.rank_measure", str(EXAMPLE), "--rank", str(rank), "--world",
+            str(world), "--steps", "2", "--out", str(out)]
+    for item in (f"run_dir={run_dir}", *sets):
+        args += ["--set", item]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def assert_timed(result):
+    assert all(s > 0 for s in result["phases_s"].values()), result["phases_s"]
+    assert {"forward", "backward", "optimizer"} <= set(result["phases_s"])
+
+
+def test_dp2_ep2_ranks_hold_their_shards_and_receive_balanced_rows(run_dir):
+    whole = measure(run_dir, 0, 1)["parameters"]
+    ranks = [measure(run_dir, r, 2, "layout.ep=2") for r in (0, 1)]
+    # each rank holds half the experts; FSDP2 splits the dense weights between the two
+    assert [r["parameters"]["experts"] for r in ranks] == [whole["experts"] // 2] * 2
+    assert sum(r["parameters"]["dense"] for r in ranks) == whole["dense"]
+    for r in ranks:
+        assert_timed(r)
+        # balanced routing: each of the 2 sources sends half of its tokens' top-k copies to this rank, so a rank
+        # receives its own tokens x top-k in every MoE layer (qwen3-moe-tiny: top 2)
+        tokens = r["rows_per_microbatch"] * r["row_tokens"]
+        assert r["expert_rows_received"] and set(r["expert_rows_received"]) == {tokens * 2}
+
+
+@pytest.mark.slow
+def test_tp2_rank_is_finite_and_holds_a_slice(run_dir):
+    whole = measure(run_dir, 0, 1)["parameters"]
+    result = measure(run_dir, 1, 2, "layout.tp=2", "layout.sequence_parallel=true", "layout.dp=1")
+    assert_timed(result)
+    assert result["parameters"]["dense"] < whole["dense"]
+    assert result["parameters"]["experts"] == whole["experts"]  # ep=1: every expert on every rank
+
+
+def test_pipeline_layout_is_refused_by_name(run_dir, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "openrecipes", "measure-rank", str(EXAMPLE), "--gpus", "2xH200",
+                           "--set", "layout.pp=2", "--out", str(tmp_path / "pp")],
+                          capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert done.returncode == 2
+    assert "TP1 PP2" in done.stderr and "pipeline parallelism (pp=2)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_command_prints_each_rank_beside_the_planner(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "openrecipes", "measure-rank", str(EXAMPLE), "--gpus", "2xH200",
+                           "--set", "layout.ep=2", "--ranks", "1", "--steps", "2", "--out", str(tmp_path / "m"),
+                           "--json"], capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    (rank,) = report["ranks"]
+    assert rank["rank"] == 1 and rank["predicted"]["allocated_gib"] > 0 and rank["predicted"]["compute_s"] > 0
+    assert "measure-rank: rank 1 of 2" in done.stderr
+
+
+def test_default_ranks_take_each_distinct_stage():
+    from openrecipes.config.layout import LayoutConfig
+    from openrecipes.train.rank_cli import default_ranks
+
+    assert default_ranks(LayoutConfig(ep=8, dp=8, max_tokens_per_gpu=8192), 48) == [0]
+    layout = LayoutConfig(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, max_tokens_per_gpu=8192)
+    assert default_ranks(layout, 64) == [0, 8, 8 * 15]  # first, one middle, last
+    uneven = LayoutConfig(pp=4, dp=2, pp_first_stage_layers=1, pp_last_stage_layers=3,
+                          max_tokens_per_gpu=8192)
+    assert default_ranks(uneven, 10) == [0, 2, 6]
+
+
+def _exchange(rank, world, port, results):
+    from openrecipes.parallel.expert import ExpertParallelDispatcher
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        # balanced routing of this rank's 6 tokens x top 2 over 4 experts (2 per rank), round-robin as the model's
+        counts_E = torch.bincount(torch.arange(12) % 4, minlength=4)
+        dispatcher = ExpertParallelDispatcher(group=dist.group.WORLD, ep_size=world, num_experts=4,
+                                              compute_dtype=None)
+        real = dispatcher._received_counts(counts_E)
+        dispatcher.mirrored = True
+        results[rank] = (real.tolist(), dispatcher._received_counts(counts_E).tolist())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_mirrored_counts_equal_the_real_all_to_all_under_balance():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_exchange, args=(2, port, results), nprocs=2, join=True)
+    for rank in (0, 1):
+        real, mirrored = results[rank]
+        assert real == mirrored

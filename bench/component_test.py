@@ -1,6 +1,6 @@
 """The optimizer component test of the recipe cards on CUDA, at the seed layer's shape, written as JSON.
 
-Usage: python bench/component_test.py --out bench/logs/DATE-component_test-h200.json [--experts 64]
+Usage: python bench/component_test.py --out DATE-component_test-h200.json [--experts 64]
        [--compute fp64|bf16] [any option of `openrecipes verify optimizer`]
 
 Default shape: hidden 4096, 64 experts (one rank's share of the seed's 512 under EP 8; EP itself is not run),

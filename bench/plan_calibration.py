@@ -4,7 +4,7 @@ Reads the `bench/engine_speed.py` results under bench/results (H200), fits each 
 `openrecipes_engine` block from its run (`openrecipes.plan.calibration.FITTED_ON`), and writes the comparison of
 every run (fitted or held out; throughput and training peak memory) as JSON and as a Markdown table.
 
-Usage: python bench/plan_calibration.py [--results bench/results] [--out bench/logs/plan-calibration.json]
+Usage: python bench/plan_calibration.py [--results bench/results] [--out plan-calibration.json]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every relative link in BENCHMARKS.md, README.md and docs/*.md, and every repository path they quote in backticks,
-names something that exists (files move: bench/calls/, bench/results/, bench/logs/)."""
+names something that exists (files move: bench/results/, bench/tuning/)."""
 
 import itertools
 import re
@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "BENCHMARKS.md", REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-             REPO / "bench" / "calls" / "README.md"]
+             REPO / "bench" / "tuning" / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # a path from the repository root, or (../) from the document's directory
 QUOTED = re.compile(r"`((?:\.\./)+[^`\s]+|(?:bench|docs|examples|recipes|schema|src|tests|verification)/[^`\s]+)`")

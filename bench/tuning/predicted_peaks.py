@@ -1,5 +1,8 @@
 """The planner's peak memory and tokens/s/GPU (as the tuner sees them, before any refit) for the recipe of each run
-directory given, beside its measured peak: one JSON line per run (bench/calls/gpu_call_2026-12-02_tune18_grid.sh)."""
+directory given, beside its measured peak: one JSON line per run (the predictions of the hand grids at the tuner's
+starts: bench/results/2026-12-03-tune22-grid-h200.json, bench/results/2026-12-04-d-allocator-h200.json).
+
+Usage: python bench/tuning/predicted_peaks.py RUN_DIR... > predicted.jsonl"""
 
 import json
 import sys

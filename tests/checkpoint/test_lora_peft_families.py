@@ -221,3 +221,26 @@ def test_a_target_the_family_lacks_is_refused_by_name(bases) -> None:
     model = from_hf(bases("glm4_moe", "tiny"), dtype=torch.float32)
     with pytest.raises(ValueError, match="the model has no in_proj_qkv to adapt"):
         apply_lora(model, LoraSpec(rank=2, alpha=2.0, targets=("q_proj", "in_proj_qkv")))
+
+
+def test_a_per_expert_adapter_is_refused_by_name(bases, tmp_path: Path, capsys) -> None:
+    """A transformers-4 adapter of GLM's experts, one nn.Linear each (peft converts those on load; merge-lora does
+    not): refused in one line naming the tensor."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    base = bases("glm4_moe", "tiny")
+    adapter = _peft_adapter(base, tmp_path / "adapter", "gpt_oss")  # attention only, no MLP names
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    key = "base_model.model.model.layers.1.mlp.experts.0.gate_proj.lora_{}.weight"
+    tensors.update({key.format("A"): torch.ones(3, 48), key.format("B"): torch.ones(24, 3)})
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["target_modules"] = [*config["target_modules"], "gate_proj"]
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["convert", "merge-lora", str(base), str(adapter), "--out", str(tmp_path / "merged")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "model.layers.1.mlp.experts.0.gate_proj.weight" in error, error
+    assert not (tmp_path / "merged").exists()

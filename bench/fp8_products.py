@@ -5,7 +5,8 @@ Products (one 8,192-token row): the query projection (8,192 x 2,048 -> 4,096), t
 768): 512 copies each (forced balance), or counts drawn from a skewed routing (ragged: the weight gradient pads).
 Each product runs eager (the FP8 quantization compiled on its own) and compiled whole (``torch.compile`` of the
 product: quantization fused into the transposes, as compiled blocks run it). Median of 50 timed repetitions after
-two warm-up ones, CUDA events; the compiled FP8 experts' kernels are profiled once (the top of the table is printed).
+two warm-up ones, CUDA events; the compiled FP8 experts' kernels are profiled once (the top of the table is printed),
+and the experts' three grouped products are timed as kernels alone, bf16 against FP8 (``grouped_kernels_alone``).
 
 Usage: python bench/fp8_products.py --out results.json
 """
@@ -56,6 +57,41 @@ def _profile_top(step, rows: int = 12) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
 
 
+def grouped_kernels_alone(counts: torch.Tensor) -> dict[str, float]:
+    """The experts' three grouped products as kernels alone (operands quantized beforehand), bf16 against FP8, ms:
+    which product the FP8 grouped kernel loses on (forward and input gradient: ragged rows as M; weight gradient:
+    rows as K, padded to 16)."""
+    from openrecipes.models.common.fp8 import _padding, quantize, quantize_columns_padded
+
+    rows, bf16 = int(counts.sum()), dict(device="cuda", dtype=torch.bfloat16)
+    x, grad = torch.randn(rows, HIDDEN, **bf16), torch.randn(rows, FFN, **bf16)
+    w = torch.randn(EXPERTS, FFN, HIDDEN, **bf16) * 0.02
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    dest, ends, width = _padding(counts, rows)
+    (qx, sx), (qg, sg), (qw, sw) = quantize(x, 1), quantize(grad, 1), quantize(w, 2)
+    qwt, swt = quantize(w.transpose(-2, -1), 2)
+    (qg_t, sg_c), (qx_t, sx_c) = quantize_columns_padded(grad, dest, width), quantize_columns_padded(x, dest, width)
+    out = {
+        "forward_bf16": lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets),
+        "forward_fp8": lambda: torch._scaled_grouped_mm(qx, qw.transpose(-2, -1), sx.squeeze(1), sw.squeeze(2),
+                                                        offs=offsets, out_dtype=torch.bfloat16),
+        "input_grad_bf16": lambda: torch._grouped_mm(grad, w, offs=offsets),
+        "input_grad_fp8": lambda: torch._scaled_grouped_mm(qg, qwt.transpose(-2, -1), sg.squeeze(1), swt.squeeze(2),
+                                                           offs=offsets, out_dtype=torch.bfloat16),
+        "weight_grad_bf16": lambda: torch._grouped_mm(grad.t(), x, offs=offsets),
+        "weight_grad_fp8": lambda: torch._scaled_grouped_mm(qg_t, qx_t.t(), sg_c.repeat(EXPERTS),
+                                                            sx_c.repeat(EXPERTS), offs=ends,
+                                                            out_dtype=torch.bfloat16),
+    }
+    found = {}
+    for name, fn in out.items():
+        try:
+            found[name] = timed(fn, REPEATS)[0]
+        except Exception as error:  # a refused layout is a result
+            found[name] = repr(error)[:200]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -99,7 +135,9 @@ def main() -> None:
         if name == "experts_gate_skewed" and "fp8_compiled_ms" in row:
             profile = _profile_top(_fwd_bwd(variants["fp8_compiled"], x, w, *extra))
             print(profile, flush=True)
-    report = {"benchmark": "fp8_products", "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+    alone = {name: grouped_kernels_alone(c) for name, c in (("balanced", balanced), ("skewed", skewed))}
+    print(f"RESULT grouped kernels alone (ms): {json.dumps(alone)}", flush=True)
+    report = {"benchmark": "fp8_products", "grouped_kernels_alone_ms": alone, "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "results": results,
               "profile_experts_skewed_fp8_compiled": profile}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

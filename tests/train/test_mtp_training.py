@@ -1,8 +1,10 @@
 """Training DeepSeek-V3's multi-token-prediction layer (recipe mtp) in one process: the step's objective over its
 microbatches, the metric, the export holding the layer; a run without mtp neither holds nor exports it; the
-combinations not supported yet are refused up front, naming the field."""
+combinations not supported yet (LoRA; pipeline, tensor and context parallelism) are refused up front, naming the
+field."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,16 +94,38 @@ def test_the_export_holds_the_trained_mtp_layer_and_a_run_without_mtp_none(make_
     assert from_hf(plain / "hf").model.mtp_layers is None
 
 
-@pytest.mark.parametrize("changes, world, message", [
-    (dict(model="qwen3-moe-tiny"), 1, r"mtp: the model 'qwen3-moe-tiny' has no multi-token-prediction layers"),
-    (dict(model="deepseek-v3-tiny"), 1, r"num_nextn_predict_layers, settable in model_overrides"),
-    (DEEPSEEK, 2, r"mtp: multi-token prediction trains in one process only so far"),
-    (dict(lora={}, **DEEPSEEK), 1, r"mtp: not with lora"),
+@pytest.mark.parametrize("changes, message", [
+    (dict(model="qwen3-moe-tiny"), r"mtp: the model 'qwen3-moe-tiny' has no multi-token-prediction layers"),
+    (dict(model="deepseek-v3-tiny"), r"num_nextn_predict_layers, settable in model_overrides"),
+    (dict(lora={}, **DEEPSEEK), r"mtp: not with lora"),
 ])
-def test_what_is_not_supported_is_refused_naming_the_field(make_recipe, changes, world, message):
+def test_what_is_not_supported_is_refused_naming_the_field(make_recipe, changes, message):
     recipe = make_recipe(mtp={"loss_weight": 0.1}, **changes)
     with pytest.raises(ValueError, match=message):
-        engine.check_mtp(recipe, recipe_model_config(recipe), world_size=world)
+        engine.check_mtp(recipe, recipe_model_config(recipe))
+
+
+@pytest.mark.parametrize("layout, refused", [
+    (dict(dp=2), None), (dict(dp=2, ep=2), None),
+    (dict(dp=1, pp=2, pp_first_stage_layers=1), "pp"), (dict(dp=1, tp=2), "tp"), (dict(dp=1, cp=2), "cp"),
+])
+def test_layouts_that_split_the_model_or_the_row_are_refused_naming_mtp_and_the_field(make_recipe, layout, refused):
+    """Data and expert parallelism train MTP (tests/distributed/test_mtp_layouts.py); a pipeline stage lacks the
+    embedding or the head, a context or sequence shard the next shard's first token."""
+    from openrecipes.config.layout import LayoutError
+
+    recipe = make_recipe(mtp={}, layout={"max_tokens_per_gpu": 128, **layout}, **DEEPSEEK)
+    rows = Path(recipe.data.rows)
+    problems = engine.layout_problems_for(recipe, recipe_model_config(recipe), world_size=2, rows=rows)
+    without = engine.layout_problems_for(make_recipe(layout={"max_tokens_per_gpu": 128, **layout}, **DEEPSEEK),
+                                         recipe_model_config(recipe), world_size=2, rows=rows)
+    assert without == []  # the layout itself runs the model
+    if refused is None:
+        assert problems == []
+    else:
+        assert [str(LayoutError(p)) for p in problems] == [
+            f"layout.{refused}: mtp is not supported with layout.{refused}=2: multi-token prediction trains with "
+            "data and expert parallelism only"]
 
 
 def test_a_loss_weight_must_be_positive(make_recipe):

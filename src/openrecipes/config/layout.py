@@ -209,6 +209,7 @@ class LayoutWorkload:
     # features are added after each of them)
     image_first_stage_layers: int = 0
     aux_loss_coef: float = 0.0  # moe.aux_loss_coef
+    mtp: bool = False  # the recipe trains the multi-token-prediction layers (``mtp``)
     recompute_block_layers: int | None = None  # recompute.num_layers of method block: the first layers of a stage
 
 
@@ -227,6 +228,7 @@ def layout_problems(layout: LayoutConfig, *, world_size: int, model: LayoutModel
                           compile_problem(layout, workload.compile)) if p]
     found += _image_problems(layout, model.num_layers, workload)
     found += _aux_loss_problems(layout, workload.aux_loss_coef)
+    found += _mtp_problems(layout, workload.mtp)
     found += _batch_problems(layout, workload)
     return found
 
@@ -370,6 +372,17 @@ def _aux_loss_problems(layout: LayoutConfig, coef: float) -> list[LayoutProblem]
     return [LayoutProblem("moe.aux_loss_coef", f"moe.aux_loss_coef={coef} is not supported with layout.{name}="
                                                f"{getattr(layout, name)}: the load-balancing loss is implemented for "
                                                "data and expert parallelism only")
+            for name in ("pp", "tp", "cp") if getattr(layout, name) > 1][:1]
+
+
+def _mtp_problems(layout: LayoutConfig, mtp: bool) -> list[LayoutProblem]:
+    """The MTP layers read the main model's embedding, last hidden state and head, and the tokens one place further
+    along the row: a pipeline stage holds only some of those, and a context or sequence shard lacks the next shard's
+    first token."""
+    if not mtp:
+        return []
+    return [LayoutProblem(name, f"mtp is not supported with layout.{name}={getattr(layout, name)}: multi-token "
+                                 "prediction trains with data and expert parallelism only")
             for name in ("pp", "tp", "cp") if getattr(layout, name) > 1][:1]
 
 

@@ -46,9 +46,15 @@ class ShardingPlan:
     experts: dict[str, int]             # within ``moe.experts``: each grouped weight -> the dim of its FFN width
     replicated: tuple[str, ...]
     dense_layer: Callable[[nn.Module], bool] = lambda layer: False
+    # a ModuleDict (or None where the model holds none) of layers built like the decoder layers that run after them
+    # outside ``layers`` (DeepSeek-V3's multi-token-prediction layers): expert parallelism, recompute, compile and
+    # FSDP2 treat them as decoder layers; pipeline stages never hold them (a recipe's ``mtp`` refuses pp)
+    extra_layers: str | None = None
 
     def decoder_layers(self, model: nn.Module) -> list[nn.Module]:
-        return list(model.get_submodule(self.layers).values())
+        """The decoder layers, then the ``extra_layers`` the model holds."""
+        extra = None if self.extra_layers is None else self.part(model, self.extra_layers)
+        return list(model.get_submodule(self.layers).values()) + (list(extra.values()) if extra is not None else [])
 
     def layer_dict(self, model: nn.Module) -> nn.ModuleDict:
         return model.get_submodule(self.layers)

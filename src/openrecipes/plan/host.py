@@ -40,7 +40,7 @@ def recipe_workload(recipe: Recipe, config: Any, *, row_tokens: int | None, imag
 
     images = family_for_config(config).images if image_rows else None
     return LayoutWorkload(global_batch=recipe.global_batch, row_tokens=row_tokens, compile=recipe.kernels.compile,
-                          image_rows=image_rows, aux_loss_coef=recipe.moe.aux_loss_coef,
+                          image_rows=image_rows, aux_loss_coef=recipe.moe.aux_loss_coef, mtp=recipe.mtp is not None,
                           image_first_stage_layers=images.first_stage_layers(config) if images else 0,
                           recompute_block_layers=recipe.recompute.num_layers if recipe.recompute.method == "block"
                           and recipe.recompute.granularity != "none" else None)

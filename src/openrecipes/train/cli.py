@@ -57,7 +57,7 @@ def _check_layout(recipe, config, world_size: int, world_from: str = "--nproc x 
                                    rows=rows_directory(recipe.data.rows, recipe.run_dir))
     if problems:
         raise ValueError(f"{LayoutError(problems[0])} ({world_from} = {world_size} processes)")
-    check_mtp(recipe, config, world_size=world_size)
+    check_mtp(recipe, config)
     reason = unsupported_reason(recipe.layout)
     if reason:
         raise ValueError(reason)

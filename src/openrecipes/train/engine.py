@@ -136,7 +136,7 @@ def microbatch_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], target
     ``whole_rows``: every row of the data is one document, so attention is plain causal attention. Decided for the
     whole data, not per microbatch, so that a compiled block never sees both cases. ``mtp``: the step's
     ``train.mtp_loss.MtpObjective``; the forward then also runs the MTP layers and the microbatch's MTP term is left
-    in it (one process only: ``check_mtp``)."""
+    in it."""
     documents = None if whole_rows else dynamic_document_count(Documents(
         document_ids=batch["document_ids"], cu_seqlens=batch["cu_seqlens"], max_seqlen=int(batch["max_seqlen"])))
     input_ids, position_ids = batch["input_ids"], batch["position_ids"]
@@ -232,9 +232,9 @@ def check_aux_loss(recipe: Recipe, config: Any) -> None:
                          f"(Qwen3-MoE), not for {type(config).__name__} (its router balances with an expert bias)")
 
 
-def check_mtp(recipe: Recipe, config: Any, *, world_size: int) -> None:
-    """Refuse a recipe ``mtp`` the run cannot train: a model without multi-token-prediction layers, several processes
-    (not yet: the MTP layers sit outside what the parallel layouts split), or LoRA (a frozen base)."""
+def check_mtp(recipe: Recipe, config: Any) -> None:
+    """Refuse a recipe ``mtp`` the run cannot train: a model without multi-token-prediction layers, or LoRA (a frozen
+    base). The layouts it trains with are the layout rules' (``layout_problems_for``)."""
     if recipe.mtp is None:
         return
     from openrecipes.models.families import family_for_config
@@ -251,22 +251,22 @@ def check_mtp(recipe: Recipe, config: Any, *, world_size: int) -> None:
             raise ValueError(f"mtp: {recipe.model} declares {declared.held(config)} multi-token-prediction layer(s) "
                              "(num_nextn_predict_layers) but holds none of their tensors (transformers saves none): "
                              "start from a checkpoint that has them, or train without mtp")
-    if world_size > 1:
-        raise ValueError(f"mtp: multi-token prediction trains in one process only so far; this layout "
-                         f"({recipe.layout.label()}) runs {world_size}: remove mtp or train on one process")
     if recipe.lora is not None:
         raise ValueError("mtp: not with lora (the base, MTP layers included, is frozen under LoRA)")
 
 
-def mtp_objective(recipe: Recipe, model: nn.Module, microbatches: list, device: torch.device):
-    """The step's ``train.mtp_loss.MtpObjective`` when the recipe trains MTP (``mtp``), else None."""
+def mtp_objective(recipe: Recipe, model: nn.Module, microbatches: list, device: torch.device,
+                  parallel: ParallelState):
+    """The step's ``train.mtp_loss.MtpObjective`` when the recipe trains MTP (``mtp``), else None; its target counts
+    over the data-parallel ranks' rows, as the main loss's."""
     if recipe.mtp is None:
         return None
     from openrecipes.models.families import family_for_model
     from openrecipes.train.mtp_loss import MtpObjective
 
     depths = family_for_model(model).mtp.held(model.config)
-    return MtpObjective(recipe.mtp.loss_weight, depths, microbatches, device)
+    group = parallel.dense_mesh.get_group() if parallel.dense_mesh is not None else None
+    return MtpObjective(recipe.mtp.loss_weight, depths, microbatches, device, group)
 
 
 def router_statistics(model: nn.Module, aux_loss_coef: float, batch: dict[str, torch.Tensor]):

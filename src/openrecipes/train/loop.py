@@ -82,7 +82,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         raise LayoutError(problems[0])
     parallel = build_parallel_state(recipe.layout, device)
     engine.check_aux_loss(recipe, config)
-    engine.check_mtp(recipe, config, world_size=world)
+    engine.check_mtp(recipe, config)
     if not resume and (run_dir / METRICS_FILE).exists() and not never_saved(run_dir):
         raise ValueError(f"run_dir: {run_dir} already holds a run; resume it with --resume or choose another run_dir")
     resume_changes = resumed_changes(run_dir, recipe) if resume else {}
@@ -309,7 +309,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
     cp_slice, target_slice = _sequence_slices(parallel)
     loss_fn = engine.loss_function(recipe.kernels.compile)
     whole_rows = loader.dataset.one_document_per_row
-    mtp = engine.mtp_objective(recipe, model, microbatches, device)
+    mtp = engine.mtp_objective(recipe, model, microbatches, device, parallel)
     if pipeline is not None:
         loss_sum += _pipeline_step(pipeline, microbatches, supervised, device, cp_slice,
                                    pipeline_image_inputs(model, microbatches))
@@ -349,7 +349,7 @@ def train_step(model, optimizer, loader, recipe: Recipe, step: int, device: torc
               "peak_memory_gib": None, "peak_reserved_gib": None}
     if aux_coef > 0:
         record["aux_loss"] = float(_all_reduce(aux_sum))
-    if mtp is not None:  # one process only (engine.check_mtp): nothing to reduce
+    if mtp is not None:
         record["mtp_loss"] = mtp.per_token_loss()
     if device.type == "cuda":
         peaks = _all_reduce(torch.tensor([trace.peak_allocated(), torch.cuda.max_memory_reserved(device)],

@@ -14,8 +14,9 @@ The step's objective is
     main loss sum / N  +  loss_weight / D · Σ_k (Σ_i weight_k(i) · CE(head(h^k_i), t_(i+k+1))) / N_k
 
 with N and N_k the supervised targets of the main loss and of depth k in the global batch (per-token losses, as the
-main loss; a depth without any target adds 0). The metric ``mtp_loss`` is the mean over the depths of their
-per-token losses, without the weight, comparable with ``loss``.
+main loss; a depth without any target adds 0): under data parallelism N_k, like N, is summed over the ranks' rows.
+Rows go whole to a rank, so each rank's targets follow the one-process rule. The metric ``mtp_loss`` is the mean
+over the depths of their per-token losses, without the weight, comparable with ``loss``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 # (hidden (B, T, D), targets (B, T), weights (B, T)) -> Σ weight · cross entropy of the head's logits, fp32
 HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -44,12 +46,17 @@ def mtp_targets(batch: dict[str, torch.Tensor], depth: int) -> tuple[torch.Tenso
 
 class MtpObjective:
     """One step's MTP term: the depths' supervised targets counted over the step's microbatches up front, then each
-    microbatch's term (``add``), taken by the loop beside its main loss (``take``)."""
+    microbatch's term (``add``), taken by the loop beside its main loss (``take``). ``group``: the data-parallel
+    ranks, whose rows the counts and the metric's sums add up over (None: this process holds the whole batch)."""
 
     def __init__(self, loss_weight: float, depths: int, microbatches: list[dict[str, torch.Tensor]],
-                 device: torch.device) -> None:
-        self.loss_weight, self.depths = loss_weight, depths
-        self.counts = [sum(float(mtp_targets(b, k)[1].sum()) for b in microbatches) for k in range(1, depths + 1)]
+                 device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+        self.loss_weight, self.depths, self.group = loss_weight, depths, group
+        counts = torch.tensor([sum(float(mtp_targets(b, k)[1].sum()) for b in microbatches)
+                               for k in range(1, depths + 1)], dtype=torch.float64, device=device)
+        if group is not None:
+            dist.all_reduce(counts, group=group)
+        self.counts = counts.tolist()
         self.sums = torch.zeros(depths, dtype=torch.float64, device=device)
         self._pending: torch.Tensor | None = None
 
@@ -74,6 +81,10 @@ class MtpObjective:
         return term
 
     def per_token_loss(self) -> float:
-        """The metric ``mtp_loss``: the mean over the depths with targets of their per-token losses."""
-        losses = [float(s) / n for s, n in zip(self.sums.tolist(), self.counts) if n]
+        """The metric ``mtp_loss``: the mean over the depths with targets of their per-token losses (a collective
+        over ``group``)."""
+        sums = self.sums.clone()
+        if self.group is not None:
+            dist.all_reduce(sums, group=self.group)
+        losses = [s / n for s, n in zip(sums.tolist(), self.counts) if n]
         return sum(losses) / len(losses) if losses else float("nan")

@@ -65,7 +65,7 @@ class ModelFacts:
         for each rows choice) and compiled blocks (``compile_options``)."""
         return LayoutWorkload(row_tokens=self.row_tokens, image_rows=self.image_rows,
                               image_first_stage_layers=self.image_first_stage_layers,
-                              aux_loss_coef=start.moe.aux_loss_coef)
+                              aux_loss_coef=start.moe.aux_loss_coef, mtp=start.mtp is not None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ FAMILY = ModelFamily(
     chat_format="qwen3",  # no DeepSeek template is built in; the bundled data and tokenizer use this one
     sharding=ShardingPlan(
         layers="model.layers", embedding="model.embed_tokens", final_norm="model.norm", lm_head="lm_head",
-        attention="self_attn", moe="mlp", dense_layer=lambda layer: layer.dense,
+        attention="self_attn", moe="mlp", dense_layer=lambda layer: layer.dense, extra_layers="model.mtp_layers",
         # the head projections split by heads; the latent ones (q_a, kv_a and their norms) stay whole, their
         # gradients (partial over the heads) summed over TP like every replicated weight's
         attention_tp={"q_proj": "colwise", "q_b_proj": "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"},

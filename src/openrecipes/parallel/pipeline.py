@@ -14,7 +14,7 @@ the whole model's and a save under one pipeline layout loads under another, inte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import TYPE_CHECKING, Any, Collection
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from openrecipes.config.layout import LayoutError, ParallelSizes, pipeline_micro
 from openrecipes.models.common.attention import Documents
 from openrecipes.models.families import ShardingPlan
 from openrecipes.parallel.compile import dynamic_document_count
+
+if TYPE_CHECKING:
+    from openrecipes.parallel.lone_stage import StageShapes
 
 
 def prune_to_stage(model: nn.Module, plan: ShardingPlan, keep: Collection[int], *, first: bool, last: bool) -> None:
@@ -72,10 +75,12 @@ class StageModule(nn.Module):
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    """Our handles to this rank's stages (one per chunk), their schedule and the loss the last stage computes."""
+    """Our handles to this rank's stages (one per chunk), their schedule, its microbatches per step and the loss the
+    last stage computes."""
 
     stages: list[Any]
     schedule: Any
+    microbatches: int
     loss: Any
 
     @property
@@ -94,22 +99,38 @@ def build_pipeline(model: nn.Module, chunks: list[tuple[int, range]], *, num_sta
     """The stages of this rank's ``chunks`` ((virtual stage index, layers), config/layout.py ``rank_layers``) over
     ``num_stages`` virtual stages: 1F1B for one chunk per rank, interleaved 1F1B for several. ``loss_inputs``: when
     the head computes the loss (a chunked loss), how the last stage hands it the targets."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import PipelineStage
 
     ranks = num_stages // len(chunks)
     problems = pipeline_microbatch_problems(ParallelSizes(pp=ranks, vpp=len(chunks)), microbatches)
     if problems:  # the layout rule train applies first; here for a caller that did not
         raise LayoutError(problems[0])
-    if len(chunks) == 1:
-        index = chunks[0][0]
-        stage = PipelineStage(StageModule(model, runs_head=index == num_stages - 1, loss_inputs=loss_inputs), index,
-                              num_stages, device, group=group)
-        schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
-        return Pipeline(stages=[stage], schedule=schedule, loss=loss_fn)
-    stages = [PipelineStage(StageModule(model, layers, runs_head=index == num_stages - 1, loss_inputs=loss_inputs),
+    # one chunk: the stage runs all the model holds; several: each its own layers of it
+    stages = [PipelineStage(StageModule(model, None if len(chunks) == 1 else layers,
+                                        runs_head=index == num_stages - 1, loss_inputs=loss_inputs),
                             index, num_stages, device, group=group) for index, layers in chunks]
-    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
-    return Pipeline(stages=stages, schedule=schedule, loss=loss_fn)
+    return Pipeline(stages=stages, schedule=_schedule(stages, microbatches, loss_fn), microbatches=microbatches,
+                    loss=loss_fn)
+
+
+def _schedule(stages: list[Any], microbatches: int, loss_fn) -> Any:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+    if len(stages) == 1:
+        return Schedule1F1B(stages[0], n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+    return ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def run_alone(pipeline: Pipeline, shapes: StageShapes, *, seed: int = 0) -> Pipeline:
+    """``pipeline`` with each stage a ``LoneStage`` (parallel/lone_stage.py) of ``shapes``: the same modules, stage
+    indices and schedule, for one rank run alone under the fake process group, where nothing arrives from the
+    neighbouring stages."""
+    from openrecipes.parallel.lone_stage import LoneStage
+
+    stages = [LoneStage(stage.submod, stage.stage_index, stage.num_stages, stage.device, shapes=shapes,
+                        group=stage.group, seed=seed) for stage in pipeline.stages]
+    return Pipeline(stages=stages, schedule=_schedule(stages, pipeline.microbatches, pipeline.loss),
+                    microbatches=pipeline.microbatches, loss=pipeline.loss)
 
 
 def unpad_images(pixels_BPC: torch.Tensor, grids_BK3: torch.Tensor, held_BK2: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -99,7 +99,7 @@ def _prepare(args: argparse.Namespace):
     from openrecipes.config.recipe import load_recipe
     from openrecipes.config.rundir import rows_directory
     from openrecipes.train.cli import _check_layout
-    from openrecipes.train.rank_measure import measured_recipe, unmeasurable_reason
+    from openrecipes.train.rank_measure import measured_recipe
 
     world, gpu_type = parse_gpus(args.gpus)
     recipe = load_recipe(args.recipe, args.overrides)
@@ -108,9 +108,6 @@ def _prepare(args: argparse.Namespace):
     recipe = measured_recipe(recipe)
     config = recipe_model_config(recipe)
     _check_layout(recipe, config, world, world_from="--gpus")
-    reason = unmeasurable_reason(recipe.layout)
-    if reason:
-        raise ValueError(reason)
     out.mkdir(parents=True, exist_ok=True)
     if recipe.data.build is not None:
         from openrecipes.data.build import build_recipe_rows

@@ -10,7 +10,9 @@ Where a value received from another rank decides a shape or a branch, the measur
   under balanced routing, which the measurement therefore turns on (``debug.force_load_balance``);
 - the data-parallel sums (supervised tokens, loss, gradient norm) and the peaks come back as this rank's own: the
   loss is normalised by this rank's supervised tokens, a constant factor that changes no shape and no time, and
-  every value stays finite so no step is skipped.
+  every value stays finite so no step is skipped;
+- pipeline parallelism: the neighbouring stages send tensors of the shapes the real stages exchange, with finite
+  made-up values (``stage_shapes``, parallel/lone_stage.py); torch's schedule runs this rank's stages unchanged.
 
 Run as ``python -m openrecipes.train.rank_measure RECIPE --rank R --world N --out FILE`` (one process per rank, so
 each peak is that rank's); ``openrecipes measure-rank`` starts these and compares them with the planner.
@@ -23,22 +25,15 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from openrecipes.config.layout import LayoutConfig
 from openrecipes.config.recipe import Recipe
 
-
-def unmeasurable_reason(layout: LayoutConfig) -> str | None:
-    """Why one rank of ``layout`` cannot be measured alone yet (one line naming the layout), or None."""
-    if layout.pp > 1:
-        return (f"{layout.label()}: pipeline parallelism (pp={layout.pp}) is not measured one rank alone yet: "
-                "torch.distributed.pipelining agrees on the stages' shapes over the pipeline group, which a fake "
-                "process group cannot answer")
-    return None
+if TYPE_CHECKING:
+    from openrecipes.parallel.lone_stage import StageShapes
 
 
 def measured_recipe(recipe: Recipe) -> Recipe:
@@ -76,13 +71,11 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
     times. Returns the figures (``openrecipes measure-rank``'s per-rank record)."""
     from openrecipes.parallel.expert import assume_mirrored_routing
     from openrecipes.parallel.mesh import build_parallel_state
+    from openrecipes.parallel.pipeline import run_alone
     from openrecipes.train import engine
     from openrecipes.train.loop import _optimizer, _pipeline, _row_loader, train_step
     from openrecipes.train.stage_memory import build_peak_and_reset, rank_peak_bytes
 
-    reason = unmeasurable_reason(recipe.layout)
-    if reason:
-        raise ValueError(reason)
     device = device or (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                         else torch.device("cpu"))
     join_fake_world(rank, world)
@@ -94,6 +87,8 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
         dispatchers = assume_mirrored_routing(model)
         optimizer = _optimizer(recipe, model, parallel)
         pipeline = _pipeline(recipe, config, model, parallel, device, loader.rows_per_microbatch)
+        if pipeline is not None:
+            pipeline = run_alone(pipeline, stage_shapes(recipe, config, parallel, loader), seed=recipe.seed)
         build_peak_and_reset(device)
         records = [train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline, timed=True)
                    for step in range(steps)]
@@ -108,12 +103,39 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
               "rows_per_microbatch": loader.rows_per_microbatch, "row_tokens": loader.dataset.row_tokens,
               "phases_s": phases, "loss": [r["loss"] for r in records], "grad_norm": [r["grad_norm"] for r in records],
               "expert_rows_received": [d.received_rows[-1] for d in dispatchers if d.received_rows]}
+    if pipeline is not None:
+        result["pipeline"] = pipeline_counts(pipeline, steps)
     if device.type == "cuda":
         result["peak_allocated_gib"] = max(r["peak_memory_gib"] for r in records)
         result["peak_reserved_gib"] = max(r["peak_reserved_gib"] for r in records)
     else:  # the CPU allocator leaves no peak to read but the process's resident one (interpreter included)
         result["peak_rss_gib"] = rank_peak_bytes(device, None) / 2**30
     return result
+
+
+def stage_shapes(recipe: Recipe, config: Any, parallel: Any, loader: Any) -> StageShapes:
+    """What this rank's pipeline stages would receive from their neighbours for one microbatch: the token ids as the
+    first stage takes them (its context-parallel slice of the rows) and the hidden states of the residual stream
+    (its context- and sequence-parallel slice, in the compute dtype)."""
+    from openrecipes.parallel.lone_stage import StageShapes
+    from openrecipes.plan.shape import model_shape
+    from openrecipes.train.loop import _sequence_slices
+
+    rows = torch.empty(loader.rows_per_microbatch, loader.dataset.row_tokens, device="meta")
+    context, local = (s or (lambda t: t) for s in _sequence_slices(parallel))
+    hidden = model_shape(config, name=recipe.model).hidden
+    # the dtype engine.build_model computes in; a stage's output is checked against it at every microbatch
+    dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    return StageShapes(token_ids=tuple(context(rows).shape), hidden=(*local(rows).shape, hidden), dtype=dtype)
+
+
+def pipeline_counts(pipeline: Any, steps: int) -> dict[str, Any]:
+    """Per step, what this rank's stages ran: microbatch forwards and backwards, and per stage the most microbatches
+    it held forwarded and not yet backwarded (whose activations it keeps)."""
+    return {"stages": [stage.stage_index for stage in pipeline.stages], "microbatches": pipeline.microbatches,
+            "forwards_per_step": sum(stage.forwards for stage in pipeline.stages) / steps,
+            "backwards_per_step": sum(stage.backwards for stage in pipeline.stages) / steps,
+            "most_in_flight": [stage.most_in_flight for stage in pipeline.stages]}
 
 
 def _check_finite(records: list[dict[str, Any]]) -> None:

@@ -1,6 +1,7 @@
 """One rank of a layout measured alone under the fake process group (train/rank_measure.py, `openrecipes
 measure-rank`): the rank builds exactly its shards, its expert exchange receives what the real all-to-all delivers
-under balanced routing, its step is finite and timed, and the layouts it cannot measure are refused by name."""
+under balanced routing, a pipeline stage holds its own layers and runs every microbatch of its schedule, and each
+step is finite and timed."""
 
 import json
 import os
@@ -69,13 +70,72 @@ def test_tp2_rank_is_finite_and_holds_a_slice(run_dir):
     assert result["parameters"]["experts"] == whole["experts"]  # ep=1: every expert on every rank
 
 
-def test_pipeline_layout_is_refused_by_name(run_dir, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "openrecipes", "measure-rank", str(EXAMPLE), "--gpus", "2xH200",
-                           "--set", "layout.pp=2", "--out", str(tmp_path / "pp")],
-                          capture_output=True, text=True, timeout=300, env=ONE_THREAD)
-    assert done.returncode == 2
-    assert "TP1 PP2" in done.stderr and "pipeline parallelism (pp=2)" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+def stage_parameters(stage, pp):
+    """The parameters of pipeline stage ``stage`` of ``pp``: the one-process model cut by the engine's own split."""
+    from openrecipes.checkpoint.hf import recipe_model_config
+    from openrecipes.config.layout import rank_layers, with_world_size
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.models.families import family_for_config
+    from openrecipes.parallel.pipeline import prune_to_stage
+    from openrecipes.train.rank_measure import local_parameters
+
+    recipe = load_recipe(EXAMPLE, [f"layout.pp={pp}"])
+    config = recipe_model_config(recipe)
+    family = family_for_config(config)
+    model = family.build(config, device="cpu", dtype=torch.float32, seed=0)
+    ((_, layers),) = rank_layers(with_world_size(recipe.layout, pp), config.num_hidden_layers, stage)
+    prune_to_stage(model, family.sharding, set(layers), first=stage == 0, last=stage == pp - 1)
+    return local_parameters(model)
+
+
+def test_pp2_stages_hold_their_layers_and_run_the_whole_schedule(run_dir):
+    for stage in (0, 1):
+        result = measure(run_dir, stage, 2, "layout.pp=2")
+        assert result["pp_rank"] == stage
+        assert result["parameters"] == stage_parameters(stage, 2)
+        # 1F1B: every microbatch of the step forward and backward; stage s keeps up to pp - s of them in flight
+        microbatches = result["microbatches"]
+        assert microbatches >= 2
+        assert result["pipeline"] == {"stages": [stage], "microbatches": microbatches,
+                                      "forwards_per_step": microbatches, "backwards_per_step": microbatches,
+                                      "most_in_flight": [min(2 - stage, microbatches)]}
+        assert all(s > 0 for s in result["phases_s"].values()), result["phases_s"]
+        assert {"forward_backward", "optimizer"} <= set(result["phases_s"])
+        # the last stage computes the step's loss; the first reports none
+        assert (result["loss"][-1] > 0) == (stage == 1)
+
+
+def test_interleaved_rank_runs_both_its_chunks(run_dir):
+    result = measure(run_dir, 1, 2, "layout.pp=2", "layout.vpp=2")
+    pipeline = result["pipeline"]
+    # rank 1 of PP2 VPP2 holds virtual stages 1 and 3 (the last), each running every microbatch
+    assert pipeline["stages"] == [1, 3]
+    assert pipeline["forwards_per_step"] == pipeline["backwards_per_step"] == 2 * result["microbatches"]
+    assert result["loss"][-1] > 0
+
+
+def test_default_ranks_of_pp2_dp2_cover_both_stages():
+    from openrecipes.config.layout import LayoutConfig
+    from openrecipes.train.rank_cli import default_ranks
+
+    layout = LayoutConfig(pp=2, dp=2, ep=2, max_tokens_per_gpu=8192)
+    assert default_ranks(layout, 4) == [0, 2]
+
+
+@pytest.mark.slow
+def test_command_measures_pp2_dp2_ep2_at_both_stages(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "openrecipes", "measure-rank", str(EXAMPLE), "--gpus", "4xH200",
+                           "--set", "layout.pp=2", "--set", "layout.ep=2", "--steps", "2", "--out",
+                           str(tmp_path / "pp"), "--json"], capture_output=True, text=True, timeout=300,
+                          env=ONE_THREAD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(done.stdout)["ranks"]
+    assert [(r["rank"], r["pp_rank"]) for r in ranks] == [(0, 0), (2, 1)]
+    whole = [stage_parameters(stage, 2) for stage in (0, 1)]
+    for r, stage in zip(ranks, whole):
+        assert r["parameters"]["experts"] == stage["experts"] // 2  # EP2: half the stage's experts
+        assert r["pipeline"]["forwards_per_step"] == r["microbatches"]
+        assert r["predicted"]["compute_s"] > 0
 
 
 @pytest.mark.slow
@@ -97,6 +157,9 @@ def test_default_ranks_take_each_distinct_stage():
     assert default_ranks(LayoutConfig(ep=8, dp=8, max_tokens_per_gpu=8192), 48) == [0]
     layout = LayoutConfig(tp=4, pp=16, ep=8, dp=2, sequence_parallel=True, max_tokens_per_gpu=8192)
     assert default_ranks(layout, 64) == [0, 8, 8 * 15]  # first, one middle, last
+    # the Muse Spark seed: 62 layers as 3, 4 x 14, 3
+    seed = layout.model_copy(update={"pp_first_stage_layers": 3, "pp_last_stage_layers": 3})
+    assert default_ranks(seed, 62) == [0, 8, 8 * 15]
     uneven = LayoutConfig(pp=4, dp=2, pp_first_stage_layers=1, pp_last_stage_layers=3,
                           max_tokens_per_gpu=8192)
     assert default_ranks(uneven, 10) == [0, 2, 6]

@@ -61,7 +61,7 @@ def export_training_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path, *, max_
     _check_run_model(run_dir, config)
     family = family_for_config(config)
     # the model as the recipe trains it: names, shapes, and each tensor's dtype (KeepFP32 modules stay fp32)
-    trained_dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    trained_dtype = recipe.compute_dtype()
     model = family.build(config, device="meta", dtype=trained_dtype, seed=None)
     expected = dict(model.named_parameters())
     if recipe.lora is not None:  # the save holds the frozen base and the adapters under their training names

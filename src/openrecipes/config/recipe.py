@@ -345,6 +345,12 @@ class Recipe(BaseModel):
         """The precision a card states: fp8 where the recipe's products run in FP8, else the weights' dtype."""
         return "fp8" if self.fp8 is not None else self.precision
 
+    def compute_dtype(self) -> Any:
+        """The torch dtype the model computes in (and keeps its weights in under LoRA): bf16 or fp32."""
+        import torch  # the config tree itself stays free of torch
+
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+
     def optimizer_master(self) -> str:
         if self.precision == "fp32":
             return "param"

@@ -58,7 +58,7 @@ def build_model(recipe: Recipe, config: Any, parallel: ParallelState) -> tuple[n
                                                                parallel.pp_rank) for i in layers)
     frozen, trained = trainable_modules(recipe, config)
     grads = parallelize(model, parallel, ParallelizeOptions(
-        compute_dtype=torch.bfloat16 if recipe.precision == "bf16" else torch.float32,
+        compute_dtype=recipe.compute_dtype(),
         parameter_dtype=parameter_dtype(recipe, parallel),
         seed=recipe.seed, stage_layers=stage_layers, recompute=recipe.recompute, kernels=recipe.kernels,
         lora=lora_spec(recipe) if recipe.lora is not None else None,
@@ -118,7 +118,7 @@ def base_dtype(recipe: Recipe, parallel: ParallelState) -> torch.dtype:
     the adapters are ``parameter_dtype``'s (fp32 masters under FSDP2). Modules the model pins to fp32 stay fp32
     either way."""
     if recipe.lora is not None:
-        return torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+        return recipe.compute_dtype()
     return parameter_dtype(recipe, parallel)
 
 

@@ -125,7 +125,7 @@ def stage_shapes(recipe: Recipe, config: Any, parallel: Any, loader: Any) -> Sta
     context, local = (s or (lambda t: t) for s in _sequence_slices(parallel))
     hidden = model_shape(config, name=recipe.model).hidden
     # the dtype engine.build_model computes in; a stage's output is checked against it at every microbatch
-    dtype = torch.bfloat16 if recipe.precision == "bf16" else torch.float32
+    dtype = recipe.compute_dtype()
     return StageShapes(token_ids=tuple(context(rows).shape), hidden=(*local(rows).shape, hidden), dtype=dtype)
 
 

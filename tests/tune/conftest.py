@@ -59,10 +59,11 @@ class SyntheticRunner:
     """Writes what train would (recipe.yaml, run.json, metrics.jsonl) with the synthetic step time and one loss curve
     for every recipe (the numerics are the same), then measures it for real. A recipe with debug.fail_at crashes."""
 
-    def __init__(self, interrupt_at: int | None = None, peaks=None) -> None:
+    def __init__(self, interrupt_at: int | None = None, peaks=None, step_time=synthetic_step_time) -> None:
         self.calls: list[Path] = []
         self.interrupt_at = interrupt_at
         self.peaks = peaks  # recipe -> (peak allocated, peak reserved) GiB each step records; None: not measured
+        self.step_time = step_time  # recipe -> seconds of each step
 
     def run(self, trial: TrialRun, tick=None) -> Outcome:
         self.calls.append(trial.run_dir)
@@ -80,7 +81,7 @@ class SyntheticRunner:
             model=RunModelInfo(name=recipe.model, active_params=190464, num_layers=4, hidden_size=64,
                                num_attention_heads=4, head_dim=24),
             gpu=RunGpuInfo(type="cpu", count=2), world_size=2, global_batch=8, row_tokens=256, steps=recipe.steps))
-        step_time = synthetic_step_time(recipe)
+        step_time = self.step_time(recipe)
         allocated, reserved = self.peaks(recipe) if self.peaks else (None, None)
         lines = [json.dumps({"step": s, "loss": 7.0 - 0.1 * s + 0.01 * (s % 3), "grad_norm": 1.0, "tokens": 2048,
                              "supervised_tokens": 700, "sum_doc_len_sq": 300000, "step_time_s": step_time,

@@ -255,7 +255,7 @@ def test_each_trial_records_and_prints_the_peak_the_search_expected(start_yaml, 
     # printed allocated against allocated (the measured peak is allocated memory), not the reserve that must fit
     expected = record["prediction"]["calibrated_allocated_gib"]
     assert expected == pytest.approx(prediction.allocated_gib) and expected < prediction.peak_reserved_gib
-    line = search.progress.stream.getvalue().splitlines()[-1]
+    line = next(line for line in search.progress.stream.getvalue().splitlines() if " | best " in line)  # its result
     assert f"peak 12.5 GiB (predicted {expected:.1f}, {100 * (expected / 12.5 - 1):+.1f} %)" in line, line
 
 

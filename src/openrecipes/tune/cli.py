@@ -46,6 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="one device's memory the planner fits candidates into (default: the hardware table's; "
                              "on CPU the host's share); a start that does not fit is tuned from the smallest "
                              "change that does (docs/tune.md)")
+    parser.add_argument("--calibration", dest="calibrations", action="append", type=Path, default=[], metavar="PATH",
+                        help="an earlier tuning's calibration.json, its --out, or a directory of such outputs; "
+                             "repeatable: the start's prediction begins from the refit of the same model family and "
+                             "GPU type (others are said and left out; docs/tune.md)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar='"KEY=VALUE ..."',
                         help="a candidate measured right after the start (performance-only fields), repeatable")
     parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
                           remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv),
-                          gpu_memory_gib=args.gpu_memory_gib)
+                          gpu_memory_gib=args.gpu_memory_gib, calibrations=tuple(args.calibrations))
     if args.max_parallel != 1 and args.slurm is None:
         raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
                          "several at once need --slurm")

@@ -1,6 +1,7 @@
 """The tuner's output directory: ``trials.jsonl`` (one record per finished trial), ``pruned.jsonl`` and
 ``tune.json`` (what the trials were measured under, so a rerun reuses them only when that is unchanged, and, once
-the search has ended, under ``result`` the figures the console, the card and the site quote).
+the search has ended, under ``result`` the figures the console, the card and the site quote) and
+``calibration.json`` (the refit, which a later tuning of the same model family starts from).
 
 ``trials.jsonl`` is rewritten whole through a temporary file and a rename after every trial, so a kill leaves the
 previous complete file, never a half-written line. A trial's run directory is only ever taken as a result through
@@ -30,6 +31,7 @@ from openrecipes.utils import atomic_write_text, iter_json_lines, path_inside, r
 TRIALS_FILE = "trials.jsonl"
 PRUNED_FILE = "pruned.jsonl"
 SETTINGS_FILE = "tune.json"
+CALIBRATION_FILE = "calibration.json"  # the refit of this run, for later runs of the family (family_calibration.py)
 RESULT_KEY = "result"  # tune.json's figures of the finished search; not a setting
 TRIALS_DIR = "trials"
 MARKER = ".openrecipes-tune"

@@ -24,6 +24,9 @@ class TuneOptions:
     stable_cv: float | None = 0.02
     # one device's memory the planner fits candidates into, instead of the device's (or, on CPU, the host's share)
     gpu_memory_gib: float | None = None
+    # earlier tunings' calibration.json (files, tuner outputs or directories of them): the first prediction starts
+    # from the one of this model family and GPU type (tune/family_calibration.py)
+    calibrations: tuple[Path, ...] = ()
 
     def measurement_window(self) -> tuple[int, int]:
         return self.window or trial_window(self.trial_steps)

@@ -150,6 +150,8 @@ class Calibration:
     # measured peak reserved / peak allocated of the trials, (eager, compiled); None: not measured, the planner's prior
     reserve_ratio: tuple[float | None, float | None] = (None, None)
     memory_margin: float = MEMORY_MARGIN  # the share of the device a candidate must leave free (refined_margin)
+    # the earlier tuner's calibration file (tune/family_calibration.py) this refit starts from; None: this run's own
+    source: str | None = None
 
     def eager_step_time_s(self, p: Prediction) -> float:
         return self.step_scale * p.step_time_s + self.per_layer_microbatch_s * p.layer_microbatches

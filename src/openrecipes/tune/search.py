@@ -26,16 +26,15 @@ from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load
 from openrecipes.config.layout import with_world_size
 from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.budget import SearchBudget
+from openrecipes.tune.family_calibration import FamilyMemory
 from openrecipes.tune.journal import Journal, check_settings, prepare_out, settings_sha256, write_pruned
 from openrecipes.tune.options import TuneOptions
-from openrecipes.tune.predict import (Calibration, Planner, Prediction, Target, fit_calibration,
-                                     resolve_target)
+from openrecipes.tune.predict import Calibration, Planner, Prediction, Target, resolve_target
 from openrecipes.tune.progress import Progress, failure_text
 from openrecipes.tune.reference import ReferenceFallback, UnfitStart
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
-from openrecipes.tune.trial import (TRIAL_RECIPE, OpenTrial, early_end_s, peak_under_prediction, trial_record,
-                                   write_trial_recipe)
+from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, early_end_s, trial_record, write_trial_recipe
 from openrecipes.tune.solve import solved_offload, solved_recompute_layers
 from openrecipes.tune.space import (Candidate, ModelFacts, Settings, candidate_recipe,
                                     check_performance_only, describe_changes, first_ranking_space, neighbours,
@@ -66,7 +65,7 @@ class SearchResult:
     unfit: UnfitStart | None = None  # the start that did not fit, and its reference
 
 
-class Search(SearchBudget, ReferenceFallback):
+class Search(SearchBudget, ReferenceFallback, FamilyMemory):
     def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
         self.options = options
         self.runner = runner
@@ -120,7 +119,7 @@ class Search(SearchBudget, ReferenceFallback):
         measured_under = settings_sha256({**settings, "rows_sha256": manifest.get("parquet_sha256")})
         self.journal = Journal(self.out, measured_under=measured_under)
         self.progress = progress or Progress(trials=options.trials, minutes=options.minutes)
-        self.calibration = Calibration(compile_speedup=self.planner.compile_prior or 1.0)
+        self.calibration = self.start_calibration(self.start.model)  # a stored refit of the family, or none
         self.tried: dict[str, Candidate] = {}
         self.reference = Candidate(settings=start_settings(self.start, self.facts), recipe=self.start, changes={})
         self.unfit: UnfitStart | None = None
@@ -334,31 +333,6 @@ class Search(SearchBudget, ReferenceFallback):
         self.progress.trial_finished(record, reused=False)
         self._refit()
         return record
-
-    def _refit(self) -> None:
-        pairs, out_of_memory, reserved = [], [], []
-        for record in self.journal.records:
-            if not record.get("prediction") or record["key"] not in self.tried:
-                continue
-            raw = {k: record["prediction"][k] for k in Prediction.__dataclass_fields__ if k in record["prediction"]}
-            if record["status"] == "ok":
-                measured = record["measured"]
-                pairs.append((Prediction(**raw), measured["tokens_per_s_per_gpu"], measured.get("peak_memory_gib")))
-                if measured.get("peak_memory_gib") and measured.get("peak_reserved_gib") and not raw.get("expandable"):
-                    reserved.append((raw.get("compiled", False), measured["peak_memory_gib"],
-                                     measured["peak_reserved_gib"]))
-            elif record["failure"]["class"] == "out_of_memory":
-                out_of_memory.append(Prediction(**raw))
-        prior = self.planner.compile_prior or 1.0
-        under = [u for r in self.journal.records
-                 if r["key"] in self.tried and (u := peak_under_prediction(r)) is not None]
-        margin = self.calibration.memory_margin
-        self.calibration = fit_calibration(pairs, out_of_memory=out_of_memory, compile_prior=prior, reserved=reserved,
-                                           under_predicted=under)
-        if self.calibration.memory_margin != margin:
-            self.progress.say(f"memory margin now {100 * self.calibration.memory_margin:.3g} % of the device: measured "
-                              f"peaks were at most {100 * max(under):+.2g} % of it above their prediction")
-        self.progress.reserve_s = self.reserve_s()
 
     def candidate_or_none(self, settings: Settings) -> Candidate | None:
         try:

@@ -154,3 +154,26 @@ def test_a_file_that_is_not_json_is_refused_in_one_line(tmp_path):
 
 def _copy(stored: FamilyCalibration, **changes) -> FamilyCalibration:
     return stored.model_copy(update=changes)
+
+
+def test_tune_json_and_the_card_say_where_the_start_prediction_came_from(first_run, tmp_path, start_yaml, monkeypatch,
+                                                                      capsys):
+    from openrecipes.cards.validate import validate_file
+    from openrecipes.cli import main
+
+    monkeypatch.setattr("openrecipes.tune.runner.LocalRunner", lambda **options: _biased_runner(start_yaml))
+    out = tmp_path / "out"
+    code = main(["tune", str(start_yaml), "--gpus", "cpu", "--trials", "3", "--trial-steps", "8", "--remeasure", "0",
+                 "--out", str(out), "--calibration", str(first_run / CALIBRATION_FILE)])
+    assert code == 0, capsys.readouterr().err
+    start = json.loads((out / "tune.json").read_text())["result"]["start_prediction"]
+    assert start["calibration_file"] == str(first_run / CALIBRATION_FILE) and abs(start["predicted_error"]) < 0.10
+    assert start["planner_error"] > 0.10
+    cards = list((out / "recipes").rglob("*-tuned.yaml"))
+    loaded, problems = validate_file(cards[0])
+    assert loaded is not None and not [p for p in problems if p.severity == "error"], problems
+    # the card holds no machine path: the file by its last part when it lies outside the working directory
+    assert (f"Before any trial of its own, trial 0 (the start) predicted "
+            f"{start['predicted_tokens_per_s_per_gpu']:,.1f} tokens/s/GPU from calibration {CALIBRATION_FILE}, "
+            f"measured {start['measured_tokens_per_s_per_gpu']:,.1f} ({100 * start['predicted_error']:+.1f} %;"
+            in loaded.card.notes)

@@ -116,12 +116,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(search, options, progress) -> int:
     """Search, verify, remeasure, ablate and publish; the exit status."""
+    from openrecipes.tune.family_calibration import start_prediction
     from openrecipes.tune.journal import record_result
     from openrecipes.tune.publish import publish
     from openrecipes.tune.remeasure import ablate, remeasure
     from openrecipes.tune.verification import choose_winner
 
     result = search.run()
+    start = start_prediction(result.records)  # the first prediction against its measurement, in tune.json
+    predicted = {"start_prediction": start.model_dump(mode="json")} if start is not None else {}
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
     for verdict in failed:
@@ -142,13 +145,13 @@ def _tune(search, options, progress) -> int:
                                             else "no measured candidate was faster than the start")
         minutes = progress.elapsed_s() / 60
         record_result(options.out, {"outcome": "start kept", "why": why, "trials": len(result.records),
-                                    "minutes": round(minutes, 3)})
+                                    "minutes": round(minutes, 3), **predicted})
         print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
               f"({len(result.records)} trials, {minutes:.1f} minutes; {options.out / 'trials.jsonl'})")
         return 0
     published = publish(result, winner, failed, minutes=progress.elapsed_s() / 60, gain=gain, ablations=ablations)
     figures = published.figures  # the card's figures, quoted as it quotes them
-    record_result(options.out, published.result_block(gain, trials=len(result.records)))
+    record_result(options.out, {**published.result_block(gain, trials=len(result.records)), **predicted})
     print(f"openrecipes tune: {figures.start_tps:,.1f} -> {figures.tuned_tps:,.1f} tokens/s/GPU, gain "
           f"{gain.describe()}, {published.status}, {figures.minutes:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"

@@ -220,9 +220,10 @@ def start_prediction(records: list[dict[str, Any]]) -> StartPrediction | None:
                            planner_error=planner / measured - 1)
 
 
-def start_text(start: StartPrediction) -> str:
-    """The start's prediction against its measurement in one sentence (console, card notes)."""
-    source = (f"calibration {start.calibration_file}" if start.calibration_file
+def start_text(start: StartPrediction, shown: Callable[[str], str] = str) -> str:
+    """The start's prediction against its measurement in one sentence (console, card notes: ``shown`` prints the
+    file's path as a card may)."""
+    source = (f"calibration {shown(start.calibration_file)}" if start.calibration_file
               else "the planner's engine calibration, no --calibration")
     return (f"trial {start.trial} (the start) predicted {start.predicted_tokens_per_s_per_gpu:,.1f} tokens/s/GPU from "
             f"{source}, measured {start.measured_tokens_per_s_per_gpu:,.1f} ({100 * start.predicted_error:+.1f} %; "

@@ -20,6 +20,7 @@ from typing import Any
 
 from openrecipes.cards.validate import RECIPE_SUFFIXES
 from openrecipes.config.recipe import dump_recipe
+from openrecipes.tune.family_calibration import start_prediction, start_text
 from openrecipes.tune.predict import gpu_memory_gb, safe_name
 from openrecipes.tune.remeasure import Ablations, Gain
 from openrecipes.tune.search import SearchResult
@@ -124,6 +125,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
              "any trial)."]
     if result.unfit is not None:
         notes.append(result.unfit.note(_shown(result.start_path)))
+    if (predicted := start_prediction(result.records)) is not None:  # how far the first prediction was off
+        notes.append(f"Before any trial of its own, {start_text(predicted, _shown)}.")
     if result.options.gpu_memory_gib is not None:
         notes.append(f"Candidates were fitted into {result.options.gpu_memory_gib:g} GiB per device "
                      "(openrecipes tune --gpu-memory-gib), not the device's own memory.")

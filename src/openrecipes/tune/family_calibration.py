@@ -1,7 +1,7 @@
 """The refit a tuning leaves for the next one of the same model family: ``calibration.json`` in the tuner's output.
 
-The planner's throughput model is one set of numbers for every family, and its error differs by family (more on
-some than others), so a tuning's first prediction is only as good as that shared model. After every refit the tuner
+The planner's throughput model is one set of numbers for every family, and its error differs by family, so
+without a stored refit a tuning's first prediction is only as good as that shared model. After every refit the tuner
 writes what it learned (``FamilyCalibration``): the family, the model, the GPU type, the engine version and a key of
 the planner's hardware record (the refit corrects *that* prediction: under another it means nothing), the refit's
 fields, and per trial the planner's prediction, the one the trial was chosen under and the refit's against the

@@ -11,7 +11,8 @@ microbatch, which the FLOP model does not have and which dominates small models 
 least squares on relative errors. With one trial, or when the two-term fit is not positive, it falls back to one
 ratio (the geometric mean of measured over predicted). The planner has no model of compiled blocks: a compiled
 candidate's step time is the eager one divided by ``compile_speedup``, a prior from BENCHMARKS.md (the target's
-measured effect) that the refit replaces once eager and compiled trials were both measured.
+measured effect) that the refit replaces once eager and compiled trials were both measured. A run may start from
+an earlier run's refit of the same model family and GPU type (``tune/family_calibration.py``, ``--calibration``).
 
 Memory is corrected by an offset: the mean of measured peak minus predicted allocated memory of the trials that
 measured one (GPUs), the planner's error being mostly a fixed amount (the measured table in BENCHMARKS.md). The

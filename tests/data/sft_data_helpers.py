@@ -52,11 +52,12 @@ def run_build(out: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokenizer: Path = BUNDLED_TOKENIZER,
-                           loss_mask: str = "qwen3", chat_template: str | None = None, **reading: Any,
+                           loss_mask: str = "qwen3", chat_template: str | None = None,
+                           with_separator: bool = False, **reading: Any,
                            ) -> tuple[list[tuple[list[int], np.ndarray]], Any]:
     """(ids, mask) of each record (``{"messages": ..., "tools": ...}``) as the data build makes them, its
-    separator removed; and the tokenizer bundle. ``reading``: DataBuild keys of how conversations are read
-    (input_shape, messages_field, role_map, special_tokens_in_text)."""
+    separator removed (kept with ``with_separator``); and the tokenizer bundle. ``reading``: other DataBuild keys
+    (input_shape, messages_field, role_map, special_tokens_in_text, template_kwargs)."""
     import types
 
     from openrecipes.data import build as data_build
@@ -78,6 +79,10 @@ def tokenize_conversations(records: list[dict[str, Any]], tmp_path: Path, tokeni
     out = []
     bounds = np.cumsum(lengths)[:-1]
     for conv_ids, conv_mask in zip(np.split(ids, bounds), np.split(mask, bounds)):
-        assert conv_ids[-1] == eos_id and conv_mask[-1] == 0
+        assert conv_ids[-1] == eos_id
+        if with_separator:
+            out.append((conv_ids.tolist(), conv_mask))
+            continue
+        assert conv_mask[-1] == 0 or renderer.loss_mask.open_end  # only a reply no token of its own closes
         out.append((conv_ids[:-1].tolist(), conv_mask[:-1]))
     return out, bundle

@@ -26,7 +26,8 @@ from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 # what the row builder itself hands a chat template (the conversation, its tools, the special tokens, the generation
 # prompt) and jinja's own namespace(): a recipe's or --template-kwargs' variable of these names is refused
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "namespace")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+                            "namespace")
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
@@ -40,7 +41,7 @@ ChatRole = Literal["system", "user", "assistant", "tool"]
 SpecialTokensInText = Literal["text", "refuse", "text_everywhere"]
 TooLong = Literal["skip", "truncate"]  # what a conversation over max_conversation_tokens gets
 # the loss-mask formats (sft): data/templates.py's LOSS_MASKS defines one for each of these names
-LossMaskName = Literal["qwen3", "qwen3_miles", "muse_spark"]
+LossMaskName = Literal["qwen3", "qwen3_miles", "muse_spark", "gpt_oss", "glm4"]
 
 
 class DataBuild(BaseModel):

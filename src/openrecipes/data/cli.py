@@ -32,7 +32,7 @@ _HELP = {
     "rows": "rows to keep (default: every full row the input yields); too few is an error",
     "seed": "seed of the record permutation",
     "template_kwargs": "sft: extra chat-template variables, e.g. current_date=2026-10-01 reasoning_effort=xhigh "
-                       "(true/false become booleans)",
+                       "(true/false become booleans); strftime_now=YYYY-MM-DD: the date strftime_now() renders",
     "chat_template": "sft: template file or built-in name instead of the tokenizer's: qwen3 (renders the text of "
                      "Qwen3's own template; differences in docs/data.md) or muse_spark",
     "eos_token": "token appended after each conversation or document (default: the loss-mask format's for sft, "

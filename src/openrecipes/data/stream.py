@@ -103,15 +103,23 @@ class LimitCounter:
 
 def conversation_parts(ids: np.ndarray, offsets: np.ndarray, supervised: list[tuple[int, int]], eos_id: int,
                         limit: LimitCounter) -> tuple[np.ndarray, np.ndarray] | None:
-    """One encoded conversation's ids and mask followed by the separator (unsupervised), or None when the limit
-    skips it."""
+    """One encoded conversation's ids and mask followed by the separator, or None when the limit skips it."""
+    stops = separator_supervised(offsets, supervised)
     if limit.max_tokens is not None and ids.size > limit.max_tokens:
         limit.over_limit += 1
         if limit.too_long == "skip":
             return None
         ids, offsets = ids[:limit.max_tokens], offsets[:limit.max_tokens]
+        stops = False  # a cut reply does not end there
     return (np.concatenate([ids, np.array([eos_id], dtype=np.int32)]),
-            np.concatenate([token_mask(offsets, supervised), np.zeros(1, dtype=np.int8)]))
+            np.concatenate([token_mask(offsets, supervised), np.array([stops], dtype=np.int8)]))
+
+
+def separator_supervised(offsets: np.ndarray, supervised: list[tuple[int, int]]) -> bool:
+    """Whether the separator after the conversation is supervised: its last span runs past the text, as a reply that
+    no token of its own closes does when the conversation ends with it (LossMaskFormat.open_end)."""
+    end = int(offsets[-1, 1]) if len(offsets) else 0
+    return bool(supervised) and supervised[-1][1] > end
 
 
 def _piece(parts: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[Piece]:
@@ -122,7 +130,7 @@ def _piece(parts: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[Piece]:
 
 def batch_piece(texts: list[str], spans: list[list[tuple[int, int]]], tokenizer: Any, eos_id: int,
                 limit: LimitCounter) -> Iterator[Piece]:
-    """One piece of whole conversations, each followed by the separator (unsupervised)."""
+    """One piece of whole conversations, each followed by the separator."""
     # the whole rendered conversation at once: its ids are the tokenizer's own for that text
     encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
     parts = [conversation_parts(np.asarray(encoding.ids, dtype=np.int32),
@@ -150,11 +158,13 @@ def long_pieces(windows: Iterable[tuple[np.ndarray, np.ndarray]], spans: list[tu
     hold = cap is not None and limit.too_long == "skip"
     held: list[tuple[np.ndarray, np.ndarray]] = []
     count = 0
-    started = False
+    started = stops = False
     for ids, offsets in windows:
         mask = token_mask(offsets, spans)
+        stops = separator_supervised(offsets, spans) if len(offsets) else stops
         over = cap is not None and count + ids.size > cap
         if over:
+            stops = False
             limit.over_limit += 1
             if hold:
                 return
@@ -171,5 +181,5 @@ def long_pieces(windows: Iterable[tuple[np.ndarray, np.ndarray]], spans: list[tu
         ids, mask = np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held])
         yield Piece(ids=ids, mask=mask, lengths=np.array([ids.size]))
         started = True
-    yield Piece(ids=np.array([eos_id], dtype=np.int32), mask=np.zeros(1, dtype=np.int8), lengths=np.array([1]),
+    yield Piece(ids=np.array([eos_id], dtype=np.int32), mask=np.array([stops], dtype=np.int8), lengths=np.array([1]),
                 continues=started)

@@ -47,8 +47,13 @@ class LossMaskFormat:
     """Where supervised text sits in a rendered conversation.
 
     ``header``: the generation header opening an assistant turn (never supervised).
-    ``end``: the token closing the assistant turn (supervised).
-    ``separator``: the default token appended after each conversation (never supervised).
+    ``end``: the token closing the assistant turn (supervised); ``also_ends``: other tokens that close one (harmony's
+    ``<|return|>`` and ``<|call|>``; GLM's next-turn roles, which its model emits to stop).
+    ``open_end``: a turn without a closing token ends before the next header, or at the end of the text, where the
+    separator appended after the conversation is what the model emits to stop: it is then supervised.
+    ``joins``: a header right after a closing token continues the same reply (harmony's analysis message followed by
+    its final or tool-call message: the model writes that header itself), so it is supervised as part of the reply.
+    ``separator``: the default token appended after each conversation (supervised only as ``open_end`` says).
     ``image``: the tokens the format's chat template writes for an image part (start, placeholder, end), the
     placeholder repeated once per merged patch of the image (as the model's processor expands it); None where the
     format has no image tokens (never supervised: data/image_rows.py).
@@ -62,12 +67,19 @@ class LossMaskFormat:
     header: str
     end: str
     separator: str
+    also_ends: tuple[str, ...] = ()
+    open_end: bool = False
+    joins: bool = False
     image: tuple[str, str, str] | None = None
     reply_markers: tuple[str, ...] = ()
 
+    @property
+    def ends(self) -> tuple[str, ...]:
+        return (self.end, *self.also_ends)
+
     def marker_tokens(self) -> list[str]:
         """Special tokens this format relies on; the tokenizer must know each as one token."""
-        return sorted(set(re.findall(r"<\|[^|]+\|>", self.header + self.end + self.separator)))
+        return sorted(set(re.findall(r"<\|[^|]+\|>", self.header + "".join(self.ends) + self.separator)))
 
 
 QWEN_VL_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
@@ -77,6 +89,8 @@ MUSE_SPARK_IMAGE = ("<|image_start|>", "<|image|>", "<|image_end|>")
 # what Qwen3's template and ours for Muse Spark give meaning to in a reply: reasoning and tool-call blocks (a turn's
 # delimiters and a tool result's <tool_response> are never a reply's to write)
 REASONING_AND_CALLS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+# GLM-4.5's template splits inline reasoning as Qwen3's does, and its tool calls hold their arguments in these blocks
+GLM_REPLY_MARKERS = (*REASONING_AND_CALLS, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 LOSS_MASKS: dict[str, LossMaskFormat] = {
     # Supervise assistant content and <|im_end|>; the "\n" after <|im_end|> belongs to the
     # unsupervised text that follows.
@@ -92,6 +106,17 @@ LOSS_MASKS: dict[str, LossMaskFormat] = {
     "muse_spark": LossMaskFormat(name="muse_spark", header="<|header_start|>assistant<|header_end|>\n\n",
                                  end="<|eot|>", separator="<|end_of_text|>", image=MUSE_SPARK_IMAGE,
                                  reply_markers=REASONING_AND_CALLS),
+    # gpt-oss's harmony format: every assistant message (analysis, final, tool call) opens with <|start|>assistant and
+    # is closed by <|end|>, by <|return|> (the last final message of a training render) or <|call|> (a tool call);
+    # messages of one reply follow each other directly and are supervised as one span, their inner headers included.
+    # No added token keeps its id in a reply's content: the template puts reasoning in `thinking` itself, and a
+    # channel token there would forge a message
+    "gpt_oss": LossMaskFormat(name="gpt_oss", header="<|start|>assistant", end="<|end|>",
+                              also_ends=("<|return|>", "<|call|>"), joins=True, separator="<|endoftext|>"),
+    # GLM-4.5: no token of its own closes a reply; the model stops by emitting the next turn's <|user|> or
+    # <|observation|> (its generation config's stop tokens), supervised, or <|endoftext|> after the last turn
+    "glm4": LossMaskFormat(name="glm4", header="<|assistant|>", end="<|user|>", also_ends=("<|observation|>",),
+                           open_end=True, separator="<|endoftext|>", reply_markers=GLM_REPLY_MARKERS),
 }
 
 
@@ -101,23 +126,72 @@ def get_loss_mask(name: str) -> LossMaskFormat:
     return LOSS_MASKS[name]
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_exception(message: str) -> None:
     raise ValueError(f"chat template: {message}")
 
 
-def _strftime_now(fmt: str) -> str:
-    # Present for templates that call it; a build that relies on it is not reproducible,
-    # so pass current_date explicitly instead.
-    return datetime.now().strftime(fmt)
+# The template kwarg that fixes what strftime_now() renders, recorded with the others in the manifest
+STRFTIME_NOW = "strftime_now"
+
+
+def _unset_strftime_now(fmt: str) -> str:
+    raise ValueError(f"chat template: it calls {STRFTIME_NOW}(), so its text would change with the day of the build; "
+                     f"give the date it renders: --template-kwargs {STRFTIME_NOW}=YYYY-MM-DD (in a recipe, "
+                     f"data.build.template_kwargs.{STRFTIME_NOW})")
+
+
+def fixed_strftime_now(date: Any) -> Any:
+    """``strftime_now`` as the template sees it: ``date`` (ISO 8601) formatted, never the clock, so that a rebuild
+    renders the same text; without a date a template calling it is refused."""
+    if date is None:
+        return _unset_strftime_now
+    try:
+        moment = datetime.fromisoformat(str(date))
+    except ValueError:
+        raise ValueError(f"--template-kwargs {STRFTIME_NOW}={date}: not an ISO 8601 date (YYYY-MM-DD or "
+                         "YYYY-MM-DDTHH:MM:SS)") from None
+    return lambda fmt: moment.strftime(fmt)
+
+
+class _Dict:
+    """``dict`` as transformers gives it to templates: the constructor and ``fromkeys``, nothing of the type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """Jinja's namespace() without attributes that start with ``_``, as transformers' (no road to CPython's dunders)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # Jinja's signature, so that namespace(self=...) works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_': {name!r}")
 
 
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> Any:
-    """Compile a chat template in a sandbox with the Hugging Face Jinja conventions, its work bounded
+    """Compile a chat template in a sandbox with the globals and filters transformers gives templates
+    (``raise_exception``, ``strftime_now``, ``tojson``, ``dict``, ``namespace``, loop controls), its work bounded
     (``template_sandbox``; render it with ``bounded_render``)."""
     from jinja2.ext import loopcontrols
 
@@ -126,11 +200,23 @@ def compile_template(source: str) -> Any:
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    env.globals[STRFTIME_NOW] = _unset_strftime_now  # each render passes its own (ChatRenderer.render)
+    env.globals["dict"] = _Dict()
+    env.globals["namespace"] = _Namespace
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"chat template line {error.lineno}: {error.message}") from None
+
+
+# a message's reasoning under the names datasets use; templates read reasoning_content, gpt-oss's `thinking`
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with its reasoning under both names templates read, as ``apply_chat_template`` passes it."""
+    reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,13 +226,15 @@ class ChatRenderer:
     template: str
     loss_mask: LossMaskFormat
     special_tokens: dict[str, str | None]  # bos_token / eos_token as the template sees them
-    template_kwargs: dict[str, Any]
+    template_kwargs: dict[str, Any]  # STRFTIME_NOW among them: the date strftime_now() renders, not a variable
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
         compiled = compile_template(self.template)
+        variables = {**self.special_tokens, **self.template_kwargs}
+        variables[STRFTIME_NOW] = fixed_strftime_now(variables.get(STRFTIME_NOW))
         try:
-            return bounded_render(compiled, messages=messages, tools=tools, add_generation_prompt=False,
-                                  **self.special_tokens, **self.template_kwargs)
+            return bounded_render(compiled, messages=[alias_reasoning(m) for m in messages], tools=tools,
+                                  documents=None, add_generation_prompt=False, **variables)
         except jinja2.exceptions.SecurityError as error:  # the sandbox refused an attribute: never run it
             raise ValueError(f"chat template: {error}") from None
         except jinja2.TemplateError as error:  # an undefined field and the like: the data or the template
@@ -154,33 +242,21 @@ class ChatRenderer:
 
     def supervised_spans(self, messages: list[dict[str, Any]],
                          tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
-        """Return the rendered text and its supervised character spans [start, stop), in order.
+        """Return the rendered text and its supervised character spans [start, stop), in order; a span that stops
+        at ``len(text) + 1`` supervises the separator after the conversation too (``open_end``).
 
         Raises ValueError when the rendering does not contain one supervised span per
         assistant message: the template and the loss-mask format do not belong together.
         """
         text = self.render(messages, tools)
-        header, end = self.loss_mask.header, self.loss_mask.end
-        spans: list[tuple[int, int]] = []
-        cursor = 0
-        while True:
-            start = text.find(header, cursor)
-            if start < 0:
-                break
-            content_start = start + len(header)
-            stop = text.find(end, content_start)
-            if stop < 0:
-                raise ValueError(f"rendered assistant turn has no closing {end!r} "
-                                 f"(template does not fit the {self.loss_mask.name} loss mask)")
-            if text.find(header, content_start, stop) >= 0:
-                raise ValueError(f"rendered assistant turn is not closed by {end!r} before the next one")
-            cursor = stop + len(end)
-            spans.append((content_start, cursor))
+        spans, turns = turn_spans(text, self.loss_mask)
+        fmt = self.loss_mask
         expected = sum(1 for m in messages if m.get("role") == "assistant")
-        if len(spans) != expected:
-            raise ValueError(f"the chat template rendered {len(spans)} assistant turn(s) in the "
-                             f"{self.loss_mask.name} format ({header!r} ... {end!r}) for {expected} "
-                             f"assistant message(s); the template does not fit --loss-mask {self.loss_mask.name}")
+        fits = len(spans) <= expected <= turns if fmt.joins else len(spans) == expected
+        if not fits:
+            raise ValueError(f"the chat template rendered {turns} assistant turn(s) in the "
+                             f"{fmt.name} format ({fmt.header!r} ... {' or '.join(map(repr, fmt.ends))}) for "
+                             f"{expected} assistant message(s); the template does not fit --loss-mask {fmt.name}")
         return text, spans
 
     def pieces(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> tuple[list[str], list[int]]:
@@ -197,6 +273,34 @@ class ChatRenderer:
         masks.append(0)
         keep = [i for i, piece in enumerate(pieces) if piece]
         return [pieces[i] for i in keep], [masks[i] for i in keep]
+
+
+def turn_spans(text: str, fmt: LossMaskFormat) -> tuple[list[tuple[int, int]], int]:
+    """The supervised spans of ``text`` in ``fmt`` and the number of assistant turns (headers) found."""
+    header = fmt.header
+    closer = re.compile("|".join(re.escape(end) for end in fmt.ends))
+    spans: list[tuple[int, int]] = []
+    turns = cursor = 0
+    while (start := text.find(header, cursor)) >= 0:
+        turns += 1
+        content_start = start + len(header)
+        next_header = text.find(header, content_start)
+        limit = len(text) if next_header < 0 else next_header
+        if close := closer.search(text, content_start, limit):
+            stop = close.end()
+        elif fmt.open_end:  # ends where the next turn begins, or with the separator after the text
+            stop = len(text) + 1 if next_header < 0 else next_header
+        elif next_header >= 0:
+            raise ValueError(f"rendered assistant turn is not closed by {fmt.end!r} before the next one")
+        else:
+            raise ValueError(f"rendered assistant turn has no closing {fmt.end!r} "
+                             f"(template does not fit the {fmt.name} loss mask)")
+        if fmt.joins and spans and spans[-1][1] == start:
+            spans[-1] = (spans[-1][0], stop)
+        else:
+            spans.append((content_start, stop))
+        cursor = stop
+    return spans, turns
 
 
 def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

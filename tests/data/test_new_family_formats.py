@@ -6,7 +6,6 @@ turn delimiters quoted in a conversation stay text."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any

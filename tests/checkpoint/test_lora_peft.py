@@ -13,6 +13,7 @@ import torch
 from openrecipes.checkpoint.hf import from_hf
 from openrecipes.checkpoint.lora import save_peft_adapter
 from openrecipes.models.common.lora import LoraSpec, apply_lora
+from tests.checkpoint.lora_helpers import ours_with_adapters
 from tests.models.hf_reference import make_hf_model
 
 peft = pytest.importorskip("peft")
@@ -28,17 +29,6 @@ def base_dir(tmp_path_factory) -> Path:
     return path
 
 
-def _ours(base_dir: Path, spec: LoraSpec) -> torch.nn.Module:
-    model = from_hf(base_dir, dtype=torch.float32)
-    apply_lora(model, spec)
-    with torch.no_grad():  # B starts at zero: give every adapter a visible effect
-        generator = torch.Generator().manual_seed(5)
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-    return model.eval()
-
-
 def _input() -> torch.Tensor:
     return torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
 
@@ -49,7 +39,7 @@ def test_peft_loads_our_adapter_and_gives_our_logits(base_dir: Path, tmp_path: P
     from transformers import Qwen3MoeForCausalLM
 
     spec = LoraSpec(rank=3, alpha=6.0, targets=targets)
-    ours = _ours(base_dir, spec)
+    ours = ours_with_adapters(base_dir, spec)
     save_peft_adapter(ours, spec, tmp_path / "adapter", base_model=str(base_dir))
     hf = Qwen3MoeForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
     reference = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
@@ -86,7 +76,7 @@ def test_merge_lora_equals_base_plus_scaled_ba(base_dir: Path, tmp_path: Path, c
     from transformers import Qwen3MoeForCausalLM
 
     spec = LoraSpec(rank=3, alpha=6.0, targets=("q_proj", "v_proj", "experts"))
-    ours = _ours(base_dir, spec)
+    ours = ours_with_adapters(base_dir, spec)
     save_peft_adapter(ours, spec, tmp_path / "adapter")
     import json
 
@@ -116,11 +106,11 @@ def test_peft_loads_the_base_an_adapter_names_from_anywhere(base_dir: Path, tmp_
 
     spec = LoraSpec(rank=3, alpha=6.0, targets=("q_proj", "experts"))
     monkeypatch.chdir(base_dir.parent)  # the base given relative to where the adapter is written, as a recipe may
-    save_peft_adapter(_ours(base_dir, spec), spec, tmp_path / "adapter", base_model=base_dir.name)
+    save_peft_adapter(ours_with_adapters(base_dir, spec), spec, tmp_path / "adapter", base_model=base_dir.name)
     written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert os.path.isabs(written) and Path(written) == base_dir.resolve()
     monkeypatch.chdir(tmp_path)  # elsewhere: the relative name would no longer find the base
     loaded = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", torch_dtype=torch.float32).eval()
     ids = _input()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids).logits, _ours(base_dir, spec)(ids), rtol=0, atol=1e-5)
+        torch.testing.assert_close(loaded(input_ids=ids).logits, ours_with_adapters(base_dir, spec)(ids), rtol=0, atol=1e-5)

@@ -23,6 +23,7 @@ from openrecipes.checkpoint.hf import from_hf
 from openrecipes.checkpoint.lora import peft_tensors, save_peft_adapter
 from openrecipes.cli import main
 from openrecipes.models.common.lora import LoraSpec, apply_lora
+from tests.checkpoint.lora_helpers import ours_with_adapters, randomize
 from tests.models import test_glm4_moe_parity, test_gpt_oss_parity, test_qwen3_5_moe_parity
 
 peft = pytest.importorskip("peft")
@@ -85,17 +86,6 @@ def _hf(base: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def _ours(base: Path, spec: LoraSpec, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    model = from_hf(base, dtype=dtype)
-    apply_lora(model, spec)
-    with torch.no_grad():  # B starts at zero: give every adapter a visible effect
-        generator = torch.Generator().manual_seed(5)
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-    return model.eval()
-
-
 def _input(model: torch.nn.Module) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (2, TOKENS), generator=torch.Generator().manual_seed(1))
 
@@ -105,7 +95,7 @@ def _input(model: torch.nn.Module) -> torch.Tensor:
 def test_peft_loads_our_adapter_and_gives_our_logits(bases, tmp_path: Path, family, variant, which) -> None:
     base = bases(family, variant)
     spec = LoraSpec(rank=3, alpha=6.0, targets=_targets(family, which))
-    ours = _ours(base, spec)
+    ours = ours_with_adapters(base, spec)
     save_peft_adapter(ours, spec, tmp_path / "adapter", base_model=str(base))
     reference = peft.PeftModel.from_pretrained(_hf(base), tmp_path / "adapter").eval()
     ids = _input(ours)
@@ -122,7 +112,7 @@ def test_the_comparison_can_fail(bases, tmp_path: Path, family) -> None:
     """Our experts' gate and up adapters swapped: peft's logits are no longer ours."""
     base = bases(family, "tiny")
     spec = LoraSpec(rank=3, alpha=6.0, targets=("experts",))
-    ours = _ours(base, spec)
+    ours = ours_with_adapters(base, spec)
     save_peft_adapter(ours, spec, tmp_path / "adapter")
     with torch.no_grad():
         for name, param in ours.named_parameters():
@@ -145,7 +135,7 @@ def _gradients_in_peft_layout(model: torch.nn.Module, read: Callable) -> dict[st
 
 def _our_step(base: Path, spec: LoraSpec, ids: torch.Tensor, dtype: torch.dtype):
     """Our loss (transformers' ``labels=`` loss) and our adapters' gradients in PEFT's layout, in ``dtype``."""
-    ours = _ours(base, spec, dtype).train()
+    ours = ours_with_adapters(base, spec, dtype).train()
     logits = ours(ids)
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
@@ -163,7 +153,7 @@ def test_lora_sft_gradients_equal_peft(bases, tmp_path: Path, family) -> None:
 
     base = bases(family, "tiny")
     spec = LoraSpec(rank=3, alpha=6.0, targets=_targets(family, "all"))
-    save_peft_adapter(_ours(base, spec), spec, tmp_path / "adapter")
+    save_peft_adapter(ours_with_adapters(base, spec), spec, tmp_path / "adapter")
     loss, got = _our_step(base, spec, ids := _input(_hf(base)), torch.float32)
     _, exact = _our_step(base, spec, ids, torch.float64)
     reference = peft.PeftModel.from_pretrained(_hf(base), tmp_path / "adapter", is_trainable=True).train()
@@ -185,11 +175,7 @@ def _peft_adapter(base: Path, out: Path, family: str) -> Path:
                              target_parameters=EXPERT_PARAMETERS, rank_pattern={"o_proj": 5},
                              alpha_pattern={"down_proj": 4})
     model = peft.get_peft_model(_hf(base), config)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    randomize(model, "lora_", seed=3)
     model.save_pretrained(out)
     return out
 

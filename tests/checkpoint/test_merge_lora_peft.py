@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from openrecipes.cli import main
+from tests.checkpoint.lora_helpers import randomize
 from tests.models.hf_reference import make_hf_model
 
 peft = pytest.importorskip("peft")
@@ -36,11 +37,7 @@ def _peft_adapter(out: Path, order: list[str], **config) -> Path:
     config = {"target_modules": ["q_proj", "v_proj"], **config}
     lora = peft.LoraConfig(target_parameters=order, **config)
     model = peft.get_peft_model(make_hf_model(CONFIG), lora)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    randomize(model, "lora_", seed=3)
     model.save_pretrained(out)
     config_path = out / "adapter_config.json"
     saved = json.loads(config_path.read_text())

@@ -32,13 +32,11 @@ from openrecipes.train.loop import train  # noqa: E402
 from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
 from openrecipes.utils import sha256_file  # noqa: E402
 
-from workloads import default_window, load_workloads  # noqa: E402  (bench/, beside this file)
+from workloads import LORA, default_window, load_workloads  # noqa: E402  (bench/, beside this file)
 
 # the workloads, declared in bench/workloads.yaml (one entry each, validated by bench/workloads.py)
 VARIANTS = {name: workload.engine_spec() for name, workload in load_workloads().items()}
 PROFILED = tuple(name for name, workload in load_workloads().items() if workload.profile)
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
 
 
 def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: bool, seed: int = 0) -> Path:
@@ -102,7 +100,7 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
         "precision": "bf16", "steps": steps, "global_batch": spec["rows_per_step"], "seed": 0,
         "run_dir": str(workdir / f"run-{name}"), "checkpoint": {"at_end": False},
         "logging": {"progress": True},
-        **({"lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS}} if spec.get("lora") else {}),
+        **({"lora": dict(LORA)} if spec.get("lora") else {}),
         **({"fp8": {"scaling": "rowwise", "targets": spec["fp8"]}} if spec.get("fp8") else {}),
         "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
                         "profile_step": steps - 1 if name in PROFILED else None, "profile_timeline": timeline},

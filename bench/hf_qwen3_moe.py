@@ -12,11 +12,16 @@ torch.optim.AdamW(fused=True on CUDA), loss = the model's shifted LM loss (label
 the Qwen3-30B-A3B config), no grad clipping, no torch.compile (bench/peer_harness.py: the step and its timing).
 --balanced forces an exact round-robin expert choice (the engine's debug.force_load_balance): the router's matmul and
 softmax still run and the gating weights are its probabilities of the forced experts, so the router gets gradients.
+--lora trains the engine's LoRA workloads' adapters (bench/workloads.py LORA: rank, alpha and targets) through peft:
+LoraConfig target_modules for the attention projections and target_parameters mlp.experts.gate_up_proj / down_proj
+for every routed expert (one rank-r adapter per expert, as the engine's), the base frozen in bf16, AdamW over the
+adapters only, the adapters in the dtype peft gives them by default (fp32).
 
 Statistics over --window (0-based steps, inclusive; default the engine's for --steps); MFU with the engine's N
 (config.active_params()) over the dense bf16 peak of config/hardware.yaml. Prints one `RESULT {json}` line.
 
-Usage: python bench/hf_qwen3_moe.py --out hf.json [--balanced] [--no-recompute] [--layers 8] [--row-tokens 8192]
+Usage: python bench/hf_qwen3_moe.py --out hf.json [--balanced] [--no-recompute] [--lora] [--layers 8]
+       [--row-tokens 8192]
        python bench/hf_qwen3_moe.py --tiny --device cpu --steps 3 --out tiny.json   (CPU plumbing only)
 """
 
@@ -34,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openrecipes.models.resolve import resolve_model_config  # noqa: E402
 from peer_harness import (emit, enable_recompute, gpu_peak_flops, load_probe, memory_fields,  # noqa: E402
                           summarize, train)
-from workloads import default_window  # noqa: E402
+from workloads import LORA, default_window  # noqa: E402
 
 MODEL, TINY_MODEL = "qwen3-30b-a3b", "qwen3-moe-tiny"
 TINY_ROW_TOKENS = 128
@@ -51,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--experts", default="grouped_mm", choices=["grouped_mm", "eager"])
     parser.add_argument("--balanced", action="store_true", help="force round-robin expert choice (exact balance)")
     parser.add_argument("--no-recompute", action="store_true", help="no gradient checkpointing")
+    parser.add_argument("--lora", action="store_true",
+                        help="train peft adapters of the LoRA workloads (bench/workloads.py LORA) on a frozen base")
     parser.add_argument("--tiny", action="store_true",
                         help=f"the registered {TINY_MODEL} and {TINY_ROW_TOKENS}-token rows (CPU tests)")
     return parser.parse_args(argv)
@@ -101,6 +108,37 @@ def build_model(fields: dict, device: torch.device, experts: str):
     return model.to(device)
 
 
+def peft_lora_config():
+    """The LoRA workloads' adapters (workloads.LORA) as peft's config: the attention projections as modules, the
+    routed experts as their fused weights, which transformers 5.x keeps as (E, 2F, D) and (E, D, F) parameters."""
+    import peft
+
+    modules = [t for t in LORA["targets"] if t != "experts"]
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if "experts" in LORA["targets"] else None
+    return peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                           target_modules=modules, target_parameters=experts)
+
+
+def add_lora(model):
+    """``model`` under peft's adapters; peft freezes every base parameter."""
+    import peft
+
+    return peft.get_peft_model(model, peft_lora_config())
+
+
+def lora_fields(model, device: torch.device) -> dict:
+    """What the result records of the adapters (their settings, count and dtypes), over the full model's fields."""
+    import peft
+    import transformers
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    dtypes = ", ".join(sorted({str(p.dtype) for p in trained}))
+    return {"framework": f"transformers {transformers.__version__} + peft {peft.__version__}", "lora": dict(LORA),
+            "trainable_params": sum(p.numel() for p in trained), "adapter_dtypes": dtypes,
+            "precision": f"frozen bf16 base; adapters, their grads and AdamW states {dtypes}",
+            "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'}) over the adapters only"}
+
+
 def run(args: argparse.Namespace) -> dict:
     import transformers
     from transformers.models.qwen3_moe import modeling_qwen3_moe as modeling
@@ -109,20 +147,24 @@ def run(args: argparse.Namespace) -> dict:
     config = model_config(args.layers, args.tiny)
     tokens = TINY_ROW_TOKENS if args.tiny else args.row_tokens
     window = tuple(int(s) for s in args.window.split(",")) if args.window else default_window(args.steps)
-    name = "hf_qwen3" + ("_bal" if args.balanced else "_nat") + ("_none" if args.no_recompute else "")
+    name = "hf_qwen3" + ("_bal" if args.balanced else "_nat") + ("_none" if args.no_recompute else "") + \
+        ("_lora" if args.lora else "")
     patched = force_balanced_routing(modeling) if args.balanced else None
     torch.manual_seed(0)
     started = time.perf_counter()
     model = build_model(hf_config_fields(config), device, args.experts)
     build_s = time.perf_counter() - started
-    params = sum(p.numel() for p in model.parameters())
+    params, dtypes = sum(p.numel() for p in model.parameters()), sorted({str(p.dtype) for p in model.parameters()})
     if params != config.total_params():
         print(f"[hf_qwen3_moe] warning: {params:,} parameters, the engine's model has {config.total_params():,}",
               flush=True)
-    if not args.no_recompute:
+    if not args.no_recompute:  # before peft wraps the model, as peft's guides do
         enable_recompute(model)
+    hf_model = model
+    probe = load_probe(hf_model, config.num_experts)  # on the experts modules peft's wrappers still call
+    if args.lora:
+        model = add_lora(model)
     model.train()
-    probe = load_probe(model, config.num_experts)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = train(model, steps=args.steps, tokens=tokens, vocab=config.vocab_size, device=device,
@@ -134,13 +176,14 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "model": TINY_MODEL if args.tiny else MODEL, "layers": config.num_hidden_layers,
         "row_tokens": tokens, "rows_per_step": 1, "steps": args.steps, "total_params": params,
-        "same_params_as_engine": params == config.total_params(),
-        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
-        "attn_implementation": model.config._attn_implementation,
-        "experts_implementation": getattr(model.config, "_experts_implementation", None),
+        "same_params_as_engine": params == config.total_params(), "param_dtypes": dtypes,
+        "attn_implementation": hf_model.config._attn_implementation,
+        "experts_implementation": getattr(hf_model.config, "_experts_implementation", None),
         "routing": f"forced round-robin ({patched})" if patched else "natural (random init)",
-        "grad_ckpt": not args.no_recompute, "compile": False, "precision": "pure bf16 params/grads/AdamW states",
-        "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'})", "build_s": build_s,
+        "grad_ckpt": not args.no_recompute, "compile": False,
+        "precision": "pure bf16 params/grads/AdamW states", "build_s": build_s,
+        "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'})",
+        **(lora_fields(model, device) if args.lora else {}),
         "load_max_over_mean": [round(c.max().item(), 3) for c in loads],
         "load_min_over_mean": [round(c.min().item(), 3) for c in loads],
         "step_times_s": times, "losses": losses,

@@ -47,8 +47,9 @@ def train(model, *, steps: int, tokens: int, vocab: int, device: torch.device, p
           tag: str):
     """``steps`` steps of one random row of ``tokens`` ids; each step's time synchronised on CUDA. ``probe["armed"]``
     is true during step ``probe_step`` only (outside the window: a load probe's host syncs do not count)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=device.type == "cuda")
+    # over what trains: every parameter, or a LoRA run's adapters (its frozen base keeps no optimizer state)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
+                            weight_decay=0.1, fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(1234)
     times, losses = [], []
     for step in range(steps):

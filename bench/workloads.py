@@ -24,12 +24,16 @@ WORKLOADS_FILE = BENCH / "workloads.yaml"
 # a peer harness: its script (bench/) and the registered model family it trains (the workload's model must be one)
 PEER_HARNESSES = {
     "transformers_qwen3_moe": ("hf_qwen3_moe.py", "qwen3-30b-a3b"),
+    "transformers_peft_qwen3_moe": ("hf_qwen3_moe.py", "qwen3-30b-a3b"),  # with --lora: peft's adapters
     "transformers_deepseek_v3": ("hf_deepseek_v3.py", "deepseek-v3-671b"),
 }
 # modules that hold a workload's model and row shape shared with a peer (the one home of those numbers)
 MODEL_FROM = {"deepseek_v3_workload"}
 # fields that describe the comparison, not the engine's run: left out of the engine's spec (and its results record)
 _NOT_ENGINE = {"description", "peer", "baseline", "profile", "model_from"}
+# the adapters of a `lora: true` workload (the recipe's lora section), which its peer trains too
+LORA = {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]}
+LORA_HARNESS = "transformers_peft_qwen3_moe"
 
 
 def default_window(steps: int) -> tuple[int, int]:
@@ -43,7 +47,7 @@ class Peer(BaseModel):
     workload's (gradient checkpointing unless ``recompute: none``; forced balance when ``balanced``)."""
 
     model_config = ConfigDict(extra="forbid")
-    harness: Literal["transformers_qwen3_moe", "transformers_deepseek_v3"]
+    harness: Literal["transformers_qwen3_moe", "transformers_peft_qwen3_moe", "transformers_deepseek_v3"]
     experts: Literal["grouped_mm", "eager"] = "grouped_mm"  # transformers' experts implementation
 
 
@@ -95,11 +99,15 @@ class Workload(BaseModel):
                     "packed rows" if self.packed else None,
                     "more than one row per step" if self.rows_per_step != 1 else None,
                     "several GPUs" if (self.nproc or 1) > 1 else None,
-                    "LoRA (transformers + peft is not a harness here yet)" if self.lora else None,
+                    f"LoRA, which only {LORA_HARNESS} trains" if self.lora and self.peer.harness != LORA_HARNESS
+                    else None,
+                    f"no LoRA, which {LORA_HARNESS} trains" if not self.lora and self.peer.harness == LORA_HARNESS
+                    else None,
                     "FP8" if self.fp8 else None, "offload" if self.offload else None]
         problems = [p for p in problems if p]
         if problems:
-            raise ValueError(f"a peer runs one dense bf16 row on one GPU; this workload has {', '.join(problems)}")
+            raise ValueError(f"a peer runs one bf16 row on one GPU, LoRA only beside {LORA_HARNESS}; this workload "
+                             f"has {', '.join(problems)}")
         return self
 
     def engine_spec(self) -> dict[str, Any]:
@@ -116,11 +124,13 @@ class Workload(BaseModel):
         return spec
 
     def peer_settings(self) -> dict[str, Any]:
-        """What the peer is told: its harness, the experts implementation, recompute and routing as the engine's."""
+        """What the peer is told: its harness, the experts implementation, recompute and routing as the engine's,
+        and with LoRA the engine's adapters."""
         assert self.peer is not None
         script, _ = PEER_HARNESSES[self.peer.harness]
         return {"harness": self.peer.harness, "script": f"bench/{script}", "experts": self.peer.experts,
-                "recompute": self.recompute != "none", "balanced": self.balanced}
+                "recompute": self.recompute != "none", "balanced": self.balanced,
+                **({"lora": dict(LORA)} if self.lora else {})}
 
 
 def _shared_shape(module_name: str) -> dict[str, Any]:

@@ -63,9 +63,10 @@ def peer_command(workload: Workload, out: Path, steps: int | None, tiny: bool) -
     window = spec.get("window") or default_window(run_steps)
     cmd = [sys.executable, str(BENCH.parent / settings["script"]), "--out", str(out), "--steps", str(run_steps),
            "--experts", settings["experts"]]
-    if settings["harness"] == "transformers_qwen3_moe":
+    if settings["harness"] in ("transformers_qwen3_moe", "transformers_peft_qwen3_moe"):
         cmd += ["--layers", str(spec.get("layers", 8)), "--row-tokens", str(spec.get("row_tokens", 8192)),
                 "--window", f"{window[0]},{window[1]}"]
+    cmd += ["--lora"] if "lora" in settings else []  # the harness reads the adapters from workloads.LORA too
     cmd += ["--balanced"] if settings["balanced"] else []
     cmd += [] if settings["recompute"] else ["--no-recompute"]
     return cmd + (["--tiny", "--device", "cpu"] if tiny else [])
@@ -89,8 +90,20 @@ def _sample(workload: str, round_: int, side: str, command: list[str], out: Path
     return {**sample, "tokens_per_s_per_gpu": tokens, "peak_memory_gib": peak, "record": record}
 
 
+def _refuse_empty_windows(chosen: dict[str, Workload], steps: int | None) -> None:
+    """Before anything runs: a --steps too short for a workload's window would fail its engine after the peer ran."""
+    for name, workload in chosen.items():
+        spec = workload.engine_spec()
+        run_steps = spec.get("steps", steps or 20)
+        first, last = spec.get("window") or default_window(run_steps)
+        if not 0 <= first <= last < run_steps:
+            raise SystemExit(f"{name}: {run_steps} steps leave its window {first}-{last} empty (the default window "
+                             f"needs at least {default_window(run_steps)[0] + 2} steps)")
+
+
 def run(names: str, rounds: int, out: Path, steps: int | None = None) -> dict:
     chosen = select(names)
+    _refuse_empty_windows(chosen, steps)
     info = machine()
     tiny = info["gpu"] == "cpu"
     report = {"format": FORMAT, "date": time.strftime("%Y-%m-%d"), **info, "tiny": tiny, "rounds": rounds,

@@ -29,6 +29,25 @@ def test_the_runner_runs_the_engine_and_its_peer_and_writes_every_sample(tmp_pat
     assert len(engine["record"]["step_times_s"]) == len(peer["record"]["step_times_s"]) == 7
 
 
+def test_a_lora_workload_runs_beside_its_peft_peer(tmp_path):
+    out = tmp_path / "results.json"
+    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "single_bal_c_lora", "--rounds", "1",
+                           "--steps", "7", "--out", str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    engine, peer = json.loads(out.read_text())["samples"]
+    assert engine["record"]["lora"] is True and engine["tokens_per_s_per_gpu"] > 0
+    assert "--lora" in peer["command"] and peer["tokens_per_s_per_gpu"] > 0
+    assert peer["record"]["trainable_params"] < peer["record"]["total_params"]
+
+
+def test_steps_too_few_for_the_window_are_refused_before_anything_runs(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "single_bal_c_lora", "--rounds", "1",
+                           "--steps", "6", "--out", str(tmp_path / "r.json")], capture_output=True, text=True,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert done.returncode != 0 and "at least 7 steps" in done.stderr and not (tmp_path / "r.json").exists()
+
+
 def test_an_unknown_workload_is_refused_with_the_known_ones():
     done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "no_such", "--out", "x.json"],
                           capture_output=True, text=True, timeout=120)

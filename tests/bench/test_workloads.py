@@ -37,13 +37,23 @@ def test_peer_settings_follow_the_workload():
         assert (BENCH.parent / settings["script"]).is_file()
 
 
+def test_the_lora_workloads_run_beside_peft_with_the_engine_adapters():
+    declared = workloads.load_workloads()
+    settings = declared["single_bal_c_lora"].peer_settings()
+    assert settings["harness"] == "transformers_peft_qwen3_moe" and settings["lora"] == workloads.LORA
+    assert declared["single_bal_c_none_lora"].peer_settings()["recompute"] is False
+    command = load_bench("run").peer_command(declared["single_bal_c_lora"], BENCH / "x.json", None, tiny=True)
+    assert "--lora" in command and "--balanced" in command and "--no-recompute" not in command
+
+
 @pytest.mark.parametrize("entry", [
     {"peer": {"harness": "transformers_qwen3_moe"}, "packed": True},
     {"peer": {"harness": "transformers_qwen3_moe"}, "lora": True},
+    {"peer": {"harness": "transformers_peft_qwen3_moe"}},  # peft's peer trains adapters: the workload must too
     {"peer": {"harness": "transformers_deepseek_v3"}},  # the default model is Qwen3
     {"recompte": "none"},  # a misspelt field
     {"fp8": ["everything"]},
-], ids=["packed_peer", "lora_peer", "wrong_family", "misspelt", "fp8_target"])
+], ids=["packed_peer", "lora_peer", "peft_peer_without_lora", "wrong_family", "misspelt", "fp8_target"])
 def test_the_schema_refuses(entry):
     with pytest.raises(ValidationError):
         workloads.Workload.model_validate(entry)

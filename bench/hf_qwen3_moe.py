@@ -37,9 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openrecipes.models.resolve import resolve_model_config  # noqa: E402
-from peer_harness import (emit, enable_recompute, gpu_peak_flops, load_probe, memory_fields,  # noqa: E402
-                          summarize, train)
-from workloads import LORA, default_window  # noqa: E402
+from peer_harness import (add_lora, emit, enable_recompute, gpu_peak_flops, hf_rope_fields,  # noqa: E402
+                          load_probe, loads, lora_fields, memory_fields, summarize, train)
+from workloads import default_window  # noqa: E402
+
 
 MODEL, TINY_MODEL = "qwen3-30b-a3b", "qwen3-moe-tiny"
 TINY_ROW_TOKENS = 128
@@ -70,12 +71,7 @@ def model_config(layers: int, tiny: bool):
 
 
 def hf_config_fields(config) -> dict:
-    fields = config.to_hf_dict()
-    fields["use_cache"] = False  # training: no KV cache
-    # transformers 5.x's own spelling of the RoPE (the legacy rope_scaling + rope_theta pair is converted to it)
-    fields["rope_parameters"] = {**(fields.pop("rope_scaling") or {"rope_type": "default"}),
-                                 "rope_theta": fields.pop("rope_theta")}
-    return fields
+    return hf_rope_fields(config.to_hf_dict())
 
 
 def force_balanced_routing(modeling) -> str:
@@ -108,37 +104,6 @@ def build_model(fields: dict, device: torch.device, experts: str):
     return model.to(device)
 
 
-def peft_lora_config():
-    """The LoRA workloads' adapters (workloads.LORA) as peft's config: the attention projections as modules, the
-    routed experts as their fused weights, which transformers 5.x keeps as (E, 2F, D) and (E, D, F) parameters."""
-    import peft
-
-    modules = [t for t in LORA["targets"] if t != "experts"]
-    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if "experts" in LORA["targets"] else None
-    return peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                           target_modules=modules, target_parameters=experts)
-
-
-def add_lora(model):
-    """``model`` under peft's adapters; peft freezes every base parameter."""
-    import peft
-
-    return peft.get_peft_model(model, peft_lora_config())
-
-
-def lora_fields(model, device: torch.device) -> dict:
-    """What the result records of the adapters (their settings, count and dtypes), over the full model's fields."""
-    import peft
-    import transformers
-
-    trained = [p for p in model.parameters() if p.requires_grad]
-    dtypes = ", ".join(sorted({str(p.dtype) for p in trained}))
-    return {"framework": f"transformers {transformers.__version__} + peft {peft.__version__}", "lora": dict(LORA),
-            "trainable_params": sum(p.numel() for p in trained), "adapter_dtypes": dtypes,
-            "precision": f"frozen bf16 base; adapters, their grads and AdamW states {dtypes}",
-            "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'}) over the adapters only"}
-
-
 def run(args: argparse.Namespace) -> dict:
     import transformers
     from transformers.models.qwen3_moe import modeling_qwen3_moe as modeling
@@ -169,8 +134,6 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = train(model, steps=args.steps, tokens=tokens, vocab=config.vocab_size, device=device,
                           probe=probe, probe_step=min(args.steps - 1, window[1] + 1), tag="hf_qwen3_moe")
-    mean_load = tokens * config.num_experts_per_tok / config.num_experts
-    loads = [c / mean_load for c in probe["counts"].values()]
     return {
         "variant": name, "framework": f"transformers {transformers.__version__}", "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
@@ -184,8 +147,7 @@ def run(args: argparse.Namespace) -> dict:
         "precision": "pure bf16 params/grads/AdamW states", "build_s": build_s,
         "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'})",
         **(lora_fields(model, device) if args.lora else {}),
-        "load_max_over_mean": [round(c.max().item(), 3) for c in loads],
-        "load_min_over_mean": [round(c.min().item(), 3) for c in loads],
+        **loads(probe, tokens, config.num_experts_per_tok, config.num_experts),
         "step_times_s": times, "losses": losses,
         **summarize(times, tokens, window, config.active_params(), gpu_peak_flops(device)),
         **memory_fields(device),

@@ -1,6 +1,7 @@
-"""What the transformers peers (bench/hf_qwen3_moe.py, bench/hf_deepseek_v3.py) share: the reference training step
-(pure bf16, fused AdamW, the model's shifted LM loss, no clipping, no compile), its timing, the window's statistics,
-gradient checkpointing, the MFU peak and the result's output. One copy, so both peers train and time alike."""
+"""What the transformers peers (bench/hf_qwen3_moe.py, bench/hf_deepseek_v3.py, bench/hf_families.py) share: the
+reference training step (pure bf16, fused AdamW, the model's shifted LM loss, no clipping, no compile), its timing,
+the window's statistics, gradient checkpointing, the load probe, forced balance, peft's LoRA of the workloads'
+adapters, the MFU peak and the result's output. One copy, so every peer trains and times alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from workloads import LORA
+
 
 def enable_recompute(model) -> None:
     """Gradient checkpointing of every decoder layer, non-reentrant (transformers' default)."""
@@ -20,10 +23,20 @@ def enable_recompute(model) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
+def hf_rope_fields(fields: dict) -> dict:
+    """transformers 5.x's own spelling of the RoPE: the legacy rope_scaling + rope_theta pair of a config dict as
+    rope_parameters (a dict already in that spelling is returned as it is); no KV cache (training)."""
+    fields = {**fields, "use_cache": False}
+    if "rope_theta" in fields:
+        fields["rope_parameters"] = {**(fields.pop("rope_scaling", None) or {"rope_type": "default"}),
+                                     "rope_theta": fields.pop("rope_theta")}
+    return fields
+
+
 def load_probe(model, experts: int):
     """Per MoE layer, tokens per expert of one armed forward: a pre-hook on the experts module reads the indices it
-    is handed (the same call in every 5.x layout, Qwen3-MoE and DeepSeek-V3 alike). Recomputed forwards are ignored
-    (only the first call per layer counts)."""
+    is handed (the same call in every 5.x layout: Qwen3-MoE, DeepSeek-V3, GLM-4.5, gpt-oss and Qwen3.5 alike).
+    Recomputed forwards are ignored (only the first call per layer counts)."""
     probe = {"armed": False, "counts": {}}
 
     def hook(module, args, kwargs):
@@ -32,15 +45,65 @@ def load_probe(model, experts: int):
             probe["counts"][module] = torch.bincount(indices.reshape(-1), minlength=experts).float().cpu()
 
     for layer in model.model.layers:
-        if hasattr(layer.mlp, "gate"):
+        if hasattr(layer.mlp, "experts"):  # dense layers' MLPs have none
             layer.mlp.experts.register_forward_pre_hook(hook, with_kwargs=True)
     return probe
 
 
+def round_robin_router(router_cls) -> str:
+    """Patch ``router_cls.forward`` (transformers 5.x: it returns logits, gating weights and expert ids) to keep its
+    logits and gating weights and replace the ids by a round-robin choice: slot s of the tokens' T*K choices gets
+    expert s mod E, every expert the same load. This is the engine's debug.force_load_balance (models/common/moe.py
+    ``balanced``): the router's own computation runs, so it still gets gradients."""
+    natural = router_cls.forward
+
+    def forward(self, hidden_states):
+        logits, weights, indices = natural(self, hidden_states)
+        slots = torch.arange(indices.numel(), device=indices.device)
+        return logits, weights, (slots % logits.shape[-1]).view(indices.shape)
+
+    router_cls.forward = forward
+    return f"{router_cls.__name__}.forward, its gating weights kept"
 
 
+def loads(probe: dict, tokens: int, top_k: int, experts: int) -> dict:
+    """Each probed MoE layer's largest and smallest expert load over the mean."""
+    mean_load = tokens * top_k / experts
+    ratios = [c / mean_load for c in probe["counts"].values()]
+    return {"load_max_over_mean": [round(c.max().item(), 3) for c in ratios],
+            "load_min_over_mean": [round(c.min().item(), 3) for c in ratios]}
 
 
+def peft_lora_config():
+    """The LoRA workloads' adapters (workloads.LORA) as peft's config: the attention projections as modules, the
+    routed experts as their fused weights, which transformers 5.x keeps as 3-D parameters mlp.experts.gate_up_proj
+    and mlp.experts.down_proj (Qwen3-MoE, GLM-4.5, Qwen3.5: (E, 2F, D) and (E, D, F); gpt-oss transposed)."""
+    import peft
+
+    modules = [t for t in LORA["targets"] if t != "experts"]
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if "experts" in LORA["targets"] else None
+    return peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                           target_modules=modules, target_parameters=experts)
+
+
+def add_lora(model):
+    """``model`` under peft's adapters; peft freezes every base parameter."""
+    import peft
+
+    return peft.get_peft_model(model, peft_lora_config())
+
+
+def lora_fields(model, device: torch.device) -> dict:
+    """What the result records of the adapters (their settings, count and dtypes), over the full model's fields."""
+    import peft
+    import transformers
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    dtypes = ", ".join(sorted({str(p.dtype) for p in trained}))
+    return {"framework": f"transformers {transformers.__version__} + peft {peft.__version__}", "lora": dict(LORA),
+            "trainable_params": sum(p.numel() for p in trained), "adapter_dtypes": dtypes,
+            "precision": f"frozen bf16 base; adapters, their grads and AdamW states {dtypes}",
+            "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'}) over the adapters only"}
 
 
 def train(model, *, steps: int, tokens: int, vocab: int, device: torch.device, probe: dict, probe_step: int,

@@ -1,5 +1,6 @@
-"""`openrecipes convert export` of the final save of a pretraining run and of a LoRA run (exported merged): the
-directory transformers loads gives the engine's logits on the same input (the SFT run's export: test_hf_export.py)."""
+"""`openrecipes convert export` of the final save of a pretraining run, of a LoRA run (exported merged) and of the
+demo-sized SFT run of gpt-oss, GLM-4.5-MoE and Qwen3.5-MoE: the directory transformers loads gives the engine's
+logits on the same input (the Qwen3 SFT run's export: test_hf_export.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _engine_logits(recipe, ckpt: Path, ids: torch.Tensor, *, adapters: bool = Tr
         return model(ids)
 
 
-@pytest.mark.parametrize("example", ["tiny-qwen3-pretrain", "tiny-qwen3-lora"])
+@pytest.mark.parametrize("example", ["tiny-qwen3-pretrain", "tiny-qwen3-lora", "tiny-gpt-oss-sft", "tiny-glm4-moe-sft",
+                                     "tiny-qwen3-5-moe-sft"])
 def test_final_save_exports_what_transformers_loads_with_the_engines_logits(example, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS_FILE, Workload, default_window, load_workloads, select  # noqa: E402
+from workloads import PEER_HARNESSES, WORKLOADS_FILE, Workload, default_window, load_workloads, select  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 FORMAT = "openrecipes-bench/1"
@@ -56,16 +56,21 @@ def engine_command(name: str, out: Path, steps: int | None) -> list[str]:
 
 
 def peer_command(workload: Workload, out: Path, steps: int | None, tiny: bool) -> list[str]:
-    """The peer's harness told the workload's shape, steps and window (from the engine's spec: one definition)."""
+    """The peer's harness told the workload's shape, steps and window (from the engine's spec: one definition): each
+    field its harness takes (workloads.PEER_HARNESSES) as the option of the same name, where the spec or the engine's
+    default gives one (the depth only without overrides, which set it, as the engine reads them)."""
     settings = workload.peer_settings()
     spec = workload.engine_spec()
     run_steps = spec.get("steps", steps or 20)
     window = spec.get("window") or default_window(run_steps)
+    values = {"model": spec.get("model"), "tiny_model": spec.get("tiny_model"),
+              "overrides": json.dumps(spec["overrides"]) if "overrides" in spec else None,
+              "layers": None if "overrides" in spec else spec.get("layers", 8), "row_tokens": spec.get("row_tokens", 8192),
+              "window": f"{window[0]},{window[1]}"}
     cmd = [sys.executable, str(BENCH.parent / settings["script"]), "--out", str(out), "--steps", str(run_steps),
            "--experts", settings["experts"]]
-    if settings["harness"] in ("transformers_qwen3_moe", "transformers_peft_qwen3_moe"):
-        cmd += ["--layers", str(spec.get("layers", 8)), "--row-tokens", str(spec.get("row_tokens", 8192)),
-                "--window", f"{window[0]},{window[1]}"]
+    for option in PEER_HARNESSES[settings["harness"]].options:
+        cmd += [f"--{option.replace('_', '-')}", str(values[option])] if values[option] is not None else []
     cmd += ["--lora"] if "lora" in settings else []  # the harness reads the adapters from workloads.LORA too
     cmd += ["--balanced"] if settings["balanced"] else []
     cmd += [] if settings["recompute"] else ["--no-recompute"]

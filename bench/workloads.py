@@ -13,7 +13,7 @@ import importlib
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,11 +21,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 BENCH = Path(__file__).resolve().parent
 WORKLOADS_FILE = BENCH / "workloads.yaml"
 
-# a peer harness: its script (bench/) and the registered model family it trains (the workload's model must be one)
+
+
+class PeerHarness(NamedTuple):
+    """A peer harness: its script (bench/), the registered model family it trains, the one model it trains where it
+    trains only one (else any model of the family, named by --model), and the workload fields run.py passes it, each
+    as the option of the same name (the family harness reads the engine's model, overrides and tiny model)."""
+
+    script: str
+    family: str
+    model: str | None
+    options: tuple[str, ...]
+
+
+_DEPTH = ("layers", "row_tokens", "window")
+_MODEL = ("model", "overrides", "tiny_model", *_DEPTH)
 PEER_HARNESSES = {
-    "transformers_qwen3_moe": ("hf_qwen3_moe.py", "qwen3-30b-a3b"),
-    "transformers_peft_qwen3_moe": ("hf_qwen3_moe.py", "qwen3-30b-a3b"),  # with --lora: peft's adapters
-    "transformers_deepseek_v3": ("hf_deepseek_v3.py", "deepseek-v3-671b"),
+    "transformers_qwen3_moe": PeerHarness("hf_qwen3_moe.py", "qwen3_moe", "qwen3-30b-a3b", _DEPTH),
+    "transformers_peft_qwen3_moe": PeerHarness("hf_qwen3_moe.py", "qwen3_moe", "qwen3-30b-a3b", _DEPTH),  # --lora
+    "transformers_deepseek_v3": PeerHarness("hf_deepseek_v3.py", "deepseek_v3", "deepseek-v3-671b", ()),
+    "transformers_gpt_oss": PeerHarness("hf_families.py", "gpt_oss", None, _MODEL),
+    "transformers_peft_gpt_oss": PeerHarness("hf_families.py", "gpt_oss", None, _MODEL),  # --lora: peft's adapters
+    "transformers_glm4_moe": PeerHarness("hf_families.py", "glm4_moe", None, _MODEL),
+    "transformers_qwen3_5_moe": PeerHarness("hf_families.py", "qwen3_5_moe", None, _MODEL),
 }
 # modules that hold a workload's model and row shape shared with a peer (the one home of those numbers)
 MODEL_FROM = {"deepseek_v3_workload"}
@@ -33,7 +51,7 @@ MODEL_FROM = {"deepseek_v3_workload"}
 _NOT_ENGINE = {"description", "peer", "baseline", "profile", "model_from"}
 # the adapters of a `lora: true` workload (the recipe's lora section), which its peer trains too
 LORA = {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]}
-LORA_HARNESS = "transformers_peft_qwen3_moe"
+LORA_HARNESSES = ("transformers_peft_qwen3_moe", "transformers_peft_gpt_oss")
 
 
 def default_window(steps: int) -> tuple[int, int]:
@@ -47,7 +65,7 @@ class Peer(BaseModel):
     workload's (gradient checkpointing unless ``recompute: none``; forced balance when ``balanced``)."""
 
     model_config = ConfigDict(extra="forbid")
-    harness: Literal["transformers_qwen3_moe", "transformers_peft_qwen3_moe", "transformers_deepseek_v3"]
+    harness: Literal[tuple(PEER_HARNESSES)]
     experts: Literal["grouped_mm", "eager"] = "grouped_mm"  # transformers' experts implementation
 
 
@@ -93,21 +111,24 @@ class Workload(BaseModel):
     def _peer_runs_the_same_work(self) -> Workload:
         if self.peer is None:
             return self
-        _, family_model = PEER_HARNESSES[self.peer.harness]
-        model = self.engine_spec().get("model", "qwen3-30b-a3b")
-        problems = [f"the peer trains {family_model}, the workload {model}" if model != family_model else None,
+        harness = PEER_HARNESSES[self.peer.harness]
+        spec = self.engine_spec()
+        model, tiny = spec.get("model", "qwen3-30b-a3b"), spec.get("tiny_model", "qwen3-moe-tiny")
+        lora_peer = self.peer.harness in LORA_HARNESSES
+        problems = [f"the peer trains {harness.model}, the workload {model}" if harness.model not in (None, model)
+                    else None,
+                    *(f"the peer trains {harness.family} models, the workload's {field} is {name}"
+                      for field, name in (("model", model), ("tiny_model", tiny)) if family_of(name) != harness.family),
                     "packed rows" if self.packed else None,
                     "more than one row per step" if self.rows_per_step != 1 else None,
                     "several GPUs" if (self.nproc or 1) > 1 else None,
-                    f"LoRA, which only {LORA_HARNESS} trains" if self.lora and self.peer.harness != LORA_HARNESS
-                    else None,
-                    f"no LoRA, which {LORA_HARNESS} trains" if not self.lora and self.peer.harness == LORA_HARNESS
-                    else None,
+                    f"LoRA, which only {', '.join(LORA_HARNESSES)} train" if self.lora and not lora_peer else None,
+                    f"no LoRA, which {self.peer.harness} trains" if not self.lora and lora_peer else None,
                     "FP8" if self.fp8 else None, "offload" if self.offload else None]
         problems = [p for p in problems if p]
         if problems:
-            raise ValueError(f"a peer runs one bf16 row on one GPU, LoRA only beside {LORA_HARNESS}; this workload "
-                             f"has {', '.join(problems)}")
+            raise ValueError(f"a peer runs one bf16 row on one GPU of its family's model, LoRA only beside "
+                             f"{', '.join(LORA_HARNESSES)}; this workload has {', '.join(problems)}")
         return self
 
     def engine_spec(self) -> dict[str, Any]:
@@ -127,10 +148,17 @@ class Workload(BaseModel):
         """What the peer is told: its harness, the experts implementation, recompute and routing as the engine's,
         and with LoRA the engine's adapters."""
         assert self.peer is not None
-        script, _ = PEER_HARNESSES[self.peer.harness]
+        script = PEER_HARNESSES[self.peer.harness].script
         return {"harness": self.peer.harness, "script": f"bench/{script}", "experts": self.peer.experts,
                 "recompute": self.recompute != "none", "balanced": self.balanced,
                 **({"lora": dict(LORA)} if self.lora else {})}
+
+
+def family_of(model: str) -> str | None:
+    """The registered family of a registered model name (None for another name)."""
+    from openrecipes.models.registry import families
+
+    return next((family.name for family in families() if model in family.named_configs), None)
 
 
 def _shared_shape(module_name: str) -> dict[str, Any]:

@@ -330,6 +330,51 @@ class TuningReference(_Strict):
     predicted_peak_gib: Annotated[float, Field(gt=0)] = Field(description="the reference's predicted peak")
 
 
+class TuningScreenRank(_Strict):
+    """One rank of a screened candidate, measured alone (`openrecipes measure-rank`'s figures)."""
+
+    rank: NonNegInt
+    stage: NonNegInt = Field(description="its pipeline stage")
+    peak_gib: Annotated[float, Field(ge=0)] = Field(description="its peak memory (the screen's `peak` says which)")
+    compute_s: Annotated[float, Field(ge=0)] = Field(
+        description="forward and backward of every microbatch of a step, without communication")
+    optimizer_s: Annotated[float, Field(ge=0)] = Field(description="its optimizer step")
+
+
+class TuningScreened(_Strict):
+    """A candidate screened by its ranks measured alone: pruned when the heaviest does not fit."""
+
+    changes: Text = Field(description="the performance-only fields changed against the starting point")
+    layout: Text
+    fits: bool = Field(description="whether its heaviest measured rank fits with the memory margin free")
+    reason: Text | None = Field(default=None, description="why it was pruned (set exactly when it does not fit)")
+    trial: NonNegInt | None = Field(default=None, description="the trial it later ran as on the whole fleet, if any")
+    ranks: Annotated[list[TuningScreenRank], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _reason_when_pruned(self) -> "TuningScreened":
+        if (self.reason is None) != self.fits:
+            raise ValueError("a screened candidate has a reason exactly when it does not fit")
+        if not self.fits and self.trial is not None:
+            raise ValueError("a candidate pruned by the screen runs no trial")
+        return self
+
+
+class TuningScreen(_Strict):
+    """Figures measured on ONE rank at a time on the tuning machine under a fake process group (`openrecipes tune
+    --screen`, docs/tune.md): memory and compute without communication. Every other figure of the card (the
+    trials, the result) was measured on the whole fleet; none of these is one of them."""
+
+    measured_on: Literal["one rank"] = Field(description="always one rank alone, never the fleet")
+    world_size: PosInt = Field(description="the fleet each rank was built as one of")
+    device: Text = Field(description="where the ranks were measured (cpu, cuda:0)")
+    peak: Literal["cuda_reserved", "process_resident"] = Field(
+        description="what peak_gib is: the CUDA allocator's reserved peak, or on CPU the process's resident peak")
+    capacity_gib: Annotated[float, Field(gt=0)] = Field(description="one device's memory the peaks must fit")
+    margin: Annotated[float, Field(ge=0, lt=1)] = Field(description="the share of it left free")
+    candidates: Annotated[list[TuningScreened], Field(min_length=1)]
+
+
 class Tuning(_Strict):
     """How `openrecipes tune` reached this recipe from a starting point (docs/tune.md)."""
 
@@ -343,6 +388,8 @@ class Tuning(_Strict):
     reference: TuningReference | None = Field(
         default=None, description="set when the starting point did not fit: the trial of role start, and every "
                                   "start figure above, is then this reference's")
+    screen: TuningScreen | None = Field(
+        default=None, description="with --screen: candidates measured one rank at a time before any trial")
 
 
 class RecipeCard(_Strict):

@@ -159,6 +159,12 @@ def _ranks(text: str | None, layout: Any, num_layers: int, world: int) -> list[i
     return ranks
 
 
+def rank_peak_gib(result: dict[str, Any]) -> float:
+    """A measured rank's peak: the CUDA allocator's reserved peak on a GPU, else the process's resident peak on CPU
+    (interpreter included), the only peak the CPU allocator leaves to read."""
+    return result["peak_reserved_gib"] if "peak_reserved_gib" in result else result["peak_rss_gib"]
+
+
 def format_table(results: list[dict[str, Any]], label: str, gpus: str) -> str:
     """Measured beside predicted per rank. A CPU run has no allocator peak: its resident peak (interpreter
     included) stands in, and tiny widths say nothing of a GPU's times."""
@@ -167,7 +173,7 @@ def format_table(results: list[dict[str, Any]], label: str, gpus: str) -> str:
              f"{'fwd s':>8} {'bwd s':>8} {'fwd+bwd s':>9} {'pred s':>8} {'optim s':>8} {'pred s':>8}"]
     for r in results:
         p = r["predicted"]
-        peak = r.get("peak_reserved_gib", r.get("peak_rss_gib"))
+        peak = rank_peak_gib(r)
         phases = r["phases_s"]
         params = r["parameters"]["dense"] + r["parameters"]["experts"]
         lines.append(f"{r['rank']:>5} {r['pp_rank']:>5} {params:>11,} {peak:>9.2f} {p['allocated_gib']:>10.2f} "

@@ -50,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="an earlier tuning's calibration.json, its --out, or a directory of such outputs; "
                              "repeatable: the start's prediction begins from the refit of the same model family and "
                              "GPU type (others are said and left out; docs/tune.md)")
+    parser.add_argument("--screen", type=at_least(int, 0), nargs="?", const=4, default=0, metavar="N",
+                        help="before any trial, measure the ranks of the start and of the planner's first N "
+                             "candidates (default 4) one at a time on this machine under a fake process group, and "
+                             "prune those whose measured peak does not fit; when the fleet is not on this machine, "
+                             "screen only, no trial (docs/tune.md)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar='"KEY=VALUE ..."',
                         help="a candidate measured right after the start (performance-only fields), repeatable")
     parser.add_argument("--out", default="tune-out", help="output directory (default tune-out); an earlier tune "
@@ -91,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                           window=tuple(args.window) if args.window else None, nproc=args.nproc,
                           trial_timeout_s=args.trial_timeout, tries=tuple(args.tries), author=args.author,
                           remeasure=args.remeasure, stable_cv=_stable_cv(args.stable_cv),
-                          gpu_memory_gib=args.gpu_memory_gib, calibrations=tuple(args.calibrations))
+                          gpu_memory_gib=args.gpu_memory_gib, calibrations=tuple(args.calibrations),
+                          screen=args.screen)
     if args.max_parallel != 1 and args.slurm is None:
         raise ValueError(f"--max-parallel {args.max_parallel}: trials run one at a time on this machine; "
                          "several at once need --slurm")
@@ -107,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
 
     with run_dir_lock(options.out, f"openrecipes tune {args.start}", field="--out"):  # one tuner per output
         try:
+            from openrecipes.tune.screen import fleet_out_of_reach, screen_only
+
+            if options.screen and fleet_out_of_reach(search.target, runner):
+                return screen_only(search)
             return _tune(search, options, progress)
         except SlurmError as error:  # sbatch refused a trial, or the controller stopped answering: one line
             print(f"openrecipes tune: error: {error}; finished trials are kept in {options.out / 'trials.jsonl'}",
@@ -124,7 +134,11 @@ def _tune(search, options, progress) -> int:
 
     result = search.run()
     start = start_prediction(result.records)  # the first prediction against its measurement, in tune.json
-    predicted = {"start_prediction": start.model_dump(mode="json")} if start is not None else {}
+    extra = {"start_prediction": start.model_dump(mode="json")} if start is not None else {}
+    if result.screen:  # what was measured one rank at a time, apart from the trials' figures
+        from openrecipes.tune.publish import screened
+
+        extra["screen"] = screened(result)
     progress.say("verifying the fastest candidates against the starting point")
     winner, failed = choose_winner(result)
     for verdict in failed:
@@ -145,13 +159,13 @@ def _tune(search, options, progress) -> int:
                                             else "no measured candidate was faster than the start")
         minutes = progress.elapsed_s() / 60
         record_result(options.out, {"outcome": "start kept", "why": why, "trials": len(result.records),
-                                    "minutes": round(minutes, 3), **predicted})
+                                    "minutes": round(minutes, 3), **extra})
         print(f"openrecipes tune: no faster recipe found: {why}; the start stays as it is "
               f"({len(result.records)} trials, {minutes:.1f} minutes; {options.out / 'trials.jsonl'})")
         return 0
     published = publish(result, winner, failed, minutes=progress.elapsed_s() / 60, gain=gain, ablations=ablations)
     figures = published.figures  # the card's figures, quoted as it quotes them
-    record_result(options.out, {**published.result_block(gain, trials=len(result.records)), **predicted})
+    record_result(options.out, {**published.result_block(gain, trials=len(result.records)), **extra})
     print(f"openrecipes tune: {figures.start_tps:,.1f} -> {figures.tuned_tps:,.1f} tokens/s/GPU, gain "
           f"{gain.describe()}, {published.status}, {figures.minutes:.1f} of {options.minutes:g} minutes")
     print(f"  tuned recipe  {published.recipe}\n  card          {published.card}\n"

@@ -27,6 +27,9 @@ class TuneOptions:
     # earlier tunings' calibration.json (files, tuner outputs or directories of them): the first prediction starts
     # from the one of this model family and GPU type (tune/family_calibration.py)
     calibrations: tuple[Path, ...] = ()
+    # the start and the planner's first ``screen`` candidates measured one rank at a time before any trial, those
+    # whose measured peak does not fit pruned (tune/screen.py); 0: no screen
+    screen: int = 0
 
     def measurement_window(self) -> tuple[int, int]:
         return self.window or trial_window(self.trial_steps)

@@ -324,11 +324,20 @@ class Planner:
         """What the layout rules check of the recipe's run on the tuner's rows."""
         return recipe_workload(recipe, self.config, row_tokens=self.row_tokens, image_rows=self.image_rows)
 
-    def predict(self, recipe: Recipe) -> Prediction:
+    def plan(self, recipe: Recipe) -> Plan:
+        """The planner's whole plan of the recipe (per stage), of which ``predict`` keeps the busiest stage."""
+        layout = self._layout(recipe)
+        return evaluate(self.shape, layout, recipe_setup(recipe, self.row_tokens), self.hardware)
+
+    def _layout(self, recipe: Recipe) -> LayoutConfig:
         layout = recipe.layout
         if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
             layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, self.row_tokens)})
-        plan: Plan = evaluate(self.shape, layout, recipe_setup(recipe, self.row_tokens), self.hardware)
+        return layout
+
+    def predict(self, recipe: Recipe) -> Prediction:
+        layout = self._layout(recipe)
+        plan = self.plan(recipe)
         t = plan.throughput
         return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),

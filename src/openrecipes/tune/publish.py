@@ -23,6 +23,7 @@ from openrecipes.config.recipe import dump_recipe
 from openrecipes.tune.family_calibration import start_prediction, start_text
 from openrecipes.tune.predict import gpu_memory_gb, safe_name
 from openrecipes.tune.remeasure import Ablations, Gain
+from openrecipes.tune.screen import screen_block, screen_note
 from openrecipes.tune.search import SearchResult
 from openrecipes.tune.space import describe_changes
 from openrecipes.tune.verification import Verdict
@@ -86,12 +87,19 @@ def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
              "minutes": round(figures.minutes, 3), "pruned": result.pruned, "trials": trials}
     if gain is not None and gain.pairs:
         block["gain"] = gain.card_block()
+    if result.screen:  # measured one rank at a time: a block of its own, never mixed with the trials' figures
+        block["screen"] = screened(result)
     if result.unfit is not None:  # the start did not fit: the reference is the "start" of the figures above
         block["reference"] = result.unfit.card_block(_shown(result.start_path))
     if ablations is not None:
         block["ablations"] = [{"knob": a.knob, "measured_tokens_per_s_per_gpu": a.measured_tokens_per_s_per_gpu,
                                "contribution": a.contribution, "note": a.note} for a in ablations.found]
     return block
+
+
+def screened(result: SearchResult) -> dict[str, Any]:
+    """The screen's block, each candidate named by the trial it later ran as on the fleet."""
+    return screen_block(result.screen, {r["key"]: r["index"] for r in result.records})
 
 
 def _why(start: dict[str, Any], winner: dict[str, Any]) -> str:
@@ -127,6 +135,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
         notes.append(result.unfit.note(_shown(result.start_path)))
     if (predicted := start_prediction(result.records)) is not None:  # how far the first prediction was off
         notes.append(f"Before any trial of its own, {start_text(predicted, _shown)}.")
+    if result.screen:
+        notes.append(screen_note(screened(result)))
     if result.options.gpu_memory_gib is not None:
         notes.append(f"Candidates were fitted into {result.options.gpu_memory_gib:g} GiB per device "
                      "(openrecipes tune --gpu-memory-gib), not the device's own memory.")

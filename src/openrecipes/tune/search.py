@@ -33,6 +33,7 @@ from openrecipes.tune.predict import Calibration, Planner, Prediction, Target, r
 from openrecipes.tune.progress import Progress, failure_text
 from openrecipes.tune.reference import ReferenceFallback, UnfitStart
 from openrecipes.tune.runner import Outcome, Runner, TrialRun
+from openrecipes.tune.screen import Screening
 from openrecipes.tune.slurm_runner import CLUSTER_FAILURES, InFlight, SlurmRunner, resumable_trial_dir
 from openrecipes.tune.trial import TRIAL_RECIPE, OpenTrial, early_end_s, trial_record, write_trial_recipe
 from openrecipes.tune.solve import solved_offload, solved_recompute_layers
@@ -63,9 +64,10 @@ class SearchResult:
     options: TuneOptions
     reference_key: str = "start"  # the trial measured as the start: the start's, or its reference's when it did not fit
     unfit: UnfitStart | None = None  # the start that did not fit, and its reference
+    screen: list[dict[str, Any]] | None = None  # --screen: the candidates measured one rank at a time (tune/screen.py)
 
 
-class Search(SearchBudget, ReferenceFallback, FamilyMemory):
+class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
     def __init__(self, options: TuneOptions, runner: Runner, progress: Progress | None = None) -> None:
         self.options = options
         self.runner = runner
@@ -353,6 +355,7 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory):
         self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
                           f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
                           f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")
+        screen = self.screen_candidates() if self.options.screen else None  # before any trial of the fleet
         self.measure_start(self.reference, start_prediction)  # the start, or the reference when it does not fit
         with self.in_flight:  # a job in flight is cancelled if the search stops
             self._search()
@@ -362,16 +365,19 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory):
         return SearchResult(start=self.start, start_path=Path(self.options.start), target=self.target,
                             records=[r for r in self.journal.records if r["key"] in self.tried],
                             candidates=self.tried, pruned=len(self._left_out()), calibration=self.calibration,
-                            options=self.options, reference_key=self.reference.key, unfit=self.unfit)
+                            options=self.options, reference_key=self.reference.key, unfit=self.unfit,
+                            screen=screen)
 
     def _search(self) -> None:
         """The trials after the start: the given candidates, the planner's ranking, then around the best."""
         for text in self.options.tries:
             given = self._given(text)
             prediction = self._prediction_or_none(given)
-            if given.key not in self.tried and self._budget_left(prediction, given.settings):
+            if given.key in self.refused:  # its ranks, measured alone (--screen), do not fit
+                self.progress.say(f"--try {text!r}: pruned: {self.refused[given.key]}")
+            elif given.key not in self.tried and self._budget_left(prediction, given.settings):
                 self._search_trial(given, prediction, "given", refusal=self.planner.refusal(given.recipe))
-        space = list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
+        space = self.first_space()
         ranked, solved_under = self._ranked(space + self._solved(space)), self.calibration.memory_model()
         self.progress.say(f"{len(self._order(ranked))} candidates ranked by the planner, {len(self._left_out())} "
                           f"pruned (reasons in {self.out / 'pruned.jsonl'})")
@@ -397,6 +403,10 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory):
             self._search_trial(chosen.candidate, chosen.prediction, "ranked" if self.trial_index < first_phase
                                else "around-best")
         self._collect(below=1)
+
+    def first_space(self) -> list[Settings]:
+        """The settings of the planner's first ranking."""
+        return list(first_ranking_space(self.start, self.facts, with_compile=self.planner.compile_prior is not None))
 
     def _first_within_budget(self, pool: list[Ranked]) -> Ranked | None:
         """The fastest predicted candidate whose trial fits in the time left. Those ahead of it that do not (a first

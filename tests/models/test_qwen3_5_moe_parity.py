@@ -170,3 +170,19 @@ def test_hf_weights_round_trip(tmp_path):
     reread = openrecipes.from_hf(tmp_path / "out")
     for (name, a), (_, b) in zip(native.state_dict().items(), reread.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_the_registered_35b_a3b_is_transformers_documented_config():
+    """transformers documents Qwen3_5MoeTextConfig's defaults as Qwen/Qwen3.5-35B-A3B's: the registered size reads
+    from them (RoPE base and context the published model's), and counts the parameters transformers builds."""
+    from openrecipes.models.qwen3_5_moe import Qwen35MoeConfig
+    from openrecipes.models.registry import get_config
+
+    defaults = transformers.Qwen3_5MoeTextConfig(rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                                                                  "partial_rotary_factor": 0.25},
+                                                 max_position_embeddings=262_144)
+    registered = get_config("qwen3.5-35b-a3b")
+    assert Qwen35MoeConfig.from_hf_dict(defaults.to_dict()) == registered
+    with torch.device("meta"):
+        model = modeling.Qwen3_5MoeForCausalLM(defaults)
+    assert sum(p.numel() for p in model.parameters()) == registered.total_params() == 34_660_610_688

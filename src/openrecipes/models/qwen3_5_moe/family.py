@@ -63,6 +63,17 @@ NAMED_CONFIGS = {
         moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
         max_position_embeddings=4096,
     ),
+    # Qwen/Qwen3.5-35B-A3B's text model: transformers 5.x documents its Qwen3_5MoeTextConfig defaults as this
+    # checkpoint's (hidden 2048, 40 layers with every fourth full attention, 16/2 heads of 256, a quarter rotated,
+    # linear attention 16 query/key and 32 value heads of 128, 256 experts of 512 with top-8, a shared expert of 512,
+    # vocabulary 248,320); the RoPE base 10,000,000 and the 262,144-token context are the published model's (its
+    # Megatron training scripts and model listings), not transformers' defaults
+    "qwen3.5-35b-a3b": lambda: Qwen35MoeConfig(
+        vocab_size=248_320, hidden_size=2048, num_hidden_layers=40,
+        layer_types=(("linear_attention",) * 3 + ("full_attention",)) * 10, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, partial_rotary_factor=0.25, rope_theta=10_000_000.0,
+        max_position_embeddings=262_144,
+    ),
 }
 
 FAMILY = ModelFamily(

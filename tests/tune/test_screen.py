@@ -85,6 +85,16 @@ def test_screen_prunes_by_measured_rank_and_the_card_keeps_one_rank_figures_apar
         assert entry.trial is None or entry.trial in trials
     assert screen.candidates[0].trial == 0  # the start, screened and then run as trial 0
     assert "the figures under tuning.screen" in loaded.card.notes and "whole fleet" in loaded.card.notes
+    # a screened candidate names a trial of the card, or the card does not validate
+    import yaml
+
+    tree = yaml.safe_load(published.card.read_text())
+    tree["tuning"]["screen"]["candidates"][0]["trial"] = 99
+    edited = tmp_path / "edited" / published.card.name
+    edited.parent.mkdir()
+    edited.write_text(yaml.safe_dump(tree, sort_keys=False))
+    _, problems = validate_file(edited)
+    assert any("trial 99 is not one of tuning.trials" in str(p) for p in problems), problems
 
 
 def test_without_screen_nothing_is_measured_alone(tmp_path, rows_dir):

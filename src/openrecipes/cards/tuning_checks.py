@@ -35,7 +35,7 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
     tuning = card.tuning
     if tuning is None:
         return []
-    out = _trial_roles(tuning)
+    out = _trial_roles(tuning) + _screened_trials(tuning)
     if tuning.reference is not None:
         out += _reference(tuning, tuning.reference)
     start = next((t for t in tuning.trials if t.role == "start"), None)
@@ -58,6 +58,17 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
     if card.status == "verified":
         out += _verified_gain(tuning, winner is start)
     return out
+
+
+def _screened_trials(tuning: Tuning) -> list[Finding]:
+    """A screened candidate names the trial it later ran as: one of the card's trials (its figures are there, the
+    fleet's; the screen's are one rank's)."""
+    if tuning.screen is None:
+        return []
+    numbers = {t.trial for t in tuning.trials}
+    return [Finding(loc=("tuning", "screen", "candidates", i, "trial"),
+                    message=f"trial {c.trial} is not one of tuning.trials")
+            for i, c in enumerate(tuning.screen.candidates) if c.trial is not None and c.trial not in numbers]
 
 
 def _trial_roles(tuning: Tuning) -> list[Finding]:

@@ -157,3 +157,22 @@ def test_screen_only_on_a_machine_without_the_fleet_prunes_by_real_measured_rank
     assert not (out / "trials.jsonl").exists()  # no trial of the fleet
     screened = load_recipe(out / "screened.yaml")
     assert screened.layout.pp == 1 and result["best"] in by_changes and by_changes[result["best"]]["fits"]
+
+
+class FailingMeasurer(SyntheticMeasurer):
+    """A rank this machine cannot measure (its process fails): four rows per microbatch."""
+
+    def measure(self, recipe_path: Path, rank: int, world: int, out: Path) -> dict:
+        if load_recipe(recipe_path).layout.max_tokens_per_gpu >= 4 * 256:
+            raise ValueError(f"rank {rank}: the measuring process failed: out of memory")
+        return super().measure(recipe_path, rank, world, out)
+
+
+def test_a_candidate_that_cannot_be_measured_here_is_left_to_the_planner(tmp_path, rows_dir):
+    start = write_start(tmp_path / "start.yaml", rows_dir)
+    out = tmp_path / "out"
+    result = _search(start, out, SyntheticRunner(), FailingMeasurer(), screen=6, trials=2).run()
+    screened = [json.loads(line) for line in (out / "screen.jsonl").read_text().splitlines()]
+    assert screened and all(r["fits"] for r in screened) and len(result.screen) == len(screened) < 7
+    pruned = (out / "pruned.jsonl").read_text()
+    assert "measured rank" not in pruned  # unmeasured is not pruned

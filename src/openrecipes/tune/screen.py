@@ -148,7 +148,12 @@ class Screening:
             self.screened_candidates[candidate.key] = candidate
             record = self.screened.get(candidate.key)
             if record is None:
-                record = self._screen_one(candidate, prediction, measurer)
+                try:
+                    record = self._screen_one(candidate, prediction, measurer)
+                except ValueError as error:  # this machine could not measure it (its own device too small, say)
+                    self.progress.say(f"screened {number} of {len(pending)}: {describe_changes(candidate.changes)}: "
+                                      f"not measured ({error}); left to the planner")
+                    continue
                 self.screened[candidate.key] = record
                 atomic_write_text(self.out / SCREEN_FILE, "".join(json.dumps(r, sort_keys=True) + "\n"
                                                                   for r in self.screened.values()))

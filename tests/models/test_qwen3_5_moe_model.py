@@ -47,6 +47,50 @@ def test_planner_shape_counts_every_mixer():
     assert total == config.total_params()
 
 
+def test_the_planners_delta_rule_flops_are_the_chunked_kernels():
+    """The formula the planner reckons linear attention by is the chunked kernel's own count: the batched matmuls
+    torch's flop counter sees, plus the triangular solve (C(K+V) per token and head), which it does not count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from openrecipes.models.qwen3_5_moe.delta_rule import (DEFAULT_CHUNK, chunked_flops_per_token,
+                                                            gated_delta_rule_chunked)
+
+    rows, heads, tokens, key, value = 2, 3, 3 * DEFAULT_CHUNK, 32, 48
+    q, k = torch.randn(rows, heads, tokens, key), torch.randn(rows, heads, tokens, key)
+    v, beta = torch.randn(rows, heads, tokens, value), torch.rand(rows, heads, tokens)
+    g = -torch.rand(rows, heads, tokens)
+    with FlopCounterMode(display=False) as counter:
+        gated_delta_rule_chunked(q, k, v, g, beta)
+    solve = rows * tokens * heads * DEFAULT_CHUNK * (key + value)
+    assert counter.get_total_flops() + solve == rows * tokens * chunked_flops_per_token(key, value, heads)
+
+
+def test_the_planner_reckons_linear_attention_per_token_and_full_attention_per_pair():
+    from openrecipes.config.layout import LayoutConfig
+    from openrecipes.plan.enumerate import evaluate
+    from openrecipes.plan.hardware import load_hardware
+    from openrecipes.plan.memory import TrainingSetup
+
+    config = get_config("qwen3.5-35b-a3b")
+    shape = family_for_config(config).planner_shape(config, "qwen3.5-35b-a3b")
+    linear, full = config.layer_types.index("linear_attention"), config.layer_types.index("full_attention")
+    for seq in (4096, 32768):  # linear: the same per token at any length; full: in proportion to the context
+        assert shape.attention_flops(linear, seq, seq) == seq * shape.linear_attention_flops_per_token
+    assert shape.attention_flops(full, 32768, 32768) / 32768 == pytest.approx(
+        8 * shape.attention_flops(full, 4096, 4096) / 4096, rel=1e-3)
+    # through the planner: longer rows slow the hybrid model less than the same widths counted as softmax attention
+    softmax_only = dataclasses.replace(shape, linear_attention_layers=None)
+    setup, hw = TrainingSetup(recompute="full", optimizer="precision-aware"), load_hardware("H200")
+
+    def tokens_per_s(model_shape, row: int) -> float:
+        layout = LayoutConfig(dp=8, max_tokens_per_gpu=row, rows_per_microbatch=1)
+        return evaluate(model_shape, layout, setup, hw).throughput.tokens_per_s_per_gpu
+
+    hybrid_loss = tokens_per_s(shape, 32768) / tokens_per_s(shape, 4096)
+    softmax_loss = tokens_per_s(softmax_only, 32768) / tokens_per_s(softmax_only, 4096)
+    assert softmax_loss < hybrid_loss < 1
+
+
 def test_config_json_round_trip_and_refusals():
     config = get_config("qwen3.5-moe-tiny")
     raw = config.to_hf_dict()

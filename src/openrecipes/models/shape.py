@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from openrecipes.config.layout import LayoutModel
 
 
+def mean_context(seq_len: float, window: int | None) -> float:
+    """Average number of keys a query attends to in a causal sequence of ``seq_len`` tokens."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    return window - window * (window - 1) / (2 * seq_len)
+
+
 @dataclass(kw_only=True, frozen=True)
 class AttentionWidths:
     """Per-token widths of one attention layer, summed over its heads."""
@@ -73,6 +80,10 @@ class ModelShape:
     # running the shared LM head once more
     mtp_layers: int = 0
     mtp_params: int = 0
+    # per layer: True = linear attention (Qwen3.5-MoE's Gated DeltaNet), whose token mixing costs
+    # ``linear_attention_flops_per_token`` forward FLOPs per token whatever the row length; None = none
+    linear_attention_layers: tuple[bool, ...] | None = None
+    linear_attention_flops_per_token: int = 0
 
     @property
     def widths(self) -> AttentionWidths:
@@ -89,6 +100,13 @@ class ModelShape:
     def kv_width(self) -> int:
         """The mean of the key and value widths, so that 2 x kv_width is what keys and values hold together."""
         return (self.widths.key + self.widths.value) // 2
+
+    def attention_flops(self, layer: int, tokens: float, seq_len: float) -> float:
+        """Forward FLOPs of one layer's token mixing (the projections are matmul parameters) for ``tokens`` tokens of
+        rows ``seq_len`` long: softmax attention's q.k and p.v over the mean causal context, or linear attention's."""
+        if self.linear_attention_layers is not None and self.linear_attention_layers[layer]:
+            return tokens * self.linear_attention_flops_per_token
+        return 4 * tokens * self.q_width * mean_context(seq_len, self.attention_windows[layer])
 
     @property
     def num_moe_layers(self) -> int:

@@ -22,6 +22,7 @@ from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import adapter_params
 from openrecipes.config.recompute_names import WHOLE_LAYER_GRANULARITIES
 from openrecipes.plan.memory import GRAD_BYTES, TrainingSetup, microbatches_per_step, recomputed_share, stage_params
+from openrecipes.models.shape import mean_context
 from openrecipes.plan.shape import ModelShape
 
 
@@ -37,13 +38,6 @@ class Throughput:
     # communication) and the optimizer step; what one rank measured alone compares with (train/rank_measure.py)
     stage_compute_s: list[float] = field(default_factory=list)
     stage_optimizer_s: list[float] = field(default_factory=list)
-
-
-def mean_context(seq_len: float, window: int | None) -> float:
-    """Average number of keys a query attends to in a causal sequence of ``seq_len`` tokens."""
-    if window is None or window >= seq_len:
-        return (seq_len + 1) / 2
-    return window - window * (window - 1) / (2 * seq_len)
 
 
 def _link_time(nbytes: float, span: int, hw: Hardware) -> float:
@@ -142,8 +136,7 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
     stage_parts: list[dict[str, float]] = []
     for i, layers in enumerate(counts):
         lo = sum(counts[:i])
-        attn_flops = sum(4 * tok * shape.q_width * mean_context(seq_len, shape.attention_windows[j])
-                         for j in range(lo, lo + layers))
+        attn_flops = sum(shape.attention_flops(j, tok, seq_len) for j in range(lo, lo + layers))
         # the block method: the first layers recompute, the others run three passes (forward, two backward)
         share = recomputed_share(setup, layers)
         mixed = lambda recomputing: share * recomputing + (1 - share) * 3.0  # noqa: E731

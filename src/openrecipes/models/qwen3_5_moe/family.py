@@ -1,9 +1,10 @@
 """Qwen3.5-MoE's declaration: named configs, HF mapping, planner shape, chat format and sharding plan.
 
-The planner's shape describes the full-attention layers' q/k/v widths; it has no term for linear attention, whose
-cost grows with T rather than T^2: the linear-attention layers' parameters are counted exactly (``attention_params``
-below is the per-layer mean of both kinds of mixer), but the planner's time for them, which it reckons as softmax
-attention over the full-attention widths, is approximate (docs/models.md).
+The planner's shape describes the full-attention layers' q/k/v widths and, per layer, which layers are linear
+attention: their token mixing is reckoned as the chunked delta rule's FLOPs per token (constant in the row length;
+delta_rule.chunked_flops_per_token), the full-attention layers' as softmax attention. Parameters are counted exactly
+(``attention_params`` below is the per-layer mean of both kinds of mixer); the activations of a linear-attention
+layer are reckoned as a full-attention layer's (approximate, docs/models.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 from openrecipes.models.families import ModelFamily, RouterAuxLoss, ShardingPlan
 from openrecipes.models.qwen3_5_moe import hf
 from openrecipes.models.qwen3_5_moe.config import MODEL_TYPE, Qwen35MoeConfig
+from openrecipes.models.qwen3_5_moe.delta_rule import chunked_flops_per_token
 from openrecipes.models.qwen3_5_moe.model import Qwen35MoeForCausalLM, build_qwen3_5_moe
 from openrecipes.models.shape import AttentionWidths, ModelShape
 
@@ -48,6 +50,9 @@ def planner_shape(config: Qwen35MoeConfig, name: str) -> ModelShape:
         shared_expert_params=config.shared_expert_params(), small_params_per_layer=mean_norms,
         embedding_params=config.embedding_params(), lm_head_params=config.lm_head_params(),
         active_params=config.active_params(),
+        linear_attention_layers=tuple(not config.is_full_attention(i) for i in range(layers)),
+        linear_attention_flops_per_token=chunked_flops_per_token(
+            config.linear_key_head_dim, config.linear_value_head_dim, config.linear_num_value_heads),
     )
 
 

@@ -61,6 +61,25 @@ def test_dp2_ep2_ranks_hold_their_shards_and_receive_balanced_rows(run_dir):
         assert r["expert_rows_received"] and set(r["expert_rows_received"]) == {tokens * 2}
 
 
+def test_an_exchange_that_delivers_nothing_keeps_the_step_finite(run_dir, tmp_path):
+    """A fake group may leave its receiving buffers unwritten (torch 2.11's does; later ones copy something in), and
+    on a GPU those hold whatever memory held, NaN bit patterns included. Here the all-to-all writes nothing and every
+    empty tensor is NaN (torch's fill_uninitialized_memory), so a buffer the rank reads before anything writes it
+    makes the step non-finite (the measurement refuses such a step)."""
+    out = tmp_path / "rank.json"
+    script = ("import runpy, sys, torch, torch.distributed as dist; "
+              "torch.use_deterministic_algorithms(True, warn_only=True); "
+              "torch.utils.deterministic.fill_uninitialized_memory = True; "
+              "dist.all_to_all_single = lambda *args, **kwargs: None; sys.argv[0] = 'rank_measure'; "
+              "runpy.run_module('openrecipes.train.rank_measure', run_name='__main__')")
+    args = [sys.executable, "-c", script, str(EXAMPLE), "--rank", "1", "--world", "2", "--steps", "2", "--out",
+            str(out), "--set", f"run_dir={run_dir}", "--set", "layout.ep=2"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert all(torch.isfinite(torch.tensor(result["grad_norm"]))) and result["expert_rows_received"]
+
+
 @pytest.mark.slow
 def test_tp2_rank_is_finite_and_holds_a_slice(run_dir):
     whole = measure(run_dir, 0, 1)["parameters"]

@@ -26,21 +26,23 @@ from openrecipes.models.common.moe import (
 
 
 class _AllToAll(torch.autograd.Function):
-    """Rows to and from every rank of ``group``; the backward sends the gradients back the same way."""
+    """Rows to and from every rank of ``group``; the backward sends the gradients back the same way. ``zeroed``: the
+    receiving buffers start at zero, for an exchange that may deliver nothing (a fake process group, whose
+    uninitialised buffers can hold NaN bit patterns on a GPU); a real exchange overwrites every row, so skips it."""
 
     @staticmethod
-    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group):
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group, zeroed: bool = False):
+        ctx.splits, ctx.group, ctx.zeroed = (out_splits, in_splits), group, zeroed
+        out = (x.new_zeros if zeroed else x.new_empty)((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
-        out = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        out = (grad.new_zeros if ctx.zeroed else grad.new_empty)((sum(in_splits), *grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return out, None, None, None
+        return out, None, None, None, None
 
 
 def _gather_padded(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
@@ -129,9 +131,9 @@ class ExpertParallelDispatcher:
         counts_SL = self._received_counts(counts_E)
         send_splits = counts_E.view(self.ep_size, self.local_experts).sum(1).tolist()
         recv_splits = counts_SL.sum(1).tolist()
-        received = _AllToAll.apply(x_RD, recv_splits, send_splits, self.group)
+        received = _AllToAll.apply(x_RD, recv_splits, send_splits, self.group, self.mirrored)
         out = self._experts(received, counts_SL, experts)
-        returned = _AllToAll.apply(out, send_splits, recv_splits, self.group)
+        returned = _AllToAll.apply(out, send_splits, recv_splits, self.group, self.mirrored)
         out_TKD = PermuteRows.apply(returned, inverse_R, order_R).view(tokens, top_k, -1)
         return (out_TKD * routing.weights_TK.unsqueeze(-1).to(out_TKD.dtype)).sum(dim=1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,12 +84,30 @@ def beside_plan(measured: dict[str, Any], plan: Any) -> dict[str, Any]:
                           "memory_parts_gib": memory.parts_gib}}
 
 
-def _rank_command(args: argparse.Namespace, rank: int, world: int, out: Path) -> list[str]:
-    command = [sys.executable, "-m", RANK_MODULE, args.recipe, "--rank", str(rank), "--world", str(world),
-               "--steps", str(args.steps), "--out", str(out / f"rank-{rank}.json")]
-    for item in [*args.overrides, f"run_dir={out}"]:
+def failure_line(stderr: str) -> str:
+    """The line of a failed rank process that says why: its last exception line (torchrun-style ``[rank0]:``
+    prefixes removed), else its last non-empty line."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line).strip() for line in stderr.splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
+    return (errors or lines or ["(no message)"])[-1]
+
+
+def measure_in_process(recipe: str | Path, rank: int, world: int, out: Path, *, steps: int,
+                       overrides: list[str] = (), timeout_s: float | None = None) -> dict[str, Any]:
+    """One rank measured in a process of its own (so the peak is that rank's alone); its record, or a ValueError of
+    one line saying why the process failed."""
+    command = [sys.executable, "-m", RANK_MODULE, str(recipe), "--rank", str(rank), "--world", str(world),
+               "--steps", str(steps), "--out", str(out)]
+    for item in overrides:
         command += ["--set", item]
-    return command
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ}, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"rank {rank}: not measured within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise ValueError(f"rank {rank}: the measuring process failed: {failure_line(done.stderr)}")
+    return json.loads(out.read_text())
 
 
 def _prepare(args: argparse.Namespace):
@@ -130,12 +149,8 @@ def run(args: argparse.Namespace) -> int:
     for number, rank in enumerate(ranks, 1):
         print(f"measure-rank: rank {rank} of {world} ({recipe.layout.label()}), {number} of {len(ranks)}: "
               f"{args.steps} steps in one process", file=sys.stderr, flush=True)
-        done = subprocess.run(_rank_command(args, rank, world, out), capture_output=True, text=True,
-                              env={**os.environ})
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise ValueError(f"rank {rank}: the measuring process failed: {last}")
-        measured = json.loads((out / f"rank-{rank}.json").read_text())
+        measured = measure_in_process(args.recipe, rank, world, out / f"rank-{rank}.json", steps=args.steps,
+                                      overrides=[*args.overrides, f"run_dir={out}"])
         results.append(beside_plan(measured, plan))
         print(f"measure-rank: rank {rank} done", file=sys.stderr, flush=True)
     if args.json:

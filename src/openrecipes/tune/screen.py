@@ -17,9 +17,6 @@ whose measured ranks fit.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +30,6 @@ SCREEN_FILE = "screen.jsonl"
 SCREEN_DIR = "screen"
 SCREENED_FILE = "screened.yaml"  # screen-only: the fastest predicted candidate whose measured ranks fit
 SCREEN_STEPS = 3  # per rank: a warm-up left out of the times, then two timed steps
-RANK_MODULE = "openrecipes.train.rank_measure"
 
 
 class RankMeasurer(Protocol):
@@ -48,16 +44,9 @@ class ProcessMeasurer:
         self.steps, self.timeout_s = steps, timeout_s
 
     def measure(self, recipe_path: Path, rank: int, world: int, out: Path) -> dict[str, Any]:
-        command = [sys.executable, "-m", RANK_MODULE, str(recipe_path), "--rank", str(rank), "--world", str(world),
-                   "--steps", str(self.steps), "--out", str(out)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s, env={**os.environ})
-        except subprocess.TimeoutExpired:
-            raise ValueError(f"rank {rank}: not measured within {self.timeout_s:g} s") from None
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise ValueError(f"rank {rank}: the measuring process failed: {last}")
-        return json.loads(out.read_text())
+        from openrecipes.train.rank_cli import measure_in_process
+
+        return measure_in_process(recipe_path, rank, world, out, steps=self.steps, timeout_s=self.timeout_s)
 
 
 class ScreenRecord(BaseModel):

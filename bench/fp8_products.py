@@ -61,7 +61,8 @@ def grouped_kernels_alone(counts: torch.Tensor) -> dict[str, float]:
     """The experts' three grouped products as kernels alone (operands quantized beforehand), bf16 against FP8, ms:
     which product the FP8 grouped kernel loses on (forward and input gradient: ragged rows as M; weight gradient:
     rows as K, padded to 16)."""
-    from openrecipes.models.common.fp8 import _padding, quantize, quantize_columns_padded
+    # the padded transposed quantization as the engine runs it (compiled on CUDA: eager index_copy has no e4m3 kernel)
+    from openrecipes.models.common.fp8 import _padding, _quantize_columns_padded, quantize
 
     rows, bf16 = int(counts.sum()), dict(device="cuda", dtype=torch.bfloat16)
     x, grad = torch.randn(rows, HIDDEN, **bf16), torch.randn(rows, FFN, **bf16)
@@ -70,7 +71,7 @@ def grouped_kernels_alone(counts: torch.Tensor) -> dict[str, float]:
     dest, ends, width = _padding(counts, rows)
     (qx, sx), (qg, sg), (qw, sw) = quantize(x, 1), quantize(grad, 1), quantize(w, 2)
     qwt, swt = quantize(w.transpose(-2, -1), 2)
-    (qg_t, sg_c), (qx_t, sx_c) = quantize_columns_padded(grad, dest, width), quantize_columns_padded(x, dest, width)
+    (qg_t, sg_c), (qx_t, sx_c) = _quantize_columns_padded(grad, dest, width), _quantize_columns_padded(x, dest, width)
     out = {
         "forward_bf16": lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets),
         "forward_fp8": lambda: torch._scaled_grouped_mm(qx, qw.transpose(-2, -1), sx.squeeze(1), sw.squeeze(2),

@@ -63,7 +63,8 @@ def _fused(fn):
 def quantize_columns_padded(x_RC: torch.Tensor, dest_R: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows sorted by group, scaled along the rows: one scale per column over every row (constant within each
     group, so each group's product may sum its rows), returned transposed, (C, width) row-major e4m3, with row r at
-    column ``dest_R[r]`` and zeros in the padding between groups; the scale (C,)."""
+    column ``dest_R[r]`` and zeros in the padding between groups; the scale (C,). On CUDA only compiled
+    (``_quantize_columns_padded``): eager ``index_copy`` has no e4m3 kernel there."""
     scale_C = _scale(x_RC.detach().abs().amax(dim=0).float())
     q_RC = _round(x_RC, scale_C)
     padded_WC = q_RC.new_zeros(width, x_RC.shape[1]).index_copy(0, dest_R, q_RC)

@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openrecipes.models.registry import get_config  # noqa: E402
 from openrecipes.models.resolve import resolve_model_config  # noqa: E402
-from peer_harness import (add_lora, emit, enable_recompute, gpu_peak_flops, hf_rope_fields, load_probe,  # noqa: E402
-                          loads, lora_fields, memory_fields, round_robin_router, summarize, train)
+from peer_harness import (emit, gpu_peak_flops, hf_rope_fields, loads, lora_fields, memory_fields,  # noqa: E402
+                          prepare_and_train, round_robin_router, summarize)
 from workloads import default_window, family_of  # noqa: E402
 
 TINY_ROW_TOKENS = 128
@@ -175,18 +175,10 @@ def run(args: argparse.Namespace) -> dict:
     if params != config.total_params():
         print(f"[hf_families] warning: {params:,} parameters, the engine's model has {config.total_params():,}",
               flush=True)
-    if not args.no_recompute:  # before peft wraps the model, as peft's guides do
-        enable_recompute(model)
-    hf_model = model
-    experts = getattr(config, family.experts_field)
-    probe = load_probe(hf_model, experts)  # on the experts modules peft's wrappers still call
-    if args.lora:
-        model = add_lora(model)
-    model.train()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, losses = train(model, steps=args.steps, tokens=tokens, vocab=config.vocab_size, device=device,
-                          probe=probe, probe_step=min(args.steps - 1, window[1] + 1), tag=f"hf_{args.family}")
+    hf_model, experts = model, getattr(config, family.experts_field)
+    model, probe, times, losses = prepare_and_train(
+        model, experts=experts, recompute=not args.no_recompute, lora=args.lora, steps=args.steps, tokens=tokens,
+        vocab=config.vocab_size, device=device, probe_step=min(args.steps - 1, window[1] + 1), tag=f"hf_{args.family}")
     return result(args, family, config, hf_model, model, dict(
         params=params, tokens=tokens, window=window, patched=patched, build_s=build_s, times=times, losses=losses,
         loads=loads(probe, tokens, config.num_experts_per_tok, experts)))

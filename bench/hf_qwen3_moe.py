@@ -37,8 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openrecipes.models.resolve import resolve_model_config  # noqa: E402
-from peer_harness import (add_lora, emit, enable_recompute, gpu_peak_flops, hf_rope_fields,  # noqa: E402
-                          load_probe, loads, lora_fields, memory_fields, summarize, train)
+from peer_harness import (emit, gpu_peak_flops, hf_rope_fields, loads, lora_fields, memory_fields,  # noqa: E402
+                          prepare_and_train, summarize)
 from workloads import default_window  # noqa: E402
 
 
@@ -123,17 +123,11 @@ def run(args: argparse.Namespace) -> dict:
     if params != config.total_params():
         print(f"[hf_qwen3_moe] warning: {params:,} parameters, the engine's model has {config.total_params():,}",
               flush=True)
-    if not args.no_recompute:  # before peft wraps the model, as peft's guides do
-        enable_recompute(model)
     hf_model = model
-    probe = load_probe(hf_model, config.num_experts)  # on the experts modules peft's wrappers still call
-    if args.lora:
-        model = add_lora(model)
-    model.train()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, losses = train(model, steps=args.steps, tokens=tokens, vocab=config.vocab_size, device=device,
-                          probe=probe, probe_step=min(args.steps - 1, window[1] + 1), tag="hf_qwen3_moe")
+    model, probe, times, losses = prepare_and_train(
+        model, experts=config.num_experts, recompute=not args.no_recompute, lora=args.lora, steps=args.steps,
+        tokens=tokens, vocab=config.vocab_size, device=device, probe_step=min(args.steps - 1, window[1] + 1),
+        tag="hf_qwen3_moe")
     return {
         "variant": name, "framework": f"transformers {transformers.__version__}", "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,

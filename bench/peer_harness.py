@@ -106,6 +106,24 @@ def lora_fields(model, device: torch.device) -> dict:
             "optimizer": f"torch.optim.AdamW(fused={device.type == 'cuda'}) over the adapters only"}
 
 
+def prepare_and_train(model, *, experts: int, recompute: bool, lora: bool, steps: int, tokens: int, vocab: int,
+                      device: torch.device, probe_step: int, tag: str):
+    """A built transformers model as its user trains it: gradient checkpointing before peft wraps it (as peft's guides
+    do), the load probe on the experts modules peft's wrappers still call, the adapters, then ``train``. Returns the
+    trained model (peft's with ``lora``), the probe, and the step times and losses."""
+    if recompute:
+        enable_recompute(model)
+    probe = load_probe(model, experts)
+    if lora:
+        model = add_lora(model)
+    model.train()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, losses = train(model, steps=steps, tokens=tokens, vocab=vocab, device=device, probe=probe,
+                          probe_step=probe_step, tag=tag)
+    return model, probe, times, losses
+
+
 def train(model, *, steps: int, tokens: int, vocab: int, device: torch.device, probe: dict, probe_step: int,
           tag: str):
     """``steps`` steps of one random row of ``tokens`` ids; each step's time synchronised on CUDA. ``probe["armed"]``

@@ -40,7 +40,7 @@ def test_the_peer_adapts_what_the_engine_adapts_at_real_widths():
     config = peer.model_config(layers=8, tiny=False)
     with torch.device("meta"):
         hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**peer.hf_config_fields(config)))
-    hf = peer.add_lora(hf)
+    hf = harness.add_lora(hf)
     count = sum(p.numel() for p in trainable(hf).values())
     assert count == engine_adapter_count(config, "meta") == 107_085_824
 
@@ -52,7 +52,7 @@ def test_the_peer_trains_only_the_adapters_through_recompute_and_keeps_the_base(
     model = peer.build_model(peer.hf_config_fields(config), torch.device("cpu"), "grouped_mm")
     base = {name: p.detach().clone() for name, p in model.named_parameters()}
     harness.enable_recompute(model)
-    model = peer.add_lora(model)
+    model = harness.add_lora(model)
     adapters = trainable(model)
     assert adapters and all(".lora_A." in name or ".lora_B." in name for name in adapters)
     assert sum(p.numel() for p in adapters.values()) == engine_adapter_count(config, "cpu")

@@ -17,3 +17,18 @@ def load_bench(name: str):
     sys.modules[name] = module  # pydantic resolves the annotations through it
     spec.loader.exec_module(module)
     return module
+
+
+def run_workload(workload: str, out, steps: int = 7) -> dict:
+    """``bench/run.py`` on the CPU for one round of ``workload`` (its tiny models), one thread per process; the
+    results file it wrote."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", workload, "--rounds", "1",
+                           "--steps", str(steps), "--out", str(out)], capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())

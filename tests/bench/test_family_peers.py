@@ -5,15 +5,12 @@ the schema pairs each workload with its family's peer, and the runner runs one b
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from pydantic import ValidationError
 
-from .conftest import BENCH, load_bench
+from .conftest import BENCH, load_bench, run_workload
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -101,12 +98,7 @@ def test_the_schema_pairs_a_workload_with_its_family_peer(entry):
 
 
 def test_the_runner_runs_a_family_workload_beside_its_peer(tmp_path):
-    out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "glm45_bal_c_none", "--rounds", "1",
-                           "--steps", "7", "--out", str(out)], capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    engine, hf = json.loads(out.read_text())["samples"]
+    engine, hf = run_workload("glm45_bal_c_none", tmp_path / "results.json")["samples"]
     assert engine["record"]["trained_model"] == hf["record"]["model"] == "glm4-moe-tiny"
     assert engine["tokens_per_s_per_gpu"] > 0 and hf["tokens_per_s_per_gpu"] > 0
     assert "--no-recompute" in hf["command"] and hf["record"]["grad_ckpt"] is False

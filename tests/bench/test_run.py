@@ -1,21 +1,15 @@
 """bench/run.py on the CPU: a workload with a peer, engine and peer each in its own process, one round, the results
 file carrying the machine, the settings and every sample (a plumbing check at tiny widths)."""
 
-import json
 import os
 import subprocess
 import sys
 
-from .conftest import BENCH
+from .conftest import BENCH, run_workload
 
 
 def test_the_runner_runs_the_engine_and_its_peer_and_writes_every_sample(tmp_path):
-    out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "single_bal_none", "--rounds", "1",
-                           "--steps", "7", "--out", str(out)], capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = run_workload("single_bal_none", tmp_path / "results.json")
     assert report["format"] == "openrecipes-bench/1" and report["gpu"] == "cpu" and report["tiny"] is True
     assert report["torch"] and report["transformers"] and "peft" in report and "driver" in report
     settings = report["workloads"]["single_bal_none"]
@@ -30,12 +24,7 @@ def test_the_runner_runs_the_engine_and_its_peer_and_writes_every_sample(tmp_pat
 
 
 def test_a_lora_workload_runs_beside_its_peft_peer(tmp_path):
-    out = tmp_path / "results.json"
-    done = subprocess.run([sys.executable, str(BENCH / "run.py"), "--workloads", "single_bal_c_lora", "--rounds", "1",
-                           "--steps", "7", "--out", str(out)], capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    engine, peer = json.loads(out.read_text())["samples"]
+    engine, peer = run_workload("single_bal_c_lora", tmp_path / "results.json")["samples"]
     assert engine["record"]["lora"] is True and engine["tokens_per_s_per_gpu"] > 0
     assert "--lora" in peer["command"] and peer["tokens_per_s_per_gpu"] > 0
     assert peer["record"]["trainable_params"] < peer["record"]["total_params"]

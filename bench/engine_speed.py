@@ -71,18 +71,20 @@ def write_rows(out: Path, *, rows: int, row_tokens: int, vocab: int, packed: boo
     return out
 
 
-def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
-                memory_trace: bool = False, timeline: bool = False) -> dict:
-    steps = spec.get("steps", steps)  # slow variants run fewer steps (window 5..steps-2)
-    tiny = device_type == "cpu"
+def model_and_rows(spec: dict, *, layers: int, tiny: bool) -> tuple[str, dict, int]:
+    """The registered model, its overrides and the row length a workload trains (CPU runs: its tiny model)."""
     model = spec.get("tiny_model", "qwen3-moe-tiny") if tiny else spec.get("model", "qwen3-30b-a3b")
     overrides = {} if tiny else spec.get("overrides", {"num_hidden_layers": spec.get("layers", layers)})
-    row_tokens = 256 if tiny else spec.get("row_tokens", 8192)
-    vocab = resolve_model_config(model, overrides=overrides).vocab_size  # the ids the model embeds
-    rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
-                          vocab=vocab, packed=spec["packed"])
+    return model, overrides, 256 if tiny else spec.get("row_tokens", 8192)
+
+
+def recipe_tree(name: str, spec: dict, *, layers: int, steps: int, rows_dir: Path, workdir: Path, tiny: bool,
+                memory_trace: bool = False, timeline: bool = False) -> dict:
+    """The recipe (as a dict) the engine trains a workload with: its model, rows, layout, recompute, kernels,
+    optimizer and debug switches."""
+    model, overrides, row_tokens = model_and_rows(spec, layers=layers, tiny=tiny)
     nproc = spec.get("nproc", 1)
-    tree = {
+    return {
         "name": f"engine-speed-{name}",
         "model": model,
         "model_overrides": overrides,
@@ -105,6 +107,19 @@ def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path
         "debug": {"force_load_balance": spec["balanced"], "memory_trace": memory_trace,
                         "profile_step": steps - 1 if name in PROFILED else None, "profile_timeline": timeline},
     }
+
+
+def run_variant(name: str, spec: dict, *, layers: int, steps: int, workdir: Path, device_type: str,
+                memory_trace: bool = False, timeline: bool = False) -> dict:
+    steps = spec.get("steps", steps)  # slow variants run fewer steps (window 5..steps-2)
+    tiny = device_type == "cpu"
+    model, overrides, row_tokens = model_and_rows(spec, layers=layers, tiny=tiny)
+    vocab = resolve_model_config(model, overrides=overrides).vocab_size  # the ids the model embeds
+    rows_dir = write_rows(workdir / f"rows-{name}", rows=steps * spec["rows_per_step"], row_tokens=row_tokens,
+                          vocab=vocab, packed=spec["packed"])
+    nproc = spec.get("nproc", 1)
+    tree = recipe_tree(name, spec, layers=layers, steps=steps, rows_dir=rows_dir, workdir=workdir, tiny=tiny,
+                       memory_trace=memory_trace, timeline=timeline)
     run_dir = Path(tree["run_dir"])
     started = time.perf_counter()
     if nproc > 1:

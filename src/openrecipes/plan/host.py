@@ -33,6 +33,18 @@ def recipe_setup(recipe: Recipe, row_tokens: int) -> TrainingSetup:
                                                                          targets=tuple(recipe.lora.targets)))
 
 
+def plan_recipe(recipe: Recipe, shape: Any, hardware: Hardware, row_tokens: int) -> Any:
+    """The planner's ``Plan`` of a recipe's run as `openrecipes train` runs it (``recipe_setup``), on rows of
+    ``row_tokens``: the rows per microbatch the recipe's, or what its token budget holds."""
+    from openrecipes.config.layout import rows_per_microbatch
+    from openrecipes.plan.enumerate import evaluate
+
+    layout = recipe.layout
+    if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
+        layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, row_tokens)})
+    return evaluate(shape, layout, recipe_setup(recipe, row_tokens), hardware)
+
+
 def recipe_workload(recipe: Recipe, config: Any, *, row_tokens: int | None, image_rows: bool) -> LayoutWorkload:
     """What the layout rules (config/layout.py ``layout_problems``) check of a recipe's run on rows of
     ``row_tokens`` tokens (``image_rows``: they hold images, whose towers run on the first pipeline stage)."""

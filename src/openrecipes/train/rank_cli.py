@@ -57,17 +57,11 @@ def default_ranks(layout: Any, num_layers: int) -> list[int]:
 def predicted(recipe: Any, config: Any, gpu_type: str, row_tokens: int) -> Any:
     """The planner's ``Plan`` of the recipe's run, as the tuner predicts a candidate (tune/predict.py): `openrecipes
     train`'s settings (plan/host.py ``recipe_setup``), the layout's rows per microbatch the recipe's."""
-    from openrecipes.config.layout import rows_per_microbatch
-    from openrecipes.plan.enumerate import evaluate
     from openrecipes.plan.hardware import load_hardware
-    from openrecipes.plan.host import recipe_setup
+    from openrecipes.plan.host import plan_recipe
     from openrecipes.plan.shape import model_shape
 
-    layout = recipe.layout
-    if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
-        layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, row_tokens)})
-    return evaluate(model_shape(config, name=recipe.model), layout, recipe_setup(recipe, row_tokens),
-                    load_hardware(gpu_type))
+    return plan_recipe(recipe, model_shape(config, name=recipe.model), load_hardware(gpu_type), row_tokens)
 
 
 def beside_plan(measured: dict[str, Any], plan: Any) -> dict[str, Any]:

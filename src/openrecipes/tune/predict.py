@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from openrecipes.config.hardware import GpuSpec, known_gpu_name, parse_gpus
-from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, layout_problems, rows_per_microbatch,
-                                      unsupported_reason, with_world_size)
+from openrecipes.config.layout import (LayoutConfig, LayoutWorkload, layout_problems, unsupported_reason,
+                                      with_world_size)
 from openrecipes.config.recipe import Recipe
-from openrecipes.plan.enumerate import Plan, evaluate
+from openrecipes.plan.enumerate import Plan
 from openrecipes.plan.hardware import Hardware, load_hardware
-from openrecipes.plan.host import recipe_setup, recipe_workload
+from openrecipes.plan.host import plan_recipe, recipe_workload
 from openrecipes.plan.shape import ModelShape, model_shape
 
 CPU = "cpu"
@@ -326,19 +326,11 @@ class Planner:
 
     def plan(self, recipe: Recipe) -> Plan:
         """The planner's whole plan of the recipe (per stage), of which ``predict`` keeps the busiest stage."""
-        layout = self._layout(recipe)
-        return evaluate(self.shape, layout, recipe_setup(recipe, self.row_tokens), self.hardware)
-
-    def _layout(self, recipe: Recipe) -> LayoutConfig:
-        layout = recipe.layout
-        if layout.rows_per_microbatch is None:  # the planner reads the rows from the layout
-            layout = layout.model_copy(update={"rows_per_microbatch": rows_per_microbatch(layout, self.row_tokens)})
-        return layout
+        return plan_recipe(recipe, self.shape, self.hardware, self.row_tokens)
 
     def predict(self, recipe: Recipe) -> Prediction:
-        layout = self._layout(recipe)
         plan = self.plan(recipe)
-        t = plan.throughput
+        layout, t = plan.layout, plan.throughput
         return Prediction(tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, step_time_s=t.step_time_s,
                           layer_microbatches=(t.microbatches + layout.pp - 1) * max(plan.stage_layers),
                           allocated_gib=max(s.allocated_gib for s in plan.stages),

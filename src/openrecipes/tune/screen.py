@@ -124,7 +124,7 @@ class Screening:
         self.screened = read_screen(self.out, self.journal.measured_under)
         self.screened_candidates = {}
         space = self.first_space()
-        shortlist = [r for r in self._order(self._ranked(space + self._solved(space)))][:self.options.screen]
+        shortlist = list(self._order(self._ranked(space + self._solved(space))))[:self.options.screen]
         start = self.reference
         given = [(c, p) for c in map(self._given, self.options.tries)
                  if (p := self._prediction_or_none(c)) is not None]  # one train refuses is refused as its trial

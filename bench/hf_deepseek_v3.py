@@ -15,7 +15,7 @@ One random row per step; step times synchronised; tokens/s median and mean over 
 N (config.active_params(): every matmul parameter a token touches, LM head included, input embedding and norms not)
 over the H100/H200 dense bf16 peak of config/hardware.yaml. Prints one `RESULT {json}` line; --out writes the JSON.
 
-Usage: python bench/hf_deepseek_v3.py --out hf.json [--balanced] [--no-recompute] [--steps 25]
+Usage: python bench/hf_deepseek_v3.py --out hf.json [--balanced] [--no-recompute] [--steps 25] [--row-tokens 8192]
        python bench/hf_deepseek_v3.py --tiny --device cpu --steps 3 --out tiny.json   (CPU plumbing only)
 """
 
@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the result JSON here")
     parser.add_argument("--steps", type=int, default=workload.STEPS)
+    parser.add_argument("--row-tokens", type=int, default=workload.ROW_TOKENS,
+                        help="tokens of the one row per step (--tiny: the tiny row length whatever is given)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--balanced", action="store_true", help="force round-robin expert choice (exact balance)")
     parser.add_argument("--no-recompute", action="store_true", help="no gradient checkpointing")
@@ -130,8 +132,9 @@ def run(args: argparse.Namespace) -> dict:
 
     device = torch.device(args.device)
     config = workload.model_config(args.tiny)
-    tokens = workload.TINY_ROW_TOKENS if args.tiny else workload.ROW_TOKENS
-    name = "hf_dsv3" + ("_bal" if args.balanced else "_nat") + ("_none" if args.no_recompute else "")
+    tokens = workload.TINY_ROW_TOKENS if args.tiny else args.row_tokens
+    name = ("hf_dsv3" + ("_bal" if args.balanced else "_nat") + ("_none" if args.no_recompute else "")
+            + ("" if tokens in (workload.ROW_TOKENS, workload.TINY_ROW_TOKENS) else f"_{tokens}"))
     patched = force_balanced_routing(modeling) if args.balanced else None
     torch.manual_seed(0)
     started = time.perf_counter()

@@ -39,7 +39,7 @@ _MODEL = ("model", "overrides", "tiny_model", *_DEPTH)
 PEER_HARNESSES = {
     "transformers_qwen3_moe": PeerHarness("hf_qwen3_moe.py", "qwen3_moe", "qwen3-30b-a3b", _DEPTH),
     "transformers_peft_qwen3_moe": PeerHarness("hf_qwen3_moe.py", "qwen3_moe", "qwen3-30b-a3b", _DEPTH),  # --lora
-    "transformers_deepseek_v3": PeerHarness("hf_deepseek_v3.py", "deepseek_v3", "deepseek-v3-671b", ()),
+    "transformers_deepseek_v3": PeerHarness("hf_deepseek_v3.py", "deepseek_v3", "deepseek-v3-671b", ("row_tokens",)),
     "transformers_gpt_oss": PeerHarness("hf_families.py", "gpt_oss", None, _MODEL),
     "transformers_peft_gpt_oss": PeerHarness("hf_families.py", "gpt_oss", None, _MODEL),  # --lora: peft's adapters
     "transformers_glm4_moe": PeerHarness("hf_families.py", "glm4_moe", None, _MODEL),
@@ -133,7 +133,7 @@ class Workload(BaseModel):
 
     def engine_spec(self) -> dict[str, Any]:
         """The dict engine_speed.py's run_variant reads (the fields set, plus the shared model and row shape of
-        ``model_from``)."""
+        ``model_from``, which a field the workload sets itself overrides: a longer row of the same model)."""
         spec = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in _NOT_ENGINE}
         spec["fp8"] = list(self.fp8) if self.fp8 else None
         spec = {k: v for k, v in spec.items() if v is not None}
@@ -141,7 +141,7 @@ class Workload(BaseModel):
             spec["window"] = list(spec["window"])
         if self.model_from:
             shared = _shared_shape(self.model_from)
-            spec = {**shared, **{k: v for k, v in spec.items() if k not in shared}}
+            spec = {**shared, **spec}
         return spec
 
     def peer_settings(self) -> dict[str, Any]:

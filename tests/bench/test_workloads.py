@@ -25,6 +25,12 @@ def test_the_deepseek_v3_shape_comes_from_its_one_home():
     spec = workloads.load_workloads()["dsv3_bal"].engine_spec()
     assert spec["model"] == dsv3.MODEL and spec["overrides"] == dsv3.OVERRIDES
     assert (spec["row_tokens"], spec["steps"], tuple(spec["window"])) == (dsv3.ROW_TOKENS, dsv3.STEPS, dsv3.WINDOW)
+    # a workload's own row length overrides the shared one, and its peer is told it
+    long_rows = workloads.load_workloads()["dsv3_8k_bal_c"]
+    assert long_rows.engine_spec()["row_tokens"] == 8192 != dsv3.ROW_TOKENS
+    assert long_rows.engine_spec()["overrides"] == dsv3.OVERRIDES
+    command = load_bench("run").peer_command(long_rows, BENCH / "peer.json", None, tiny=False)
+    assert command[command.index("--row-tokens") + 1] == "8192"
 
 
 def test_peer_settings_follow_the_workload():

@@ -209,6 +209,27 @@ def compile_template(source: str) -> Any:
         raise ValueError(f"chat template line {error.lineno}: {error.message}") from None
 
 
+# What a template's own filters and operators raise on data they cannot handle: Jinja's `items` filter on a string,
+# `+` of a string and a list, an index past the end. They belong to the conversation, as a template error does, so
+# each is one line naming the conversation (or a skipped one under --skip-invalid), never a traceback.
+TEMPLATE_DATA_ERRORS = (TypeError, LookupError, ArithmeticError, AttributeError)
+
+
+def string_arguments_hint(messages: list[dict[str, Any]]) -> str:
+    """A note naming the first message whose tool call gives its arguments as a JSON string, or "".
+
+    OpenAI's messages carry them so; apply_chat_template passes them to the template as they are, and the templates
+    that write each argument (GLM's <arg_key> blocks, Qwen3.5's <parameter=...>) iterate them as an object and fail
+    on a string, so the error says which construct it was."""
+    for position, message in enumerate(messages, start=1):
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", call) if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                return (f" (message {position} gives a tool call's arguments as a JSON string, which this template "
+                        "may need as an object; apply_chat_template passes them unparsed too)")
+    return ""
+
+
 # a message's reasoning under the names datasets use; templates read reasoning_content, gpt-oss's `thinking`
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -237,8 +258,9 @@ class ChatRenderer:
                                   documents=None, add_generation_prompt=False, **variables)
         except jinja2.exceptions.SecurityError as error:  # the sandbox refused an attribute: never run it
             raise ValueError(f"chat template: {error}") from None
-        except jinja2.TemplateError as error:  # an undefined field and the like: the data or the template
-            raise ValueError(f"chat template: {type(error).__name__}: {error}") from None
+        except (jinja2.TemplateError, *TEMPLATE_DATA_ERRORS) as error:  # an undefined field and the like
+            raise ValueError(f"chat template: {type(error).__name__}: {error}{string_arguments_hint(messages)}"
+                             ) from None
 
     def supervised_spans(self, messages: list[dict[str, Any]],
                          tools: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:

@@ -1,0 +1,111 @@
+"""Tool calls written argument by argument, as Qwen3.5's template (`<parameter=NAME>` blocks, Jinja's `items` filter)
+and GLM-4.7's (`arguments.items()`) write them, with templates written here that use the same constructs (`items`,
+`loop.previtem` / `loop.nextitem`, `tojson(ensure_ascii=False)`): the build's ids equal apply_chat_template's with
+the same template and tokenizer, and arguments given as a JSON string, which such a template cannot iterate (nor
+can transformers), are a one-line error naming the message, not a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openrecipes.data.bundled import TOKENIZER
+from openrecipes.data.templates import LOSS_MASKS, ChatRenderer
+
+from tests.data.sft_data_helpers import run_build, tokenize_conversations, write_jsonl
+
+PARAMETERS = r"""
+{%- for message in messages -%}
+{%- if message.role == "assistant" -%}
+<|im_start|>assistant{{ "\n" + message.content }}
+{%- for call in message.tool_calls or [] -%}
+{%- set call = call.function if call.function is defined else call -%}
+{{ ("\n" if message.content or not loop.first else "") + "<tool_call>\n<function=" + call.name + ">\n" }}
+{%- for key, value in ARGUMENTS -%}
+{%- set value = value | tojson(ensure_ascii=False) if value is mapping or (value is sequence and value is not string)
+    else value | string -%}
+{{ "<parameter=" + key + ">\n" + value + "\n</parameter>\n" }}
+{%- endfor -%}
+</function>{{ "\n" }}</tool_call>
+{%- endfor -%}
+<|im_end|>{{ "\n" }}
+{%- elif message.role == "tool" -%}
+{%- if loop.previtem and loop.previtem.role != "tool" %}<|im_start|>user{% endif -%}
+{{ "\n<tool_response>\n" + message.content + "\n</tool_response>" }}
+{%- if loop.last or loop.nextitem.role != "tool" %}<|im_end|>{{ "\n" }}{% endif -%}
+{%- else -%}
+<|im_start|>{{ message.role + "\n" + message.content }}<|im_end|>{{ "\n" }}
+{%- endif -%}
+{%- endfor -%}
+"""
+# Qwen3.5's spelling, and GLM-4.7's
+FILTER, METHOD = "call.arguments | items", "call.arguments.items()"
+
+
+def call(name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def weather(arguments: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "Weather in Zürich and Oslo?"},
+                         {"role": "assistant", "content": "", "tool_calls": [
+                             call("weather", arguments), call("weather", {"city": "Oslo", "days": [1, 2]})]},
+                         {"role": "tool", "content": "☀️ 25°"}, {"role": "tool", "content": "rain"},
+                         {"role": "assistant", "content": "Sunny in Zürich, rain in Oslo."}]}
+
+
+def template(tmp_path: Path, arguments: str) -> Path:
+    path = tmp_path / f"{len(arguments)}.jinja"
+    path.write_text(PARAMETERS.replace("ARGUMENTS", arguments), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("arguments", [FILTER, METHOD])
+def test_argument_blocks_equal_apply_chat_template(tmp_path, arguments):
+    transformers = pytest.importorskip("transformers")
+    path = template(tmp_path, arguments)
+    record = weather({"city": "Zürich", "when": {"day": "today"}, "hourly": False})
+    ((ids, mask),), bundle = tokenize_conversations([record], tmp_path / "build", chat_template=str(path))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER / "tokenizer.json"))
+    hf.chat_template = path.read_text(encoding="utf-8")
+    assert ids == list(hf.apply_chat_template(record["messages"], tokenize=True)["input_ids"])
+    supervised = bundle.tokenizer.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert supervised == ('<tool_call>\n<function=weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=when>\n'
+                          '{"day": "today"}\n</parameter>\n<parameter=hourly>\nFalse\n</parameter>\n</function>\n'
+                          '</tool_call>\n<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n'
+                          '<parameter=days>\n[1, 2]\n</parameter>\n</function>\n</tool_call><|im_end|>'
+                          'Sunny in Zürich, rain in Oslo.<|im_end|>')
+
+
+@pytest.mark.parametrize("arguments", [FILTER, METHOD])
+def test_arguments_as_a_json_string_are_a_one_line_error_naming_the_message(tmp_path, arguments):
+    record = weather(json.dumps({"city": "Zürich"}))
+    with pytest.raises(ValueError, match=r"^conversation 0: chat template: \w+Error: .*\(message 2 gives a tool "
+                                         r"call's arguments as a JSON string") as caught:
+        tokenize_conversations([record], tmp_path / "build", chat_template=str(template(tmp_path, arguments)))
+    assert "\n" not in str(caught.value)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER / "tokenizer.json"))
+    hf.chat_template = template(tmp_path, arguments).read_text(encoding="utf-8")
+    with pytest.raises(Exception):  # transformers cannot render it either
+        hf.apply_chat_template(record["messages"], tokenize=True)
+
+
+def test_skip_invalid_counts_them_as_template_errors(tmp_path):
+    records = [weather({"city": "Zürich"}), weather(json.dumps({"city": "Zürich"}))]
+    manifest = run_build(tmp_path / "out", input=write_jsonl(tmp_path / "in.jsonl", records), row_tokens=32,
+                         chat_template=template(tmp_path, FILTER), skip_invalid=True)
+    assert manifest["counts"]["conversations_invalid"] == 1
+    assert manifest["invalid_reasons"]["template error"]["first"] == [f"{tmp_path / 'in.jsonl'} line 2"]
+
+
+def test_python_errors_inside_a_template_are_template_errors():
+    """A string plus a list, a division by zero: what the template does with the data, not a crash."""
+    for source, name in (("{{ messages[0].content + [] }}", "TypeError"),
+                         ("{{ (messages | length) // 0 }}", "ZeroDivisionError")):
+        renderer = ChatRenderer(template=source, loss_mask=LOSS_MASKS["qwen3"], special_tokens={}, template_kwargs={})
+        with pytest.raises(ValueError, match=f"^chat template: {name}"):
+            renderer.render([{"role": "user", "content": "q"}])

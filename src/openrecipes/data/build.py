@@ -31,7 +31,8 @@ from openrecipes.data.pretrain import build_pretrain
 from openrecipes.data.sources import InvalidConversation, find_marker, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, LimitCounter, Piece, batch_piece, encode_windows, encoded_piece,
                                      is_long, long_pieces)
-from openrecipes.data.templates import ChatRenderer, builtin_template_note, get_loss_mask, load_template_text
+from openrecipes.data.templates import (TEMPLATE_SPECIAL_TOKENS, ChatRenderer, builtin_template_note, get_loss_mask,
+                                        load_template_text)
 from openrecipes.data.tokenizer import load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
 
@@ -56,7 +57,9 @@ def _prepare(config: BuildJob) -> tuple[Any, ChatRenderer, int, str, str]:
     eos_id = bundle.token_id(eos) if eos else None
     if eos_id is None:
         raise ValueError(f"--eos-token: {config.tokenizer} has no token {eos!r} to separate conversations")
-    special = {"bos_token": bundle.config_token("bos_token"), "eos_token": bundle.config_token("eos_token")}
+    # the named tokens apply_chat_template gives the template (its special_tokens_map): only those the tokenizer sets,
+    # so that `{{ bos_token }}` of a tokenizer without one writes nothing, not "None"
+    special = {key: token for key in TEMPLATE_SPECIAL_TOKENS if (token := bundle.config_token(key)) is not None}
     renderer = ChatRenderer(template=template, loss_mask=fmt, special_tokens=special,
                             template_kwargs=dict(config.spec.template_kwargs))
     # A template that cannot render a minimal conversation in this format is a configuration

@@ -230,6 +230,10 @@ def string_arguments_hint(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
+# The named special tokens transformers passes to a template (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
+TEMPLATE_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
 # a message's reasoning under the names datasets use; templates read reasoning_content, gpt-oss's `thinking`
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -246,7 +250,7 @@ class ChatRenderer:
 
     template: str
     loss_mask: LossMaskFormat
-    special_tokens: dict[str, str | None]  # bos_token / eos_token as the template sees them
+    special_tokens: dict[str, str | None]  # TEMPLATE_SPECIAL_TOKENS as the template sees them
     template_kwargs: dict[str, Any]  # STRFTIME_NOW among them: the date strftime_now() renders, not a variable
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:

@@ -1,12 +1,16 @@
-"""Tool calls written argument by argument, as Qwen3.5's template (`<parameter=NAME>` blocks, Jinja's `items` filter)
-and GLM-4.7's (`arguments.items()`) write them, with templates written here that use the same constructs (`items`,
-`loop.previtem` / `loop.nextitem`, `tojson(ensure_ascii=False)`): the build's ids equal apply_chat_template's with
-the same template and tokenizer, and arguments given as a JSON string, which such a template cannot iterate (nor
-can transformers), are a one-line error naming the message, not a traceback."""
+"""Constructs of the published chat templates, with templates written here that use them.
+
+Tool calls written argument by argument, as Qwen3.5's template (`<parameter=NAME>` blocks, Jinja's `items` filter)
+and GLM-4.7's (`arguments.items()`) write them, with `loop.previtem` / `loop.nextitem` and
+`tojson(ensure_ascii=False)`: the build's ids equal apply_chat_template's with the same template and tokenizer, and
+arguments given as a JSON string, which such a template cannot iterate (nor can transformers), are a one-line error
+naming the message, not a traceback. The named special tokens (`{{ bos_token }}` of Llama-style templates) are those
+the tokenizer sets, as transformers gives them: a tokenizer without a BOS token (Qwen's) writes nothing there."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +113,18 @@ def test_python_errors_inside_a_template_are_template_errors():
         renderer = ChatRenderer(template=source, loss_mask=LOSS_MASKS["qwen3"], special_tokens={}, template_kwargs={})
         with pytest.raises(ValueError, match=f"^chat template: {name}"):
             renderer.render([{"role": "user", "content": "q"}])
+
+
+def test_named_special_tokens_are_those_the_tokenizer_sets(tmp_path):
+    """The bundled tokenizer sets eos_token and pad_token, not bos_token nor unk_token."""
+    transformers = pytest.importorskip("transformers")
+    directory = tmp_path / "tokenizer"
+    shutil.copytree(TOKENIZER, directory)
+    (directory / "chat_template.jinja").write_text(
+        "{{ bos_token }}{{ unk_token is defined }}{{ pad_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{{ m.content }}<|im_end|>\n{% endfor %}", encoding="utf-8")
+    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    ((ids, _),), bundle = tokenize_conversations([record], tmp_path / "build", tokenizer=directory)
+    assert bundle.tokenizer.decode(ids, skip_special_tokens=False).startswith("False<|endoftext|><|im_start|>user")
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(directory))
+    assert ids == list(hf.apply_chat_template(record["messages"], tokenize=True)["input_ids"])

@@ -6,8 +6,9 @@ runs one forward and backward and exchanges the resulting shapes with its neighb
 fake group answers with garbage; with every stage's shapes given it skips that, but only after a vote over the
 pipeline group (``_warmup_forward_vote``) that every stage has them, and a fake receive leaves that vote at "no". A
 lone stage therefore is given its shapes, answers the vote itself, and fills the buffers the fake receives leave
-untouched (the activations from the previous stage, the gradients from the next) with finite values, once: they are
-the same buffers at every step, as in the real job. The schedule itself (its order, its microbatches in flight) is
+untouched (the activations from the previous stage, the gradients from the next) with finite values, once, as their
+first receive is posted: they are the same buffers at every step, as in the real job, and a receive that does deliver
+(a replay of the real rank's, tests/distributed/test_rank_replay.py) overwrites them. The schedule itself (its order, its microbatches in flight) is
 torch's, unchanged.
 """
 
@@ -61,9 +62,19 @@ class LoneStage(PipelineStage):
     def _warmup_backward_result(self, received_result: torch.Tensor | None = None) -> torch.Tensor:
         return torch.ones(1, dtype=torch.int32, device=self.device)
 
-    def forward_one_chunk(self, fwd_chunk_id: int, args, kwargs=None, save_forward_output: bool = True):
+    # filled before the receive, not before the compute: what a receive delivers is what the stage computes on
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
         if not self.is_first:  # an activation of the scale of the residual stream
             self._fill(self.args_recv_info[fwd_chunk_id], std=1.0)
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        if not self.is_last and self.has_backward:
+            # a loss averaged over the step's tokens gives each hidden element a gradient of about 1 / tokens
+            self._fill(self.grad_recv_info[bwd_chunk_id], std=None)
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def forward_one_chunk(self, fwd_chunk_id: int, args, kwargs=None, save_forward_output: bool = True):
         output = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         self.forwards += 1
         self.most_in_flight = max(self.most_in_flight, self.forwards - self.backwards)
@@ -71,9 +82,6 @@ class LoneStage(PipelineStage):
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True,
                            last_backward: bool = False):
-        if not self.is_last and self.has_backward:
-            # a loss averaged over the step's tokens gives each hidden element a gradient of about 1 / tokens
-            self._fill(self.grad_recv_info[bwd_chunk_id], std=None)
         result = super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
         self.backwards += 1
         return result

@@ -21,11 +21,12 @@ each peak is that rank's); ``openrecipes measure-rank`` starts these and compare
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,8 @@ from openrecipes.config.recipe import Recipe
 
 if TYPE_CHECKING:
     from openrecipes.parallel.lone_stage import StageShapes
+
+GradientReport = Callable[[int, dict[str, torch.Tensor]], None]
 
 
 def measured_recipe(recipe: Recipe) -> Recipe:
@@ -66,9 +69,16 @@ def local_parameters(model: torch.nn.Module) -> dict[str, int]:
 
 
 def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: int,
-                 device: torch.device | None = None) -> dict[str, Any]:
+                 device: torch.device | None = None, join: Callable[[int, int], None] = join_fake_world,
+                 alone: bool = True, on_gradients: GradientReport | None = None) -> dict[str, Any]:
     """Build rank ``rank`` of ``world`` and run ``steps`` timed steps; the first is a warm-up left out of the
-    times. Returns the figures (``openrecipes measure-rank``'s per-rank record)."""
+    times. Returns the figures (``openrecipes measure-rank``'s per-rank record).
+
+    ``join`` makes this process rank ``rank`` of ``world`` (by default under the fake process group). ``alone``:
+    the rank makes the assumptions of the module's docstring (mirrored routing, its pipeline's neighbours given);
+    false, it runs as one rank of a real world (tests/distributed/test_rank_replay.py runs it so to compare with).
+    ``on_gradients``: called at each step with the step's index and the gradients of this rank's shards as the
+    optimizer reads them (``local_gradients``)."""
     from openrecipes.parallel.expert import assume_mirrored_routing
     from openrecipes.parallel.mesh import build_parallel_state
     from openrecipes.parallel.pipeline import run_alone
@@ -78,16 +88,18 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
 
     device = device or (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                         else torch.device("cpu"))
-    join_fake_world(rank, world)
+    join(rank, world)
     try:
         parallel = build_parallel_state(recipe.layout, device)
         torch.manual_seed(recipe.seed)
         loader = _row_loader(recipe, config, Path(recipe.run_dir), parallel, rank=rank, world=world)
         model, grads = engine.build_model(recipe, config, parallel)
-        dispatchers = assume_mirrored_routing(model)
+        dispatchers = assume_mirrored_routing(model) if alone else []
+        if on_gradients is not None:
+            _report_gradients(grads, model, on_gradients)
         optimizer = _optimizer(recipe, model, parallel)
         pipeline = _pipeline(recipe, config, model, parallel, device, loader.rows_per_microbatch)
-        if pipeline is not None:
+        if pipeline is not None and alone:
             pipeline = run_alone(pipeline, stage_shapes(recipe, config, parallel, loader), seed=recipe.seed)
         build_peak_and_reset(device)
         records = [train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline, timed=True)
@@ -103,7 +115,7 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
               "rows_per_microbatch": loader.rows_per_microbatch, "row_tokens": loader.dataset.row_tokens,
               "phases_s": phases, "loss": [r["loss"] for r in records], "grad_norm": [r["grad_norm"] for r in records],
               "expert_rows_received": [d.received_rows[-1] for d in dispatchers if d.received_rows]}
-    if pipeline is not None:
+    if pipeline is not None and alone:  # torch's own stages count nothing
         result["pipeline"] = pipeline_counts(pipeline, steps)
     if device.type == "cuda":
         result["peak_allocated_gib"] = max(r["peak_memory_gib"] for r in records)
@@ -111,6 +123,27 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
     else:  # the CPU allocator leaves no peak to read but the process's resident one (interpreter included)
         result["peak_rss_gib"] = rank_peak_bytes(device, None) / 2**30
     return result
+
+
+def local_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of each parameter's gradient as this rank holds it (the fp32 accumulator where one is kept; a
+    sharded one's local shard), by parameter name."""
+    found = {name: p.main_grad if getattr(p, "main_grad", None) is not None else p.grad
+             for name, p in model.named_parameters()}
+    return {name: (g.to_local() if hasattr(g, "to_local") else g).detach().clone()
+            for name, g in found.items() if g is not None}
+
+
+def _report_gradients(grads: Any, model: torch.nn.Module, report: GradientReport) -> None:
+    """Have ``grads`` hand each step's gradients to ``report`` before it clears them: the step's last moment that
+    holds them, after their sums over the groups and the optimizer's read."""
+    zero, steps = grads.zero, itertools.count()
+
+    def reported_then_zeroed() -> None:
+        report(next(steps), local_gradients(model))
+        zero()
+
+    grads.zero = reported_then_zeroed
 
 
 def stage_shapes(recipe: Recipe, config: Any, parallel: Any, loader: Any) -> StageShapes:

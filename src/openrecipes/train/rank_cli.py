@@ -79,12 +79,15 @@ def beside_plan(measured: dict[str, Any], plan: Any) -> dict[str, Any]:
 
 
 def failure_line(stderr: str) -> str:
-    """The line of a failed rank process that says why: its last exception line (torchrun-style ``[rank0]:``
-    prefixes removed), else its last non-empty line."""
+    """The line of a failed rank process that says why: its last exception line with a message (torchrun-style
+    ``[rank0]:`` prefixes removed), else its last exception line, else its last non-empty line. A wrapper raised
+    ``from`` the cause with its message on later lines (the pipeline schedule's "RuntimeError:" over a CUDA
+    out-of-memory error) would otherwise hide the cause."""
     lines = [re.sub(r"^\[rank\d+\]:\s?", "", line).strip() for line in stderr.splitlines()]
     lines = [line for line in lines if line]
     errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
-    return (errors or lines or ["(no message)"])[-1]
+    told = [line for line in errors if line.partition(":")[2].strip()]
+    return (told or errors or lines or ["(no message)"])[-1]
 
 
 def measure_in_process(recipe: str | Path, rank: int, world: int, out: Path, *, steps: int,

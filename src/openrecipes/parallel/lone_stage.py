@@ -45,8 +45,10 @@ class LoneStage(PipelineStage):
         outputs = torch.empty(1, device="meta") if last else hidden
         super().__init__(submodule, stage_index, num_stages, device, input_args=inputs, output_args=outputs,
                          group=group)
-        # the shapes above are an assumption: torch checks each microbatch's tensors against them
-        self._runtime_validate = True
+        # the shapes above are an assumption: torch checks each microbatch's tensors against them. Not on the last
+        # stage: its inputs are the buffers made from these very shapes, and torch before 2.13 also checks its
+        # output (the logits) against the placeholder above (Muse Spark's last stage on an H100, torch 2.11)
+        self._runtime_validate = not last
         self._generator = torch.Generator(device).manual_seed(seed)
         self._filled: set[int] = set()
         self.forwards = self.backwards = self.most_in_flight = 0

@@ -142,19 +142,27 @@ def run(args: argparse.Namespace) -> int:
     ranks = _ranks(args.ranks, recipe.layout, config.num_hidden_layers, world)
     row_tokens = int(read_manifest(rows_directory(recipe.data.rows, out))["row_tokens"])
     plan = predicted(recipe, config, gpu_type, row_tokens)
-    results = []
+    results, failed = [], []
     for number, rank in enumerate(ranks, 1):
         print(f"measure-rank: rank {rank} of {world} ({recipe.layout.label()}), {number} of {len(ranks)}: "
               f"{args.steps} steps in one process", file=sys.stderr, flush=True)
-        measured = measure_in_process(args.recipe, rank, world, out / f"rank-{rank}.json", steps=args.steps,
-                                      overrides=[*args.overrides, f"run_dir={out}"])
+        try:
+            measured = measure_in_process(args.recipe, rank, world, out / f"rank-{rank}.json", steps=args.steps,
+                                          overrides=[*args.overrides, f"run_dir={out}"])
+        except ValueError as error:  # the other ranks are still measured and reported; the exit says one failed
+            failed.append({"rank": rank, "error": str(error)})
+            print(f"measure-rank: {error}", file=sys.stderr, flush=True)
+            continue
         results.append(beside_plan(measured, plan))
         print(f"measure-rank: rank {rank} done", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"recipe": recipe.name, "layout": recipe.layout.label(), "gpus": args.gpus,
-                          "ranks": results}, indent=2))
+                          "ranks": results, "failed": failed}, indent=2))
     else:
         print(format_table(results, recipe.layout.label(), args.gpus))
+        print("\n".join(f"rank {f['rank']}: not measured: {f['error']}" for f in failed))
+    if failed:
+        raise ValueError(f"{len(failed)} of {len(ranks)} ranks not measured: {failed[0]['error']}")
     return 0
 
 

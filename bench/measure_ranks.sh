@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seed layouts measured rank by rank on one GPU (openrecipes measure-rank, docs/plan.md "One rank measured
 # alone"): OUT_DIR=DIR bench/measure_ranks.sh [qwen3-30b-a3b-8xh200] [qwen3-30b-a3b-8xh100-top]
-# [muse-spark-128xh200]
+# [qwen3-30b-a3b-8xh200-top] [muse-spark-128xh200]
 # Rows: random token rows at the recipe's row length unless CONVERSATIONS and TOKENIZER are set (the Qwen3 recipe's
 # data.build then reads your conversations with the real tokenizer); a rank's memory and compute depend on the rows'
 # shapes only, and routing is balanced either way.
@@ -46,6 +46,13 @@ for name in "${names[@]}"; do
         --set layout.ep=1 --set layout.max_tokens_per_gpu=4096 --set layout.rows_per_microbatch=1 \
         --set recompute.granularity=none --set offload.fraction=0.5 --set global_batch=8 \
         $(rows_for "$name" qwen3-30b-a3b 32 4096) --out "$out/$name" > "$out/$name.json" ;;
+    qwen3-30b-a3b-8xh200-top)  # what `openrecipes plan qwen3-30b-a3b --gpus 8xH200` ranks first (DP8, no
+      # recompute, 4,096 tokens per GPU, the optimizer on the device; predicted 89.4 GiB: an H200's)
+      # shellcheck disable=SC2046
+      python3 -m openrecipes measure-rank examples/qwen3-30b-a3b-8xh200.yaml --gpus 8xH200 --ranks 0 --json \
+        --set layout.ep=1 --set layout.max_tokens_per_gpu=4096 --set layout.rows_per_microbatch=1 \
+        --set recompute.granularity=none --set offload.fraction=0.0 --set global_batch=8 \
+        $(rows_for "$name" qwen3-30b-a3b 32 4096) --out "$out/$name" > "$out/$name.json" ;;
     muse-spark-128xh200)  # seed 000: TP4 PP16 (3, 4 x 14, 3 layers) EP8 DP2, optimizer offload 0.3: the default
       # ranks 0, 8 and 120 are the first, a middle and the last stage, each stage's neighbours assumed (docs/plan.md)
       # shellcheck disable=SC2046
@@ -55,7 +62,8 @@ for name in "${names[@]}"; do
         --set layout.pp_first_stage_layers=3 --set layout.pp_last_stage_layers=3 \
         --set layout.ep=8 --set layout.dp=2 --set offload.fraction=0.3 --set global_batch=128 \
         --out "$out/$name" > "$out/$name.json" ;;
-    *) echo "unknown layout $name (qwen3-30b-a3b-8xh200, qwen3-30b-a3b-8xh100-top, muse-spark-128xh200)" >&2
+    *) echo "unknown layout $name (qwen3-30b-a3b-8xh200, qwen3-30b-a3b-8xh100-top, qwen3-30b-a3b-8xh200-top," \
+            "muse-spark-128xh200)" >&2
        exit 2 ;;
   esac
 done

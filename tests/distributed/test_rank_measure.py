@@ -80,6 +80,22 @@ def test_an_exchange_that_delivers_nothing_keeps_the_step_finite(run_dir, tmp_pa
     assert all(torch.isfinite(torch.tensor(result["grad_norm"]))) and result["expert_rows_received"]
 
 
+def test_the_rank_runs_under_the_recipes_allocator(run_dir, monkeypatch):
+    """The real job sets kernels.allocator before its first allocation (train/loop.py); a measured rank must too, or
+    its reserved peak (and whether it fits) is another allocator's."""
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.models.resolve import resolve_model_config
+    from openrecipes.parallel import mesh
+    from openrecipes.train.rank_measure import measure_rank, measured_recipe
+
+    kinds = []
+    monkeypatch.setattr(mesh, "use_cuda_allocator", kinds.append)
+    recipe = measured_recipe(load_recipe(EXAMPLE, [f"run_dir={run_dir}", "kernels.allocator=caching"]))
+    torch.set_num_threads(1)
+    measure_rank(recipe, resolve_model_config(recipe.model), rank=0, world=1, steps=1)
+    assert kinds == ["caching"]
+
+
 @pytest.mark.slow
 def test_tp2_rank_is_finite_and_holds_a_slice(run_dir):
     whole = measure(run_dir, 0, 1)["parameters"]

@@ -80,6 +80,7 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
     ``on_gradients``: called at each step with the step's index and the gradients of this rank's shards as the
     optimizer reads them (``local_gradients``)."""
     from openrecipes.parallel.expert import assume_mirrored_routing
+    from openrecipes.parallel import mesh
     from openrecipes.parallel.mesh import build_parallel_state
     from openrecipes.parallel.pipeline import run_alone
     from openrecipes.train import engine
@@ -88,6 +89,9 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
 
     device = device or (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                         else torch.device("cpu"))
+    # the real job's allocator (kernels.allocator), set before the first allocation as train/loop.py sets it: the
+    # reserved peak and what fits depend on it
+    mesh.use_cuda_allocator(recipe.kernels.allocator)
     join(rank, world)
     try:
         parallel = build_parallel_state(recipe.layout, device)

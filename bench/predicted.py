@@ -3,7 +3,13 @@ allocated memory, predicted for the recipe the engine trained (bench/engine_spee
 the tuner calls it: train/rank_cli.py `predicted`) on the results file's GPU, against the median of the measured
 rounds. Prints a Markdown table, or JSON with --json.
 
+Each row also carries the factor on the planner's compute time that would make its prediction the measurement
+(``compute_scale``, the factor planner.yaml already applies for the family and GPU included). `--fit` turns the rows
+of the runs named in FIT_ON into planner.yaml's ``openrecipes_engine.family_compute_scale`` (one factor per family and
+GPU type) and shows every other row of the files given as held out.
+
 Usage: python bench/predicted.py bench/results/families-h100.json [--json]
+       python bench/predicted.py --fit bench/results/families-h100.json bench/results/families-none-h100.json ...
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from openrecipes.config.hardware import load_hardware as hardware_table  # noqa:
 from openrecipes.config.recipe import recipe_from_dict  # noqa: E402
 from openrecipes.models.resolve import resolve_model_config  # noqa: E402
 from openrecipes.train.rank_cli import predicted  # noqa: E402
-from workloads import load_workloads  # noqa: E402
+from workloads import family_of, load_workloads  # noqa: E402
+
+# per GPU type, the one run of each family its compute scale is fitted on (compiled blocks, full recompute: the
+# workloads the families were first measured in); the other runs of a family on that GPU are held out
+FIT_ON = {"H100": {"gpt_oss": "gptoss_bal_c", "glm4_moe": "glm45_bal_c", "qwen3_5_moe": "qwen35_bal_c",
+                   "deepseek_v3": "dsv3_bal_c"}}
 
 
 def gpu_type(device_name: str) -> str:
@@ -52,18 +63,49 @@ def compare(results: dict) -> list[dict]:
                              row_tokens)
         measured = statistics.median(s["tokens_per_s_per_gpu"] for s in samples)
         peak = max(s["peak_memory_gib"] for s in samples)  # the allocator's peak allocated, as the planner's
-        rows.append({"workload": name, "gpu": gpu, "rounds": len(samples), "measured_tokens_per_s_per_gpu": measured,
+        rows.append({"workload": name, "gpu": gpu, "family": family_of(model), "rounds": len(samples),
+                     "measured_tokens_per_s_per_gpu": measured,
                      "predicted_tokens_per_s_per_gpu": plan.throughput.tokens_per_s_per_gpu,
-                     "measured_peak_gib": peak, "predicted_peak_gib": plan.stages[0].allocated_gib})
+                     "measured_peak_gib": peak, "predicted_peak_gib": plan.stages[0].allocated_gib,
+                     "compute_scale": compute_scale(plan, measured, gpu, family_of(model))})
     return rows
+
+
+def compute_scale(plan, measured_tokens_per_s: float, gpu: str, family: str) -> float:
+    """The factor on the planner's compute time (planner.yaml's own for this family and GPU included) that makes its
+    one-GPU step the measured one: the step's time outside the pipeline (gradient sync, optimizer) kept as predicted,
+    the pipeline (every microbatch's compute; nothing else on one GPU) scaled."""
+    from openrecipes.plan.hardware import load_hardware
+
+    throughput = plan.throughput
+    measured_step = throughput.step_time_s * throughput.tokens_per_s_per_gpu / measured_tokens_per_s
+    pipeline = throughput.parts_s["pipeline"]
+    current = load_hardware(gpu).openrecipes_engine.compute_scale(family, gpu)
+    return current * (measured_step - (throughput.step_time_s - pipeline)) / pipeline
+
+
+def fit(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """planner.yaml's family_compute_scale from the rows of the runs FIT_ON names (family -> GPU -> factor)."""
+    scales: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if FIT_ON.get(row["gpu"], {}).get(row["family"]) == row["workload"]:
+            scales.setdefault(row["family"], {})[row["gpu"]] = round(row["compute_scale"], 3)
+    return scales
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results")
+    parser.add_argument("results", nargs="+")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--fit", action="store_true", help="print planner.yaml's family_compute_scale fitted to the "
+                                                           "FIT_ON runs, and the others held out")
     args = parser.parse_args()
-    rows = compare(json.loads(Path(args.results).read_text()))
+    rows = [row for path in args.results for row in compare(json.loads(Path(path).read_text()))]
+    if args.fit:
+        print(json.dumps({"family_compute_scale": fit(rows)}, indent=1))
+        fitted = {(r["family"], r["workload"]) for r in rows if FIT_ON.get(r["gpu"], {}).get(r["family"]) == r["workload"]}
+        rows = [r for r in rows if (r["family"], r["workload"]) not in fitted]
+        print("held out (the planner as planner.yaml has it now):")
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -169,7 +169,9 @@ def fit_engine_calibration(runs: list[MeasuredRun], hw: Hardware, model: str = "
         low, high = (rate, high) if _predict(run, trial, model).throughput.step_time_s > run.measured_step_s \
             else (low, rate)
     values["cpu_adam_elements_per_s_per_rank"] = (low * high) ** 0.5
-    return EngineCalibration(**values)
+    # the families' compute scales are fitted on their own runs (bench/predicted.py --fit), kept as they are
+    kept = hw.openrecipes_engine.family_compute_scale if hw.openrecipes_engine else {}
+    return EngineCalibration(**values, family_compute_scale=kept)
 
 
 def compare(runs: list[MeasuredRun], hw: Hardware, model: str = "qwen3-30b-a3b") -> list[Comparison]:

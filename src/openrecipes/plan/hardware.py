@@ -41,6 +41,12 @@ class EngineCalibration:
     tp_s_per_layer: float  # per layer and microbatch under tensor parallelism
     cp_s_per_layer: float  # per layer and microbatch under context parallelism
     cpu_adam_elements_per_s_per_rank: float  # the offloaded share of the optimizer
+    # family -> GPU type -> factor on the planner's compute time, fitted to that family's measured runs on that GPU
+    # (bench/predicted.py --fit); a family or GPU not listed: 1
+    family_compute_scale: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def compute_scale(self, family: str, gpu: str) -> float:
+        return self.family_compute_scale.get(family, {}).get(gpu, 1.0)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -60,7 +66,7 @@ def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
 
 
 def _build(cls: type, values: dict[str, Any], where: str, **extra: Any) -> Any:
-    names = set(cls.__dataclass_fields__) - {"name"}
+    names = set(cls.__dataclass_fields__) - {"name"} - set(extra)
     missing, unknown = names - set(values), set(values) - names
     if missing or unknown:
         raise ValueError(f"{where}: missing {sorted(missing)} / unknown {sorted(unknown)} fields")
@@ -108,6 +114,24 @@ def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: 
         efficiency=_build(Efficiency, _section(raw, "efficiency", str(source)), f"{source.name}: efficiency"),
         memory=_build(MemoryOverheads, _section(raw, "memory", str(source)), f"{source.name}: memory"),
         cpu_adam_elements_per_s=float(rate),
-        openrecipes_engine=_build(EngineCalibration, raw["openrecipes_engine"], f"{source.name}: openrecipes_engine")
+        openrecipes_engine=_engine_calibration(raw["openrecipes_engine"], f"{source.name}: openrecipes_engine")
         if "openrecipes_engine" in raw else None,
     )
+
+
+def _engine_calibration(values: Any, where: str) -> EngineCalibration:
+    """The ``openrecipes_engine`` block: its numbers, and the per-family compute scales (a mapping of mappings of
+    positive numbers)."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    scales = values.get("family_compute_scale") or {}
+    if not isinstance(scales, dict) or not all(isinstance(by_gpu, dict) for by_gpu in scales.values()):
+        raise ValueError(f"{where}.family_compute_scale: expected family: {{GPU type: factor}}")
+    for family, by_gpu in scales.items():
+        for gpu, factor in by_gpu.items():
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.1 <= factor <= 10:
+                raise ValueError(f"{where}.family_compute_scale.{family}.{gpu}: must be a number from 0.1 to 10, "
+                                 f"got {factor!r}")
+    numbers = {k: v for k, v in values.items() if k != "family_compute_scale"}
+    return _build(EngineCalibration, numbers, where, family_compute_scale={
+        family: {gpu: float(f) for gpu, f in by_gpu.items()} for family, by_gpu in scales.items()})

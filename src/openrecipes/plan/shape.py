@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from openrecipes.models.shape import ModelShape
@@ -16,4 +17,4 @@ def model_shape(config: Any, *, name: str = "") -> ModelShape:
         family = family_for_config(config)
     except ValueError:
         raise ValueError(f"model: the planner does not know config type {type(config).__name__}") from None
-    return family.planner_shape(config, name)
+    return dataclasses.replace(family.planner_shape(config, name), family=family.name)

@@ -1,7 +1,6 @@
 """A training save written under DP2-EP2 (FSDP2 shards, experts split over ranks) exports the same Hugging Face
 weights as the one-process run of the same recipe."""
 
-import pytest
 import torch
 from safetensors.torch import load_file
 

@@ -14,21 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+from tests.distributed.conftest import TINY_QWEN3 as EXAMPLE
+
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """The tiny recipe's rows, built once for every measured rank."""
-    from openrecipes.config.recipe import load_recipe
-    from openrecipes.config.rundir import rows_directory
-    from openrecipes.data.build import build_recipe_rows
-
-    run = tmp_path_factory.mktemp("ranks") / "run"
-    recipe = load_recipe(EXAMPLE, [f"run_dir={run}"])
-    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-    return run
 
 
 def measure(run_dir, rank, world, *sets):

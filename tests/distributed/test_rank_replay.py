@@ -42,27 +42,14 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.distributed import replay_groups
+from tests.distributed.conftest import TINY_QWEN3 as EXAMPLE
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
 STEPS = 2
 MEASURED_PEAK = mock.patch("openrecipes.train.loop.rank_peak_bytes", lambda device, peak: 2.0**30)
 LAYOUTS = {"DP2-EP2": ("layout.ep=2",),
            "TP2-SP": ("layout.dp=1", "layout.tp=2", "layout.sequence_parallel=true"),
            "PP2": ("layout.pp=2",),
            "CP2": ("layout.dp=1", "layout.cp=2")}
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """The tiny recipe's rows, built once."""
-    from openrecipes.config.recipe import load_recipe
-    from openrecipes.config.rundir import rows_directory
-    from openrecipes.data.build import build_recipe_rows
-
-    run = tmp_path_factory.mktemp("replay") / "run"
-    recipe = load_recipe(EXAMPLE, [f"run_dir={run}"])
-    build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-    return run
 
 
 @pytest.fixture(scope="module")

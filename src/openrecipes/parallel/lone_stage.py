@@ -8,8 +8,8 @@ pipeline group (``_warmup_forward_vote``) that every stage has them, and a fake 
 lone stage therefore is given its shapes, answers the vote itself, and fills the buffers the fake receives leave
 untouched (the activations from the previous stage, the gradients from the next) with finite values, once, as their
 first receive is posted: they are the same buffers at every step, as in the real job, and a receive that does deliver
-(a replay of the real rank's, tests/distributed/test_rank_replay.py) overwrites them. The schedule itself (its order, its microbatches in flight) is
-torch's, unchanged.
+(a replay of the real rank's, tests/distributed/test_rank_replay.py) overwrites them. The schedule itself (its order,
+its microbatches in flight) is torch's, unchanged.
 """
 
 from __future__ import annotations

@@ -129,11 +129,10 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
 
     calibration = hw.openrecipes_engine if setup.engine == "openrecipes" else None
     split_overhead = 0.0  # this engine's per-layer cost of splitting the sequence (host-bound; measured)
-    compute_scale = 1.0  # this engine's measured speed on the family and GPU against the FLOP model above
     if calibration is not None:
         split_overhead = (calibration.tp_s_per_layer * (layout.tp > 1) + calibration.cp_s_per_layer * (layout.cp > 1))
-        compute_scale = calibration.compute_scale(shape.family, hw.gpu.name)
     cpu_adam_rate = calibration.cpu_adam_elements_per_s_per_rank if calibration else hw.cpu_adam_elements_per_s
+    compute_scale = calibration.compute_scale(shape.family, hw.gpu.name) if calibration else 1.0  # measured/model
 
     stage_parts: list[dict[str, float]] = []
     for i, layers in enumerate(counts):
@@ -155,7 +154,8 @@ def estimate_throughput(shape: ModelShape, layout: LayoutConfig, counts: list[in
             hidden_tokens = T / layout.tp if layout.sequence_parallel else T
             p2p = 2 * _link_time(2 * shape.hidden * hidden_tokens, 2 * layout.tp * layout.cp * layout.dp, hw)
         layer_comm = (share * comm_passes + (1 - share) * 2.0) * layers
-        stage_parts.append({"compute": compute * compute_scale, "tp_cp": layer_comm * tp_time + layers * split_overhead,
+        stage_parts.append({"compute": compute * compute_scale,
+                            "tp_cp": layer_comm * tp_time + layers * split_overhead,
                             "ep": layer_comm * ep_time, "pp": p2p})
     stage_times = [sum(p.values()) for p in stage_parts]
     parts = stage_parts[stage_times.index(max(stage_times))]  # per microbatch, on the slowest stage

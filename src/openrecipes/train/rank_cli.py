@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
                           "ranks": results, "failed": failed}, indent=2))
     else:
         print(format_table(results, recipe.layout.label(), args.gpus))
-        print("\n".join(f"rank {f['rank']}: not measured: {f['error']}" for f in failed))
+        for failure in failed:
+            print(f"rank {failure['rank']}: not measured: {failure['error']}")
     if failed:
         raise ValueError(f"{len(failed)} of {len(ranks)} ranks not measured: {failed[0]['error']}")
     return 0

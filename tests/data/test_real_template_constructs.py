@@ -128,3 +128,42 @@ def test_named_special_tokens_are_those_the_tokenizer_sets(tmp_path):
     assert bundle.tokenizer.decode(ids, skip_special_tokens=False).startswith("False<|endoftext|><|im_start|>user")
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(directory))
     assert ids == list(hf.apply_chat_template(record["messages"], tokenize=True)["input_ids"])
+
+
+# a developer message naming the built-in tools a list variable enables, as gpt-oss's template does with builtin_tools
+TOOLS_LIST = r"""
+{%- if builtin_tools is defined and builtin_tools -%}
+<|im_start|>system{{ "\n# Tools: " + builtin_tools | join(", ") }}<|im_end|>{{ "\n" }}
+{%- endif -%}
+{%- for message in messages -%}
+<|im_start|>{{ message.role + "\n" + message.content }}<|im_end|>{{ "\n" }}
+{%- endfor -%}
+"""
+
+
+def test_a_list_template_variable_reaches_the_template_as_apply_chat_template_passes_it(tmp_path):
+    from openrecipes.data.templates import parse_template_kwargs
+
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "tools.jinja"
+    path.write_text(TOOLS_LIST, encoding="utf-8")
+    kwargs = parse_template_kwargs(['builtin_tools=["browser", "python"]', "reasoning_effort=high"])
+    assert kwargs == {"builtin_tools": ["browser", "python"], "reasoning_effort": "high"}
+    conversation = {"messages": [{"role": "user", "content": "Look it up."},
+                                 {"role": "assistant", "content": "Found it."}]}
+    [(ids, _)], _ = tokenize_conversations([conversation], tmp_path, chat_template=str(path), template_kwargs=kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(TOKENIZER))
+    expected = tokenizer.apply_chat_template(conversation["messages"], chat_template=TOOLS_LIST, tokenize=True,
+                                             return_dict=False, **kwargs)
+    assert list(ids) == list(expected) and "# Tools: browser, python" in tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("value", ['[1, 2]', '["browser"', '[{"name": "browser"}]'])
+def test_a_list_template_variable_must_be_a_json_list_of_strings(value):
+    from openrecipes.config.recipe import DataBuild
+    from openrecipes.data.templates import parse_template_kwargs
+
+    with pytest.raises(ValueError, match="builtin_tools: a value starting with '\\[' must be a JSON list of strings"):
+        parse_template_kwargs([f"builtin_tools={value}"])
+    with pytest.raises(ValueError, match="template_kwargs"):
+        DataBuild(row_tokens=64, template_kwargs={"builtin_tools": [1, 2]})

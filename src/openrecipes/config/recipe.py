@@ -57,7 +57,8 @@ class DataBuild(BaseModel):
     row_tokens: int = Field(..., ge=1)
     rows: int | None = Field(None, ge=1)
     seed: int = 42
-    template_kwargs: dict[str, str | StrictBool] = Field(default_factory=dict)  # sft only
+    # sft only: extra template variables: strings, booleans, lists of strings (gpt-oss's builtin_tools)
+    template_kwargs: dict[str, str | StrictBool | list[str]] = Field(default_factory=dict)
     chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
     eos_token: str | None = None      # the token after each document (default: the format's, see docs/data.md)
     # sft only: a conversation of more tokens than this is skipped (counted) or truncated (docs/data.md)

@@ -362,7 +362,8 @@ def load_template_text(spec: str) -> tuple[str, str]:
 
 
 def parse_template_kwargs(items: list[str] | None) -> dict[str, Any]:
-    """Parse ``k=v`` strings. ``true``/``false`` become booleans; everything else stays a string."""
+    """Parse ``k=v`` strings. ``true``/``false`` become booleans, a JSON list of strings (``["browser"]``) a list;
+    everything else stays a string."""
     kwargs: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -372,5 +373,19 @@ def parse_template_kwargs(items: list[str] | None) -> dict[str, Any]:
         if key in RESERVED_TEMPLATE_KWARGS:
             raise ValueError(f"--template-kwargs: {key!r} is set by the builder and cannot be overridden")
         lowered = value.strip().lower()
+        if value.strip().startswith("["):
+            kwargs[key] = _string_list(key, value)
+            continue
         kwargs[key] = True if lowered == "true" else False if lowered == "false" else value
     return kwargs
+
+
+def _string_list(key: str, value: str) -> list[str]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+        raise ValueError(f"--template-kwargs: {key}: a value starting with '[' must be a JSON list of strings, such "
+                         f"as [\"browser\", \"python\"]; got {value[:80]!r}")
+    return parsed

@@ -47,7 +47,10 @@ def gpu_type(device_name: str) -> str:
 
 
 def compare(results: dict) -> list[dict]:
+    from openrecipes.plan.hardware import load_hardware
+
     declared, gpu = load_workloads(), gpu_type(results["gpu"])
+    engine = load_hardware(gpu).openrecipes_engine  # its family scales: what each prediction already applies
     rows = []
     for name in results["workloads"]:
         spec = declared[name].engine_spec()
@@ -56,6 +59,7 @@ def compare(results: dict) -> list[dict]:
         if not samples or spec.get("nproc", 1) != 1:
             continue
         model, overrides, row_tokens = model_and_rows(spec, layers=8, tiny=False)
+        family = family_of(model)
         with tempfile.TemporaryDirectory() as work:
             tree = recipe_tree(name, spec, layers=8, steps=spec.get("steps", 20), rows_dir=Path(work) / "rows",
                                workdir=Path(work), tiny=False)
@@ -63,24 +67,22 @@ def compare(results: dict) -> list[dict]:
                              row_tokens)
         measured = statistics.median(s["tokens_per_s_per_gpu"] for s in samples)
         peak = max(s["peak_memory_gib"] for s in samples)  # the allocator's peak allocated, as the planner's
-        rows.append({"workload": name, "gpu": gpu, "family": family_of(model), "rounds": len(samples),
+        rows.append({"workload": name, "gpu": gpu, "family": family, "rounds": len(samples),
                      "measured_tokens_per_s_per_gpu": measured,
                      "predicted_tokens_per_s_per_gpu": plan.throughput.tokens_per_s_per_gpu,
                      "measured_peak_gib": peak, "predicted_peak_gib": plan.stages[0].allocated_gib,
-                     "compute_scale": compute_scale(plan, measured, gpu, family_of(model))})
+                     "compute_scale": compute_scale(plan, measured, engine.compute_scale(family, gpu))})
     return rows
 
 
-def compute_scale(plan, measured_tokens_per_s: float, gpu: str, family: str) -> float:
-    """The factor on the planner's compute time (planner.yaml's own for this family and GPU included) that makes its
-    one-GPU step the measured one: the step's time outside the pipeline (gradient sync, optimizer) kept as predicted,
-    the pipeline (every microbatch's compute; nothing else on one GPU) scaled."""
-    from openrecipes.plan.hardware import load_hardware
-
+def compute_scale(plan, measured_tokens_per_s: float, current: float) -> float:
+    """The factor on the planner's compute time (``current``, planner.yaml's own for this family and GPU, included)
+    that makes its one-GPU step the measured one: the step's time outside the pipeline (gradient sync, optimizer) kept
+    as predicted, the pipeline (every microbatch's compute; nothing else on one GPU) scaled."""
     throughput = plan.throughput
     measured_step = throughput.step_time_s * throughput.tokens_per_s_per_gpu / measured_tokens_per_s
-    pipeline = throughput.parts_s["pipeline"]
-    current = load_hardware(gpu).openrecipes_engine.compute_scale(family, gpu)
+    # the unrounded compute (parts_s is rounded for display): one stage, every microbatch in turn
+    pipeline = throughput.microbatches * throughput.stage_compute_s[0]
     return current * (measured_step - (throughput.step_time_s - pipeline)) / pipeline
 
 

@@ -80,8 +80,7 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
     ``on_gradients``: called at each step with the step's index and the gradients of this rank's shards as the
     optimizer reads them (``local_gradients``)."""
     from openrecipes.parallel.expert import assume_mirrored_routing
-    from openrecipes.parallel import mesh
-    from openrecipes.parallel.mesh import build_parallel_state
+    from openrecipes.parallel import mesh  # by module: the allocator call is looked up when made
     from openrecipes.parallel.pipeline import run_alone
     from openrecipes.train import engine
     from openrecipes.train.loop import _optimizer, _pipeline, _row_loader, train_step
@@ -94,7 +93,7 @@ def measure_rank(recipe: Recipe, config: Any, *, rank: int, world: int, steps: i
     mesh.use_cuda_allocator(recipe.kernels.allocator)
     join(rank, world)
     try:
-        parallel = build_parallel_state(recipe.layout, device)
+        parallel = mesh.build_parallel_state(recipe.layout, device)
         torch.manual_seed(recipe.seed)
         loader = _row_loader(recipe, config, Path(recipe.run_dir), parallel, rank=rank, world=world)
         model, grads = engine.build_model(recipe, config, parallel)

@@ -98,6 +98,28 @@ def test_a_failed_worker_is_shown_by_its_own_status_and_message(tmp_path, capsys
         "openrecipes train: then rank 1 (exit status 1), rank 0 (signal SIGTERM); torchrun stopped the rest"]
 
 
+def test_a_worker_the_agent_stopped_comes_after_the_one_that_failed(tmp_path, capsys):
+    """Rank 1 aborts without recording anything (a native abort); the agent then stops rank 0, whose SIGTERM
+    handler records that signal as its error: rank 1 is still the one that failed."""
+    import os
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from openrecipes.train.launch import record_worker_error, report_failures
+
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(tmp_path / "0.json")
+    try:
+        record_worker_error(RuntimeError("Signal 15 (SIGTERM) received by PID 12"))
+    finally:
+        del os.environ["TORCHELASTIC_ERROR_FILE"]
+    failures = {0: ProcessFailure(local_rank=0, pid=12, exitcode=-15, error_file=str(tmp_path / "0.json")),
+                1: ProcessFailure(local_rank=1, pid=13, exitcode=-6, error_file=str(tmp_path / "none.json"))}
+    assert report_failures(failures) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("openrecipes train: rank 1 failed (signal SIGABRT)"), lines
+    assert lines[1] == "openrecipes train: then rank 0 (signal SIGTERM); torchrun stopped the rest"
+
+
 def test_a_global_batch_the_ranks_cannot_share_is_refused_before_any_worker_starts(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["train", EXAMPLE, "--nproc", "4", "--set", "global_batch=6", "--set", f"run_dir={run_dir}"]) == 2

@@ -89,6 +89,14 @@ def init_distributed(timeout_minutes: float = 10.0) -> tuple[int, int, torch.dev
     return 0, 1, device
 
 
+def close_distributed() -> None:
+    """Leave the process group of a run that finished. A gloo group left to the interpreter's exit can abort the
+    process while its worker threads still hold tensors (``terminate called without an active exception``), which
+    turns a finished rank into a failed one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def single_process(device: torch.device) -> ParallelState:
     """The layout of one process: every size 1, no mesh. Functions take a state always, never None."""
     return ParallelState(rank=0, world_size=1, device=device, dp_rank=0, dp_size=1, ep_size=1, dense_mesh=None,

@@ -225,6 +225,9 @@ def _launch_or_train(args: argparse.Namespace, recipe, config) -> int:
             print(f"openrecipes train: stopped: {error}", file=sys.stderr)
             return 1
         raise
+    from openrecipes.parallel.mesh import close_distributed
+
+    close_distributed()
     if os.environ.get("RANK", "0") == "0":
         print(f"run directory: {run_dir}")
     return 0

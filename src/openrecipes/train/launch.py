@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import signal
 import sys
 
 
@@ -82,12 +83,15 @@ def record_worker_error(error: BaseException) -> None:
         json.dump(record, handle)
 
 
-def _failed_at(failure) -> tuple[int, int]:
-    """Order of failure: workers that recorded their error, by the time they did; then the others."""
+def _failed_at(failure) -> tuple[int, int, int]:
+    """Order of failure: workers that ended on their own before those the agent stopped (SIGTERM, SIGKILL: a worker
+    it stops may still record that signal as its error, after the real failure); within each, those that recorded
+    their error, by the time they did, then the others."""
+    stopped = int(failure.exitcode in (-signal.SIGTERM, -signal.SIGKILL))
     try:
-        return 0, int(failure.error_file_data["message"]["extraInfo"]["time_ns"])
+        return stopped, 0, int(failure.error_file_data["message"]["extraInfo"]["time_ns"])
     except (KeyError, TypeError, ValueError):
-        return 1, int(failure.timestamp)
+        return stopped, 1, int(failure.timestamp)
 
 
 def _status(failure) -> str:

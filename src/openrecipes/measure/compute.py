@@ -90,40 +90,13 @@ def compute_metrics(
     """
     shorter = window is None and default_window(records, metrics_origin) != DEFAULT_WINDOW
     first, last = window or default_window(records, metrics_origin)
-    if first < 0 or last < first:
-        raise ValueError(f"window {first} {last}: need 0 <= first <= last")
-    by_step = {record.step: record for record in records}
-    wanted = range(first, last + 1)
-    missing = [step for step in wanted if step not in by_step]
-    if missing:
-        shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(
-            f"{metrics_origin}: window {first}-{last} is incomplete: missing step(s) {shown}; choose the steps "
-            "with --window FIRST LAST"
-        )
-    window_records = [by_step[step] for step in wanted]
-
+    window_records = _window_records(records, first, last, metrics_origin)
     gpus = run.gpu.count
-    gpu_name = gpu_type or run.gpu.type
     notes: list[str] = []
     if shorter:
         notes.append(f"window steps {first}-{last}: the run has fewer than {DEFAULT_WINDOW[1] + 1} steps, so the "
                      f"window runs from step {first} to its last step (--window sets it)")
-
-    step_times = []
-    for record in window_records:
-        seconds = require_number(record, "step_time_s", metrics_origin)
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ValueError(
-                f"{metrics_origin}:{record.line}: step {record.step}: step_time_s must be positive, got {seconds}"
-            )
-        step_times.append(seconds)
-    tokens = 0
-    for record in window_records:
-        value = require_number(record, "tokens", metrics_origin)
-        if value < 0 or value != int(value):
-            raise ValueError(f"{metrics_origin}:{record.line}: step {record.step}: bad 'tokens' {value}")
-        tokens += int(value)
+    step_times, tokens = _window_times_and_tokens(window_records, metrics_origin)
     window_time = math.fsum(step_times)
     throughput = m.tokens_per_s_per_gpu(tokens, window_time, gpus)
     mean, std, cv = m.step_time_stats(step_times)
@@ -142,7 +115,7 @@ def compute_metrics(
         window_steps=len(window_records),
         window_tokens=tokens,
         window_time_s=window_time,
-        gpu_type=gpu_name,
+        gpu_type=gpu_type or run.gpu.type,
         gpus=gpus,
         tokens_per_s_per_gpu=throughput,
         step_time_mean_s=mean,
@@ -150,32 +123,7 @@ def compute_metrics(
         step_time_cv=cv,
         notes=notes,
     )
-
-    model = run.model
-    if model.active_params is not None:
-        result.active_params = model.active_params
-    else:
-        notes.append(f"{run_origin} has no model.active_params: MFU and model TFLOP/s left out")
-
-    gpu_spec = None
-    if hardware is not None:
-        try:
-            gpu_spec = hardware.gpu(gpu_name)
-        except ValueError:
-            if gpu_type is not None:
-                raise  # the user named it explicitly: an unknown name is an error, not a note
-            notes.append(f"GPU type {gpu_name!r} is not in the hardware table: MFU left out")
-    if gpu_spec is not None:
-        result.peak_flops_per_gpu = gpu_spec.peak_bf16_dense_flops
-        if result.active_params is not None:
-            result.mfu = m.mfu(result.active_params, throughput, gpu_spec.peak_bf16_dense_flops)
-
-    if result.active_params is not None:
-        result.model_tflops_per_gpu = _model_tflops(
-            result.active_params, tokens, window_time, gpus, model, window_records, notes,
-            run_origin=run_origin, metrics_origin=metrics_origin,
-        )
-
+    _add_flops(result, run, window_records, gpu_type, hardware, run_origin, metrics_origin)
     if price is not None:
         result.usd_per_gpu_hour = price.usd_per_gpu_hour
         result.price_source = price.source
@@ -192,6 +140,71 @@ def compute_metrics(
     result.peak_memory_gib = _peak(records, "peak_memory_gib", metrics_origin)
     result.peak_reserved_gib = _peak(records, "peak_reserved_gib", metrics_origin)
     return result
+
+
+def _window_records(records: list[StepRecord], first: int, last: int, origin: str) -> list[StepRecord]:
+    """The records of steps ``first`` to ``last``, every one of them present."""
+    if first < 0 or last < first:
+        raise ValueError(f"window {first} {last}: need 0 <= first <= last")
+    by_step = {record.step: record for record in records}
+    wanted = range(first, last + 1)
+    missing = [step for step in wanted if step not in by_step]
+    if missing:
+        shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(
+            f"{origin}: window {first}-{last} is incomplete: missing step(s) {shown}; choose the steps "
+            "with --window FIRST LAST"
+        )
+    return [by_step[step] for step in wanted]
+
+
+def _window_times_and_tokens(window_records: list[StepRecord], origin: str) -> tuple[list[float], int]:
+    """Each window step's time (positive, finite) and the window's token count (whole, not negative)."""
+    step_times = []
+    for record in window_records:
+        seconds = require_number(record, "step_time_s", origin)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(
+                f"{origin}:{record.line}: step {record.step}: step_time_s must be positive, got {seconds}"
+            )
+        step_times.append(seconds)
+    tokens = 0
+    for record in window_records:
+        value = require_number(record, "tokens", origin)
+        if value < 0 or value != int(value):
+            raise ValueError(f"{origin}:{record.line}: step {record.step}: bad 'tokens' {value}")
+        tokens += int(value)
+    return step_times, tokens
+
+
+def _add_flops(result: Measurement, run: RunInfo, window_records: list[StepRecord], gpu_type: str | None,
+               hardware: HardwareTable | None, run_origin: str, metrics_origin: str) -> None:
+    """MFU and model TFLOP/s where the run names its active parameters and the hardware table knows its GPU (an
+    unknown GPU the user named is an error; one from run.json, a note)."""
+    notes, model = result.notes, run.model
+    if model.active_params is not None:
+        result.active_params = model.active_params
+    else:
+        notes.append(f"{run_origin} has no model.active_params: MFU and model TFLOP/s left out")
+
+    gpu_spec = None
+    if hardware is not None:
+        try:
+            gpu_spec = hardware.gpu(result.gpu_type)
+        except ValueError:
+            if gpu_type is not None:
+                raise  # the user named it explicitly: an unknown name is an error, not a note
+            notes.append(f"GPU type {result.gpu_type!r} is not in the hardware table: MFU left out")
+    if gpu_spec is not None:
+        result.peak_flops_per_gpu = gpu_spec.peak_bf16_dense_flops
+        if result.active_params is not None:
+            result.mfu = m.mfu(result.active_params, result.tokens_per_s_per_gpu, gpu_spec.peak_bf16_dense_flops)
+
+    if result.active_params is not None:
+        result.model_tflops_per_gpu = _model_tflops(
+            result.active_params, result.window_tokens, result.window_time_s, result.gpus, model, window_records,
+            notes, run_origin=run_origin, metrics_origin=metrics_origin,
+        )
 
 
 def _peak(records: list[StepRecord], key: str, origin: str) -> float | None:

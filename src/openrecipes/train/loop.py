@@ -7,6 +7,7 @@ import math
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,26 @@ def _rows_to_train_on(recipe: Recipe, run_dir: Path) -> Path:
     return rows
 
 
+@dataclass(kw_only=True)
+class _Trainee:
+    """What each step trains with."""
+    model: Any
+    optimizer: MixedPrecisionAdam
+    loader: Any
+    grads: Any
+    parallel: ParallelState
+    pipeline: Any
+    device: torch.device
+
+    def step(self, recipe: Recipe, step: int) -> dict:
+        return train_step(self.model, self.optimizer, self.loader, recipe, step, self.device, self.grads,
+                          self.parallel, self.pipeline)
+
+
 def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int | None = None,
           device: torch.device | None = None, config: Any = None) -> Path:
     """Run (or resume) the recipe; returns the run directory. ``config``: the recipe's model config when the caller
     resolved it already (``checkpoint.hf.recipe_model_config``, what `openrecipes train` does once per process)."""
-    from openrecipes.config.layout import LayoutError
-
     from openrecipes.parallel.mesh import build_parallel_state, init_distributed, use_cuda_allocator
     from openrecipes.train.startup import StartupClock
 
@@ -76,11 +91,7 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     device = device or default_device
     run_dir = Path(recipe.run_dir)
     config = recipe_model_config(recipe) if config is None else config
-    problems = engine.layout_problems_for(recipe, config, world_size=world,
-                                          rows=rows_directory(recipe.data.rows, run_dir))
-    if problems:
-        raise LayoutError(problems[0])
-    parallel = build_parallel_state(recipe.layout, device)
+    parallel = build_parallel_state(_checked_layout(recipe, config, world, run_dir), device)
     engine.check_aux_loss(recipe, config)
     engine.check_mtp(recipe, config)
     if not resume and (run_dir / METRICS_FILE).exists() and not never_saved(run_dir):
@@ -113,8 +124,8 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
     check_fp32_parameters(model)  # fp32-pinned tensors loaded in bf16 fail here, before any step
     optimizer = _optimizer(recipe, model, parallel)
     clock.mark("optimizer")
-    pipeline = _pipeline(recipe, config, model, parallel, device, rows_per_microbatch)
-
+    trainee = _Trainee(model=model, optimizer=optimizer, loader=loader, grads=grads, parallel=parallel, device=device,
+                       pipeline=_pipeline(recipe, config, model, parallel, device, rows_per_microbatch))
     if rank == 0:
         remove_stale_staging(run_dir)  # a save cut short by a kill: written by this tool, never complete
     if resume:
@@ -124,13 +135,35 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
         if rank == 0:
             record_fresh_start(run_dir, recipe, run_info(recipe, config, device, command, world, row_tokens,
                                                          rows_per_microbatch))
+    last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
+    _train_steps(recipe, trainee, run_dir, start=start, last=last, stop_after=stop_after, rank=rank, world=world,
+                 clock=clock)
+    if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
+        export_hf(run_dir)
+    if exports_base(recipe) and last == recipe.steps - 1 and rank == 0:
+        export_hf(run_dir, BASE_EXPORT_DIR, lora="base")
+    return run_dir
 
+
+def _checked_layout(recipe: Recipe, config: Any, world: int, run_dir: Path):
+    """The recipe's layout, refused with its first problem for this world size and these rows."""
+    from openrecipes.config.layout import LayoutError
+
+    problems = engine.layout_problems_for(recipe, config, world_size=world,
+                                          rows=rows_directory(recipe.data.rows, run_dir))
+    if problems:
+        raise LayoutError(problems[0])
+    return recipe.layout
+
+
+def _train_steps(recipe: Recipe, trainee: _Trainee, run_dir: Path, *, start: int, last: int,
+                 stop_after: int | None, rank: int, world: int, clock: Any) -> None:
+    """Steps ``start`` to ``last``: each step's metrics, the saves the recipe asks for, the adapter at the end."""
     metrics = MetricsStream(run_dir, total_steps=recipe.steps, progress=recipe.logging.progress,
                             tensorboard=recipe.logging.tensorboard, wandb=recipe.logging.wandb,
                             wandb_project=recipe.logging.wandb_project, run_name=recipe.name, enabled=rank == 0)
-    last = recipe.steps - 1 if stop_after is None else min(stop_after, recipe.steps - 1)
     debug = recipe.debug
-    build_peak = build_peak_and_reset(device)
+    build_peak = build_peak_and_reset(trainee.device)
     gc.disable()  # a collection pause in the middle of a step shows up as a slow step; collect between steps
     skipped_in_a_row = 0  # with debug.skip_nonfinite_steps: a run that stays non-finite stops instead of idling on
     # only where other ranks would wait for a stalled one (heartbeat.py)
@@ -141,10 +174,9 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             if debug.fail_at == (rank, step):
                 raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_at)")
             if step == debug.profile_step:
-                record = profiled_step(run_dir, debug, rank, lambda: train_step(model, optimizer, loader, recipe, step, device,
-                                                                     grads, parallel, pipeline))
+                record = profiled_step(run_dir, debug, rank, lambda: trainee.step(recipe, step))
             else:
-                record = train_step(model, optimizer, loader, recipe, step, device, grads, parallel, pipeline)
+                record = trainee.step(recipe, step)
             heartbeat.step_done(step)
             if step == start:
                 clock.mark("first_step")  # the pipeline, a resumed checkpoint and the first step (compilation)
@@ -160,23 +192,19 @@ def train(recipe: Recipe, *, command: str, resume: bool = False, stop_after: int
             at_end = step == last and (recipe.checkpoint.at_end or stop_after is not None)
             if at_end or (every and (step + 1) % every == 0):
                 with heartbeat.paused():  # its barriers wait for the other ranks
-                    saved = save_checkpoint(run_dir, model, optimizer, step, keep=recipe.checkpoint.keep)
+                    saved = save_checkpoint(run_dir, trainee.model, trainee.optimizer, step,
+                                            keep=recipe.checkpoint.keep)
                 if at_end:
                     metrics.note(_saved_message(saved, run_dir, finished=step == recipe.steps - 1))
             if recipe.lora is not None and step == recipe.steps - 1:
                 with heartbeat.paused():
-                    _save_adapter(recipe, model, parallel, run_dir)
+                    _save_adapter(recipe, trainee.model, trainee.parallel, run_dir)
             if debug.stall_at == (rank, step):
                 _stall(rank, step)
     finally:
         heartbeat.close()
         gc.enable()
         metrics.close()
-    if recipe.checkpoint.export_hf and last == recipe.steps - 1 and rank == 0:
-        export_hf(run_dir)
-    if exports_base(recipe) and last == recipe.steps - 1 and rank == 0:
-        export_hf(run_dir, BASE_EXPORT_DIR, lora="base")
-    return run_dir
 
 
 def _row_loader(recipe: Recipe, config: Any, run_dir: Path, parallel: ParallelState, *, rank: int, world: int):

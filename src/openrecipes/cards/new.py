@@ -251,22 +251,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         measured_on = datetime.date.fromisoformat(started[:10])
     except ValueError:
         raise ValueError(f"{run_origin}: 'started' is not an ISO date-time: {started!r}") from None
-
-    from openrecipes.config.hardware import load_hardware
-
-    try:  # the table's spelling (H200, not h200) when the type is known
-        spec = load_hardware().gpu(measured.gpu_type)
-        gpu_type, memory_as_sold = spec.name, spec.memory_gb
-    except ValueError:
-        gpu_type, memory_as_sold = measured.gpu_type, None
-    memory = options.gpu_memory_gb or memory_as_sold or _cpu_run_memory_gb(run, measured.gpu_type)
-    if memory is None:
-        raise ValueError(f"--gpu-memory-gb: the memory of one {gpu_type!r} device is not known; give it")
-    per_node = options.gpus_per_node
-    if per_node is None:
-        if measured.gpus > 8:
-            raise ValueError(f"--gpus-per-node: the run used {measured.gpus} devices; say how many per node")
-        per_node = measured.gpus
+    gpu = _gpu_block(options, run, measured)
 
     candidate_curve, reference_curve = read_loss_curve(run_dir), read_loss_curve(ref_dir)
     conv_report = check_convergence(candidate_curve, reference_curve, Thresholds())
@@ -284,12 +269,17 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]
     notes_text = "".join(f"- {note}\n" for note in notes)  # the resolved recipe is the card's own field
+    result = {**_result_block(measured, gpu["type"]),
+              "active_params": {"count": measured.active_params,
+                                "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
+                                "revision": None},
+              "measured": measured_on, "steps_per_run": int(run.require("steps", run_origin)),
+              "profiler": (run_dir / PROFILE_FILE).exists()}
 
     return {
         "schema_version": 1,
         "model": _model_name(recipe, options.model_name),
-        "gpu": {"type": gpu_type, "memory_gb": float(memory), "count": measured.gpus, "per_node": per_node,
-                "instance": options.instance},
+        "gpu": gpu,
         "author": {"name": options.author, "url": options.author_url},
         "status": options.status,
         "stack": {"framework": f"openrecipes {versions.get('openrecipes', '(version not recorded)')}",
@@ -302,26 +292,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                      "modality": "image-text" if manifest.get("images") else "text",
                      "dataset": dataset_block(manifest, str(versions.get("openrecipes", "?")))},
         "layout": layout_block(recipe, row_tokens, int(run.require("model.num_layers", run_origin))),
-        "result": {
-            "tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu,
-            "usd_per_million_tokens": measured.usd_per_million_tokens,
-            "usd_per_gpu_hour": measured.usd_per_gpu_hour,
-            "step_time_cv_percent": measured.step_time_cv * 100.0,
-            "mfu": measured.mfu,
-            "mfu_note": None if measured.mfu is not None else (
-                f"no peak FLOP/s for {gpu_type!r} in the hardware table (a CPU has none): MFU not computed"),
-            "active_params": {"count": measured.active_params,
-                              "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
-                              "revision": None},
-            "measured": measured_on,
-            "steps_per_run": int(run.require("steps", run_origin)),
-            "window": list(measured.window),
-            "window_tokens": measured.window_tokens,
-            "runs": 1,
-            "profiler": (run_dir / PROFILE_FILE).exists(),
-            "gpu_hours": measured.gpu_hours,
-            "gpu_hours_note": measured.gpu_hours_note,
-        },
+        "result": result,
         "correctness": _correctness(rules, convergence_block(conv_report, run_dir, ref_dir), conv_report, tests,
                                     reference_text),
         "env": {},
@@ -333,6 +304,45 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                    "reference": curve_points(reference_curve),
                    "memory_phases_gib": memory_phases(run_dir, measured.window)},
         **({"tuning": options.tuning} if options.tuning is not None else {}),
+    }
+
+
+def _gpu_block(options: NewCardOptions, run: Any, measured: Any) -> dict[str, Any]:
+    """The card's ``gpu``: the hardware table's spelling and memory where it knows the type, else the options'."""
+    from openrecipes.config.hardware import load_hardware
+
+    try:  # the table's spelling (H200, not h200) when the type is known
+        spec = load_hardware().gpu(measured.gpu_type)
+        gpu_type, memory_as_sold = spec.name, spec.memory_gb
+    except ValueError:
+        gpu_type, memory_as_sold = measured.gpu_type, None
+    memory = options.gpu_memory_gb or memory_as_sold or _cpu_run_memory_gb(run, measured.gpu_type)
+    if memory is None:
+        raise ValueError(f"--gpu-memory-gb: the memory of one {gpu_type!r} device is not known; give it")
+    per_node = options.gpus_per_node
+    if per_node is None:
+        if measured.gpus > 8:
+            raise ValueError(f"--gpus-per-node: the run used {measured.gpus} devices; say how many per node")
+        per_node = measured.gpus
+    return {"type": gpu_type, "memory_gb": float(memory), "count": measured.gpus, "per_node": per_node,
+            "instance": options.instance}
+
+
+def _result_block(measured: Any, gpu_type: str) -> dict[str, Any]:
+    """The card's ``result`` as `openrecipes measure` computed it."""
+    return {
+        "tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu,
+        "usd_per_million_tokens": measured.usd_per_million_tokens,
+        "usd_per_gpu_hour": measured.usd_per_gpu_hour,
+        "step_time_cv_percent": measured.step_time_cv * 100.0,
+        "mfu": measured.mfu,
+        "mfu_note": None if measured.mfu is not None else (
+            f"no peak FLOP/s for {gpu_type!r} in the hardware table (a CPU has none): MFU not computed"),
+        "window": list(measured.window),
+        "window_tokens": measured.window_tokens,
+        "runs": 1,
+        "gpu_hours": measured.gpu_hours,
+        "gpu_hours_note": measured.gpu_hours_note,
     }
 
 

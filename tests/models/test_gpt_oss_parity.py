@@ -133,6 +133,30 @@ def test_config_refusals_name_the_field(tmp_path):
             GptOssConfig.from_hf_dict({**raw, key: value})
 
 
+def test_absent_and_null_head_fields_read_as_transformers_reads_them():
+    """A config.json without head_dim or num_key_value_heads takes GptOssConfig's class defaults (64, 8); null
+    derives them (hidden_size / heads, the heads): both as transformers' own config reads the same dict (where
+    transformers 5.x's strict fields refuse a null, the derived value is transformers 4.x's)."""
+    import transformers
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    from openrecipes.models.gpt_oss import GptOssConfig
+
+    raw = make_hf_model("tiny").config.to_dict()
+    wide = {**raw, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64}
+    for key in ("head_dim", "num_key_value_heads"):
+        for value in ("absent", None):
+            given = {k: v for k, v in wide.items() if k != key} if value == "absent" else {**wide, key: value}
+            ours = GptOssConfig.from_hf_dict(given)
+            try:
+                theirs = transformers.GptOssConfig(**given)
+                expected = theirs.head_dim, theirs.num_key_value_heads
+            except StrictDataclassFieldValidationError:  # a strict field refuses null
+                derived = {"head_dim": (wide["hidden_size"] // 16, 8), "num_key_value_heads": (64, 16)}
+                expected = derived[key]
+            assert (ours.head_dim, ours.num_key_value_heads) == expected, (key, value)
+
+
 def test_the_published_configs_read_as_the_registered_sizes():
     """The keys of openai/gpt-oss-120b's config.json as published (only layers and experts differ for 20b)."""
     from openrecipes.models.gpt_oss import GptOssConfig

@@ -42,6 +42,11 @@ _NEUTRAL_HF_KEYS = {
 }
 
 
+# transformers' GptOssConfig class defaults for keys a config.json may leave out (absent is not null: null derives
+# head_dim from hidden_size / heads and the key heads from the heads; absent takes these)
+_ABSENT_DEFAULTS = {"head_dim": 64, "num_key_value_heads": 8}
+
+
 @dataclass(kw_only=True, frozen=True)
 class GptOssConfig:
     vocab_size: int
@@ -153,7 +158,10 @@ class GptOssConfig:
         check_other_keys(raw, handled=known | {"rope_theta", *ROPE_PLACEMENTS}, family="gpt-oss", source=source,
                          neutral=_NEUTRAL_HF_KEYS)
         kwargs: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
-        for key in ("head_dim", "num_key_value_heads", "layer_types"):  # null: transformers' default
+        for key, class_default in _ABSENT_DEFAULTS.items():  # absent: the class's default; null: derived below
+            if key not in raw:
+                kwargs[key] = class_default
+        for key in ("head_dim", "num_key_value_heads", "layer_types"):  # null: transformers' derived value
             if kwargs.get(key) is None:
                 kwargs.pop(key, None)
         if "sliding_window" not in raw:

@@ -143,3 +143,62 @@ def test_parity_runs_on_qwen3_vl_moe_text(tmp_path, capsys):
     status, out = _parity(tmp_path, capsys)
     assert status == 0 and out["passed"], out["problems"]
     assert any("language_model" in name or name.startswith("model.layers") for name in out["grad_errors"])
+
+
+def test_fp64_runs_on_an_moe_checkpoint(hf_dir, capsys):
+    """transformers' grouped experts take no float64: the reference runs its eager experts."""
+    assert cli.main(["verify", "parity", str(hf_dir), "--tokens", "16", "--dtype", "fp64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and out["dtype"] == "fp64", out
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory):
+    from tests.models.test_qwen3_5_moe_parity import make_hf_model as make_qwen3_5
+
+    path = tmp_path_factory.mktemp("qwen3_5")
+    make_qwen3_5("tiny").save_pretrained(path)
+    return path
+
+
+def test_a_gradient_within_the_models_own_fp32_rounding_passes_and_says_so(qwen3_5_dir, capsys):
+    """Qwen3.5's delta rule rounds past 1e-4 in fp32 on 70-token rows: judged by 8x the native model's own fp32
+    distance from its fp64 gradient, named in the report."""
+    status = cli.main(["verify", "parity", str(qwen3_5_dir), "--tokens", "70", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 0 and out["passed"], out["problems"]
+    assert out["rounding_limits"] and all(out["grad_errors"][name] <= limit
+                                          for name, limit in out["rounding_limits"].items())
+
+
+def test_the_rounding_allowance_does_not_hide_a_wrong_gradient(qwen3_5_dir, capsys, monkeypatch):
+    """A gradient 1 % off (in fp32 and fp64 alike, as a wrong implementation would be) still fails."""
+    import openrecipes
+
+    real = openrecipes.from_hf
+
+    def scaled_a_log(*args, **kwargs):
+        model = real(*args, **kwargs)
+        for name, param in model.named_parameters():
+            if name.endswith("linear_attn.A_log"):
+                param.register_hook(lambda grad: grad * 1.01)
+        return model
+
+    monkeypatch.setattr(openrecipes, "from_hf", scaled_a_log)
+    assert cli.main(["verify", "parity", str(qwen3_5_dir), "--tokens", "70", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert any("A_log" in problem for problem in out["problems"]), out
+
+
+def test_a_checkpoint_transformers_cannot_run_is_said_so(tmp_path, capsys):
+    """Every layer linear attention: openrecipes reads it, transformers' own forward fails; the error says whose."""
+    import transformers
+
+    from tests.models.test_qwen3_5_moe_parity import TINY
+
+    config = transformers.Qwen3_5MoeTextConfig(**{**TINY, "layer_types": ["linear_attention"] * 4})
+    torch.manual_seed(0)
+    transformers.Qwen3_5MoeForCausalLM(config).save_pretrained(tmp_path)
+    assert cli.main(["verify", "parity", str(tmp_path), "--tokens", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("openrecipes verify: error: ") and "transformers' own" in err[-1], err

@@ -28,6 +28,9 @@ class ParityThresholds:
     logits: float = 1e-5
     loss: float = 1e-5
     grads: float = 1e-4
+    # a gradient over ``grads`` passes within 8x the native model's own fp32 rounding (off where the user named the
+    # limit: a tolerance given is the tolerance)
+    grads_allow_rounding: bool = True
 
 
 @dataclass(kw_only=True)
@@ -41,6 +44,8 @@ class ParityReport:
     native_loss: float = float("nan")
     hf_loss: float = float("nan")
     grad_errors: dict[str, float] = field(default_factory=dict)
+    # gradients over the fp32 limit judged instead by 8x the native model's own fp32 rounding (its fp64 gradient)
+    rounding_limits: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -126,7 +131,10 @@ def _load_transformers(path: Path, dtype: torch.dtype):
     model_class = named if isinstance(named, type) and hasattr(named, "from_pretrained") \
         else transformers.AutoModelForCausalLM
     # safetensors only and no repository code: a pickled pytorch_model.bin or a modeling_*.py could run code
-    safe = dict(attn_implementation="eager", use_safetensors=True, trust_remote_code=False)
+    # eager attention and experts: the plainest reference, and the one that runs in fp64 (transformers' grouped_mm
+    # experts take no float64)
+    safe = dict(attn_implementation="eager", experts_implementation="eager", use_safetensors=True,
+                trust_remote_code=False)
     try:
         model = model_class.from_pretrained(path, dtype=dtype, **safe)
     except TypeError:  # transformers 4.x spells it torch_dtype
@@ -153,7 +161,12 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
     report = ParityReport(checkpoint=str(path), dtype=dtype, tokens=tokens, thresholds=thresholds)
 
     input_ids = parity_input_ids(hf_model.config, batch=batch, tokens=tokens, seed=seed)
-    hf_logits = hf_model(input_ids).logits
+    try:
+        hf_logits = hf_model(input_ids).logits
+    except Exception as error:  # noqa: BLE001 - whatever transformers raises, the reference is missing
+        raise ValueError(f"{path}: transformers' own {type(hf_model).__name__} cannot run this checkpoint "
+                         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); openrecipes "
+                         "reads it, but there is no reference to compare against") from None
     native_logits = native(input_ids)
     report.logits_error = max_rel_error(native_logits, hf_logits)
     hf_loss, native_loss = lm_loss(hf_logits, input_ids), lm_loss(native_logits, input_ids)
@@ -162,6 +175,40 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
     hf_loss.backward()
     native_loss.backward()
 
+    _compare_gradients(report, native, hf_model)
+    if not report.logits_error <= thresholds.logits:
+        report.problems.append(f"logits max relative error {report.logits_error:.3g} > {thresholds.logits:g}")
+    if not report.loss_error <= thresholds.loss:
+        report.problems.append(f"loss relative error {report.loss_error:.3g} > {thresholds.loss:g}")
+    over = [name for name, error in report.grad_errors.items() if not error <= thresholds.grads]
+    if over and dtype in ("fp32", "fp64") and thresholds.grads_allow_rounding:
+        report.rounding_limits = _own_rounding_limits(path, input_ids, native, over, thresholds.grads)
+    for name, error in report.grad_errors.items():
+        limit = report.rounding_limits.get(name, thresholds.grads)
+        if not error <= limit:
+            report.problems.append(f"gradient of {name}: max relative error {error:.3g} > {limit:g}")
+    return report
+
+
+def _own_rounding_limits(path: Path, input_ids: torch.Tensor, native, names: list[str],
+                         grads_limit: float) -> dict[str, float]:
+    """For gradients over the limit: eight times the distance between the native model's own fp32 and fp64
+    gradients, where that is more than the limit. A recurrence such as Qwen3.5's delta rule rounds more in fp32 than
+    1e-4 on longer rows, and transformers runs it in float32 whatever the dtype asked (so an fp64 comparison meets
+    that rounding too); the tests' bound for such families. A real difference from transformers stays over it."""
+    import openrecipes
+
+    other_dtype = torch.float64 if next(native.parameters()).dtype == torch.float32 else torch.float32
+    other = openrecipes.from_hf(path, dtype=other_dtype)
+    lm_loss(other(input_ids), input_ids).backward()
+    other_grads = dict(other.named_parameters())
+    own = dict(native.named_parameters())
+    return {name: max(grads_limit, 8 * max_rel_error(own[name].grad, other_grads[name].grad)) for name in names
+            if other_grads[name].grad is not None}
+
+
+def _compare_gradients(report: ParityReport, native, hf_model) -> None:
+    """Each native parameter's gradient against transformers' of the same tensor, by the family's name map."""
     from openrecipes.models.families import family_for_config
 
     expected_grads = native_gradients(family_for_config(native.config), dict(hf_model.named_parameters()))
@@ -180,15 +227,6 @@ def check_parity(path: str | Path, *, tokens: int = 32, batch: int = 2, dtype: s
             continue
         report.grad_errors[name] = max_rel_error(got, expected)
 
-    if not report.logits_error <= thresholds.logits:
-        report.problems.append(f"logits max relative error {report.logits_error:.3g} > {thresholds.logits:g}")
-    if not report.loss_error <= thresholds.loss:
-        report.problems.append(f"loss relative error {report.loss_error:.3g} > {thresholds.loss:g}")
-    for name, error in report.grad_errors.items():
-        if not error <= thresholds.grads:
-            report.problems.append(f"gradient of {name}: max relative error {error:.3g} > {thresholds.grads:g}")
-    return report
-
 
 def format_parity(report: ParityReport) -> str:
     name, worst = report.worst_grad
@@ -199,6 +237,9 @@ def format_parity(report: ParityReport) -> str:
              f"{report.loss_error:.3e} (limit {report.thresholds.loss:g})",
              f"gradients: {len(report.grad_errors)} tensors, worst {name} {worst:.3e} "
              f"(limit {report.thresholds.grads:g})"]
+    lines += [f"  {name}: {report.grad_errors[name]:.3e}, within 8x the native model's own fp32 rounding "
+              f"({limit:.3e}: its fp32 gradient against its fp64 one)" for name, limit in report.rounding_limits.items()
+              if report.grad_errors[name] <= limit]
     lines += [f"  problem: {p}" for p in report.problems]
     return "\n".join(lines)
 
@@ -210,4 +251,5 @@ def parity_dict(report: ParityReport) -> dict:
             "logits_error": report.logits_error, "loss_error": report.loss_error,
             "native_loss": report.native_loss, "hf_loss": report.hf_loss,
             "worst_grad": {"name": name, "error": worst}, "grad_errors": report.grad_errors,
+            "rounding_limits": report.rounding_limits,
             "problems": report.problems}

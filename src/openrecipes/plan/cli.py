@@ -85,14 +85,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from openrecipes.config.hardware import load_hardware as load_price_table, parse_gpus, resolve_price
-    from openrecipes.config.layout import LayoutConfig
     from openrecipes.models.registry import get_config
-    from openrecipes.plan.calibration import speed_error, speed_error_line
-    from openrecipes.plan.enumerate import capped_note, engine_for, evaluate, offload_update_for, search
+    from openrecipes.plan.enumerate import capped_note, search
     from openrecipes.plan.gpu_runs import engine_gpu_runs
     from openrecipes.plan.hardware import load_hardware
-    from openrecipes.plan.memory import TrainingSetup
-    from openrecipes.plan.published import engine_name
     from openrecipes.plan.shape import model_shape
 
     count, gpu_type = parse_gpus(args.gpus)
@@ -111,28 +107,7 @@ def run(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
     settings = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None}
     if given or args.sequence_parallel:
-        tp, pp, cp = given.get("tp", 1), given.get("pp", 1), given.get("cp", 1)
-        if "dp" not in given:
-            if count % (tp * pp * cp):
-                raise ValueError(f"--dp: {count} GPUs are not a multiple of tp*pp*cp = {tp * pp * cp}")
-            given["dp"] = count // (tp * pp * cp)
-        one = {**DEFAULTS, **settings}
-        layout = LayoutConfig(**given, sequence_parallel=bool(args.sequence_parallel),
-                              max_tokens_per_gpu=one["max_tokens_per_gpu"],
-                              rows_per_microbatch=args.rows_per_microbatch)
-        if layout.world_size != count:
-            raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
-        engine = engine_for(layout, args.engine)
-        setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
-                              offload_fraction=one["offload_fraction"], offload_update=offload_update_for(engine),
-                              global_batch_tokens=args.global_batch_tokens, engine=engine, lora=lora)
-        plan = evaluate(shape, layout, setup, hw)
-        if args.json:
-            print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))
-        else:
-            _print_plan(plan, shape.name, hw.gpu.name, args.engine, price)
-            print(speed_error_line(str(args.bench_results), args.hardware))
-        return 0
+        return _one_layout(args, given, settings, count=count, hw=hw, price=price, shape=shape, lora=lora)
     sweep = {k: [settings[k]] if k in settings else list(SWEEPS[k]) for k in DEFAULTS}
     plans, evaluated, valid = search(
         shape, count, hw, max_tokens=sweep["max_tokens_per_gpu"], recompute=sweep["recompute"],
@@ -149,9 +124,53 @@ def run(args: argparse.Namespace) -> int:
                                      for p, r in zip(top, ran)],
                           "published_cards": gaps, "gpu_runs_searched": runs.searched}, indent=2))
         return 0
+    _print_ranked(args, top, ran, runs, gaps, evaluated=evaluated, valid=valid, fitting=len(plans), count=count,
+                  hw=hw, price=price, shape=shape)
+    return 0
+
+
+def _one_layout(args: argparse.Namespace, given: dict[str, Any], settings: dict[str, Any], *, count: int, hw: Any,
+                price: Any, shape: Any, lora: Any) -> int:
+    """`plan` with a layout given: that layout's plan alone."""
+    from openrecipes.config.layout import LayoutConfig
+    from openrecipes.plan.calibration import speed_error_line
+    from openrecipes.plan.enumerate import engine_for, evaluate, offload_update_for
+    from openrecipes.plan.memory import TrainingSetup
+
+    tp, pp, cp = given.get("tp", 1), given.get("pp", 1), given.get("cp", 1)
+    if "dp" not in given:
+        if count % (tp * pp * cp):
+            raise ValueError(f"--dp: {count} GPUs are not a multiple of tp*pp*cp = {tp * pp * cp}")
+        given["dp"] = count // (tp * pp * cp)
+    one = {**DEFAULTS, **settings}
+    layout = LayoutConfig(**given, sequence_parallel=bool(args.sequence_parallel),
+                          max_tokens_per_gpu=one["max_tokens_per_gpu"],
+                          rows_per_microbatch=args.rows_per_microbatch)
+    if layout.world_size != count:
+        raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
+    engine = engine_for(layout, args.engine)
+    setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
+                          offload_fraction=one["offload_fraction"], offload_update=offload_update_for(engine),
+                          global_batch_tokens=args.global_batch_tokens, engine=engine, lora=lora)
+    plan = evaluate(shape, layout, setup, hw)
+    if args.json:
+        print(json.dumps({**plan.to_json(), **_price_json(plan, price)}, indent=2))
+    else:
+        _print_plan(plan, shape.name, hw.gpu.name, args.engine, price)
+        print(speed_error_line(str(args.bench_results), args.hardware))
+    return 0
+
+
+def _print_ranked(args: argparse.Namespace, top: list[Any], ran: list[bool | None], runs: Any, gaps: list[dict],
+                  *, evaluated: int, valid: int, fitting: int, count: int, hw: Any, price: Any, shape: Any) -> None:
+    """The ranked table: each layout's prediction, its error on this GPU, its price, whether it ran on GPUs."""
+    from openrecipes.plan.calibration import speed_error, speed_error_line
+    from openrecipes.plan.enumerate import capped_note
+    from openrecipes.plan.published import engine_name
+
     engines = sorted({p.setup.engine for p in top})
     print(f"{shape.name} on {count}x{hw.gpu.name} ({hw.gpu.memory_gib} GiB): {evaluated:,} valid layout settings, "
-          f"{len(plans):,} fit; best {len(top)} by predicted tokens/s/GPU "
+          f"{fitting:,} fit; best {len(top)} by predicted tokens/s/GPU "
           f"({'; '.join(f'{e}: {_basis(e)}' for e in engines) or _basis(args.engine)})")
     if capped_note(evaluated, valid):
         print(capped_note(evaluated, valid))
@@ -174,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
     print(speed_error_line(str(args.bench_results), args.hardware))
     for gap in gaps:
         print(gap["why"])
-    return 0
 
 
 def _gpu_runs_line(runs: Any, ran: list[bool | None]) -> str:

@@ -107,10 +107,23 @@ def run(args: argparse.Namespace) -> int:
     _say(f"[3/7] training the candidate: {layout}, {nproc} process(es)")
     _check(_call(["train", str(recipes / "demo-candidate.yaml"), "--nproc", str(nproc)])[0], "candidate training")
 
-    _say(f"[4/7] measuring both runs (window steps 6-{args.steps} of {args.steps})")
-    verify_dir = out / "verify"
+    verify_dir, window = out / "verify", ["--window", "5", str(args.steps - 1)]
+    measured, checks = _measure_and_verify(runs, recipes, verify_dir, window, args.steps)
+    shows = what_it_shows(measured, nproc=nproc, gpus=gpus)
+    card, card_checks = _card_and_site(out, runs, recipes, verify_dir, window, measured, shows, nproc=nproc,
+                                       gpus=gpus)
+    checks.update(card_checks)
+    summary = _summary(where, args.steps, round(time.perf_counter() - started, 1), measured, runs, checks, shows)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary, out, card)
+    return 0 if all(status == 0 for status in checks.values()) else 1
+
+
+def _measure_and_verify(runs: Path, recipes: Path, verify_dir: Path, window: list[str],
+                        steps: int) -> tuple[dict[str, dict], dict[str, int]]:
+    """Steps 4 and 5: both runs measured, the candidate verified; the measurements and each check's exit status."""
+    _say(f"[4/7] measuring both runs (window steps 6-{steps} of {steps})")
     verify_dir.mkdir()
-    window = ["--window", "5", str(args.steps - 1)]
     measured = {}
     for name in ("reference", "candidate"):
         status, text = _call(["measure", str(runs / name), *window, "--json"], capture=True)
@@ -127,8 +140,13 @@ def run(args: argparse.Namespace) -> int:
     (verify_dir / "rules.json").write_text(rules_text)
     optimizer_status, optimizer_text = _call(["verify", "optimizer", "--json"], capture=True)
     (verify_dir / "optimizer.json").write_text(optimizer_text)
+    return measured, {"convergence": conv_status, "numerics rules": rules_status,
+                      "optimizer component test": optimizer_status}
 
-    shows = what_it_shows(measured, nproc=nproc, gpus=gpus)
+
+def _card_and_site(out: Path, runs: Path, recipes: Path, verify_dir: Path, window: list[str],
+                   measured: dict[str, dict], shows: str, *, nproc: int, gpus: int) -> tuple[Path, dict[str, int]]:
+    """Steps 6 and 7: the candidate's card, its verification item and the site; the card and each exit status."""
     _say("[6/7] writing and validating the candidate's recipe card")
     gpu_dir = "cpu" if not gpus else measured["candidate"]["gpu_type"].lower()
     card = out / "recipes" / "qwen3-moe-tiny" / gpu_dir / "demo-candidate.yaml"
@@ -152,12 +170,7 @@ def run(args: argparse.Namespace) -> int:
     site_status = _call(["site", "build", "--recipes", str(out / "recipes"), *extra, "--verification",
                          str(verification), "--out", str(out / "site")])[0]
 
-    checks = {"convergence": conv_status, "numerics rules": rules_status, "optimizer component test": optimizer_status,
-              "recipe card": card_status, "verification item": item_status, "site": site_status}
-    summary = _summary(where, args.steps, round(time.perf_counter() - started, 1), measured, runs, checks, shows)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _print_summary(summary, out, card)
-    return 0 if all(status == 0 for status in checks.values()) else 1
+    return card, {"recipe card": card_status, "verification item": item_status, "site": site_status}
 
 
 def _summary(where: str, steps: int, seconds: float, measured: dict[str, dict], runs: Path, checks: dict[str, int],

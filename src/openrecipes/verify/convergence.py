@@ -159,67 +159,74 @@ def check_convergence(
         intervals={"candidate": step_report.candidate.interval, "reference": step_report.reference.interval},
     )
 
-    # correlation: undefined for fewer than two points or a flat curve, which fails rather
-    # than passing by NaN comparison
-    if len(compared) < 2 or float(np.std(cur)) == 0.0 or float(np.std(ref)) == 0.0:
-        checks.append(Check(name="correlation", passed=False, value=None, limit=f">= {thresholds.correlation}",
-                            detail=f"undefined over {len(compared)} compared point(s) (needs 2+ and a non-flat curve)"))
-    else:
-        corr = float(np.corrcoef(cur, ref)[0, 1])
-        report.correlation = corr
-        checks.append(Check(name="correlation", passed=corr >= thresholds.correlation, value=corr,
-                            limit=f">= {thresholds.correlation}"))
-
-    ratio_limit = f"share <= {thresholds.max_outlier_ratio}"
-    if not compared:
-        checks.append(Check(name="pointwise", passed=False, value=None, limit=ratio_limit,
-                            detail="no compared points"))
-    else:
-        failing = []
-        for step, c, r in zip(compared, cur, ref):
-            diff, tol = relative_difference(float(c), float(r)), thresholds.pointwise_tolerance(float(r))
-            if diff > tol:
-                failing.append(f"step {step}: {diff:.4g} > {tol}")
-        report.pointwise_failures = len(failing)
-        share = len(failing) / len(compared)
-        shown = "; ".join(failing[:SHOWN_FAILURES]) + (" ..." if len(failing) > SHOWN_FAILURES else "")
-        checks.append(Check(name="pointwise", passed=share <= thresholds.max_outlier_ratio, value=share,
-                            limit=ratio_limit, detail=f"{len(failing)}/{len(compared)} over tolerance"
-                            + (f": {shown}" if failing else "")))
-
-    final_limit = f"<= {thresholds.final_loss_tolerance}"
-    if not common:
-        checks.append(Check(name="final_loss", passed=False, value=None, limit=final_limit,
-                            detail="the curves have no step in common"))
-    else:
-        final = common[-1]  # the last step both have: the reference's last, unless the candidate stopped early
-        c_last, r_last = candidate.losses[final], reference.losses[final]
-        if is_finite(c_last) and is_finite(r_last):
-            diff = relative_difference(c_last, r_last)
-            report.final_loss_difference = diff
-            checks.append(Check(name="final_loss", passed=diff <= thresholds.final_loss_tolerance, value=diff,
-                                limit=final_limit, detail=f"step {final}: {c_last:.6g} vs {r_last:.6g}"))
-        else:
-            checks.append(Check(name="final_loss", passed=False, value=None, limit=final_limit,
-                                detail=f"step {final} has no finite loss on both sides"))
-
-    if not compared:
-        checks.append(Check(name="outliers", passed=False, value=None, limit=ratio_limit,
-                            detail="no compared points"))
-    else:
-        delta = cur - ref
-        spread = float(np.std(delta))  # population std (ddof=0), as numpy's default
-        far = np.abs(delta - float(np.mean(delta))) > thresholds.outlier_sigma * spread
-        outlier_steps = [s for s, flag in zip(compared, far) if flag]
-        report.outliers = len(outlier_steps)
-        share = len(outlier_steps) / len(compared)
-        checks.append(Check(name="outliers", passed=share <= thresholds.max_outlier_ratio, value=share,
-                            limit=ratio_limit,
-                            detail=f"{len(outlier_steps)}/{len(compared)} beyond {thresholds.outlier_sigma:g} sigma"
-                            + (f": steps {_fmt_steps(outlier_steps[:SHOWN_FAILURES])}" if outlier_steps else "")))
-
+    checks.append(_correlation_check(report, cur, ref, thresholds))
+    checks.append(_pointwise_check(report, compared, cur, ref, thresholds))
+    checks.append(_final_loss_check(report, candidate, reference, common, thresholds))
+    checks.append(_outliers_check(report, compared, cur, ref, thresholds))
     report.passed = all(check.passed for check in checks)
     return report
+
+
+def _correlation_check(report: ConvergenceReport, cur: np.ndarray, ref: np.ndarray, thresholds: Thresholds) -> Check:
+    # undefined for fewer than two points or a flat curve, which fails rather than passing by NaN comparison
+    if len(cur) < 2 or float(np.std(cur)) == 0.0 or float(np.std(ref)) == 0.0:
+        return Check(name="correlation", passed=False, value=None, limit=f">= {thresholds.correlation}",
+                     detail=f"undefined over {len(cur)} compared point(s) (needs 2+ and a non-flat curve)")
+    corr = float(np.corrcoef(cur, ref)[0, 1])
+    report.correlation = corr
+    return Check(name="correlation", passed=corr >= thresholds.correlation, value=corr,
+                 limit=f">= {thresholds.correlation}")
+
+
+def _pointwise_check(report: ConvergenceReport, compared: list[int], cur: np.ndarray, ref: np.ndarray,
+                     thresholds: Thresholds) -> Check:
+    ratio_limit = f"share <= {thresholds.max_outlier_ratio}"
+    if not compared:
+        return Check(name="pointwise", passed=False, value=None, limit=ratio_limit, detail="no compared points")
+    failing = []
+    for step, c, r in zip(compared, cur, ref):
+        diff, tol = relative_difference(float(c), float(r)), thresholds.pointwise_tolerance(float(r))
+        if diff > tol:
+            failing.append(f"step {step}: {diff:.4g} > {tol}")
+    report.pointwise_failures = len(failing)
+    share = len(failing) / len(compared)
+    shown = "; ".join(failing[:SHOWN_FAILURES]) + (" ..." if len(failing) > SHOWN_FAILURES else "")
+    return Check(name="pointwise", passed=share <= thresholds.max_outlier_ratio, value=share,
+                 limit=ratio_limit, detail=f"{len(failing)}/{len(compared)} over tolerance"
+                 + (f": {shown}" if failing else ""))
+
+
+def _final_loss_check(report: ConvergenceReport, candidate: LossCurve, reference: LossCurve, common: list[int],
+                      thresholds: Thresholds) -> Check:
+    final_limit = f"<= {thresholds.final_loss_tolerance}"
+    if not common:
+        return Check(name="final_loss", passed=False, value=None, limit=final_limit,
+                     detail="the curves have no step in common")
+    final = common[-1]  # the last step both have: the reference's last, unless the candidate stopped early
+    c_last, r_last = candidate.losses[final], reference.losses[final]
+    if not (is_finite(c_last) and is_finite(r_last)):
+        return Check(name="final_loss", passed=False, value=None, limit=final_limit,
+                     detail=f"step {final} has no finite loss on both sides")
+    diff = relative_difference(c_last, r_last)
+    report.final_loss_difference = diff
+    return Check(name="final_loss", passed=diff <= thresholds.final_loss_tolerance, value=diff,
+                 limit=final_limit, detail=f"step {final}: {c_last:.6g} vs {r_last:.6g}")
+
+
+def _outliers_check(report: ConvergenceReport, compared: list[int], cur: np.ndarray, ref: np.ndarray,
+                    thresholds: Thresholds) -> Check:
+    ratio_limit = f"share <= {thresholds.max_outlier_ratio}"
+    if not compared:
+        return Check(name="outliers", passed=False, value=None, limit=ratio_limit, detail="no compared points")
+    delta = cur - ref
+    spread = float(np.std(delta))  # population std (ddof=0), as numpy's default
+    far = np.abs(delta - float(np.mean(delta))) > thresholds.outlier_sigma * spread
+    outlier_steps = [s for s, flag in zip(compared, far) if flag]
+    report.outliers = len(outlier_steps)
+    share = len(outlier_steps) / len(compared)
+    return Check(name="outliers", passed=share <= thresholds.max_outlier_ratio, value=share, limit=ratio_limit,
+                 detail=f"{len(outlier_steps)}/{len(compared)} beyond {thresholds.outlier_sigma:g} sigma"
+                 + (f": steps {_fmt_steps(outlier_steps[:SHOWN_FAILURES])}" if outlier_steps else ""))
 
 
 def format_report(report: ConvergenceReport) -> str:

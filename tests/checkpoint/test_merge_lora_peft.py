@@ -80,6 +80,24 @@ def test_merge_lora_equals_peft_merge_and_unload(base_dir: Path, tmp_path: Path,
     assert any(name.endswith("mlp.gate.weight") for name in changed) == (config.get("target_modules") == "all-linear")
 
 
+@pytest.mark.parametrize("init", ["orthogonal", "mica", "gaussian"])
+def test_an_initialisation_that_leaves_the_base_alone_merges_as_peft_loads_it(base_dir: Path, tmp_path: Path,
+                                                                             init: str) -> None:
+    """A saved adapter's factors replace whatever the initialisation drew: merge-lora merges it as peft does."""
+    from transformers import Qwen3MoeForCausalLM
+
+    # attention only, at an even rank: peft's orthogonal initialisation needs one, its MiCA takes no expert parameters
+    adapter = _peft_adapter(tmp_path / "adapter", [], r=4, lora_alpha=6)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "init_lora_weights": init}))
+    assert main(["convert", "merge-lora", str(base_dir), str(adapter), "--out", str(tmp_path / "merged")]) == 0
+    hf = Qwen3MoeForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    expected = peft.PeftModel.from_pretrained(hf, adapter).merge_and_unload().state_dict()
+    got = _hf_state(tmp_path / "merged")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=2e-6, msg=name)
+
+
 # ---- hostile adapters: each refused with one line naming the problem ----------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -161,7 +179,12 @@ HOSTILE = {
     "layers-to-transform": (_with({"layers_to_transform": [0]}), "layers_to_transform is set"),
     "layer-replication": (_with({"layer_replication": [[0, 2]]}), "layer_replication is set"),
     "fan-in-fan-out": (_with({"fan_in_fan_out": True}), "fan_in_fan_out is set"),
-    "pissa-init": (_with({"init_lora_weights": "pissa"}), "init_lora_weights \"pissa\""),
+    "pissa-init": (_with({"init_lora_weights": "pissa"}), "init_lora_weights \"pissa\": PEFT would rewrite"),
+    "olora-init": (_with({"init_lora_weights": "olora"}), "init_lora_weights \"olora\": PEFT would rewrite"),
+    "init-unknown": (_with({"init_lora_weights": "True"}), "init_lora_weights \"True\" is not a value PEFT knows"),
+    "init-number": (_with({"init_lora_weights": 1}), "init_lora_weights 1 is not a value PEFT knows"),
+    "dropout-string": (_with({"lora_dropout": "x"}), "lora_dropout is \"x\", not a probability"),
+    "task-type-unknown": (_with({"task_type": "NOT_A_TASK"}), "task_type \"NOT_A_TASK\" is not one of PEFT's"),
     "untargeted-module": (_with({"target_modules": ["v_proj"]}), "does not target model.layers.0.self_attn.q_proj"),
     "untargeted-by-regex": (_with({"target_modules": r".*\.v_proj"}),
                             "does not target model.layers.0.self_attn.q_proj"),

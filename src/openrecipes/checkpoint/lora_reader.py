@@ -47,8 +47,13 @@ _HANDLED = {"r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern", "t
 _INERT = {"task_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision", "inference_mode",
           "runtime_config", "megatron_core", "qalora_group_size", "loftq_config", "eva_config", "corda_config",
           "lora_ga_config"}
-# init_lora_weights values that leave the base weights alone when PEFT builds the adapter (others rewrite them)
-_PLAIN_INITS = (True, False, "gaussian")
+# init_lora_weights values that leave the base weights alone when PEFT builds the adapter (only the factors' starting
+# values differ, and a saved adapter's factors replace them), and those whose initialisation rewrites the base
+# weights (PiSSA, CorDA, OLoRA, LoftQ, LoRA-GA: peft 0.21's LoraConfig)
+_PLAIN_INITS = (True, False, "gaussian", "orthogonal", "mica", "eva")
+_REWRITING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+# peft's TaskType values (a task_type PEFT does not know is refused when it loads the adapter)
+_TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<factor>[AB])\.weight$")
 _KEY_HINTS = (("lora_embedding_", "embedding adapters (lora_embedding_A/B)"),
               ("modules_to_save", "modules_to_save copies"), ("lora_magnitude_vector", "DoRA magnitudes"))
@@ -175,9 +180,13 @@ def _refuse_unmerged_features(path: Path, config: dict[str, Any]) -> None:
     if config.get("bias", "none") != "none":
         raise ValueError(f"{path}: bias is {config['bias']!r}; merge-lora merges adapters with bias 'none' only")
     init = config.get("init_lora_weights", True)
-    if not any(init is plain or (isinstance(plain, str) and init == plain) for plain in _PLAIN_INITS):
+    if any(init is plain or (isinstance(plain, str) and init == plain) for plain in _PLAIN_INITS):
+        return
+    if isinstance(init, str) and init.lower().startswith(_REWRITING_INITS):
         raise ValueError(f"{path}: init_lora_weights {json.dumps(init)[:80]}: PEFT would rewrite the base weights "
                          "when it builds this adapter; merge-lora does not")
+    raise ValueError(f"{path}: init_lora_weights {json.dumps(init)[:80]} is not a value PEFT knows (true, false, "
+                     f"{', '.join(repr(p) for p in _PLAIN_INITS[2:])}, or an initialisation that rewrites the base)")
 
 
 def read_adapter_config(path: str | Path) -> AdapterConfig:
@@ -204,8 +213,14 @@ def read_adapter_config(path: str | Path) -> AdapterConfig:
     if isinstance(config.get("target_modules"), str) and config["target_modules"].lower() == "all-linear":
         raise ValueError(f"{path}: target_modules is 'all-linear', which PEFT resolves against the model (adding "
                          "target parameters); merge-lora needs the module list PEFT saves in its place")
-    if parameters and config.get("lora_dropout", 0) != 0:
+    dropout = config.get("lora_dropout", 0)
+    if not _number(dropout) or not 0 <= dropout <= 1:
+        raise ValueError(f"{path}: lora_dropout is {json.dumps(dropout)[:80]}, not a probability in [0, 1]")
+    if parameters and dropout != 0:
         raise ValueError(f"{path}: lora_dropout must be 0 with target_parameters (PEFT refuses it there)")
+    task = config.get("task_type")
+    if task is not None and task not in _TASK_TYPES:
+        raise ValueError(f"{path}: task_type {json.dumps(task)[:80]} is not one of PEFT's ({', '.join(_TASK_TYPES)})")
     return AdapterConfig(
         source=path, r=config["r"], alpha=float(config["lora_alpha"]), use_rslora=config.get("use_rslora", False),
         rank_pattern=_pattern(path, config, "rank_pattern", _positive_int, "a positive integer"),

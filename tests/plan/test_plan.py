@@ -1,5 +1,7 @@
 """The planner against what the seed cards report, and its internal consistency."""
 
+from pathlib import Path
+
 import pytest
 
 from openrecipes.models.registry import get_config
@@ -103,6 +105,33 @@ def test_plans_say_whether_this_engine_runs_the_layout():
     without_sp = LayoutConfig(tp=2, dp=4, max_tokens_per_gpu=4096)  # TP runs with sequence parallelism only
     plan = evaluate(tiny, without_sp, TrainingSetup(engine="openrecipes", global_batch_tokens=8 * 4096 * 4), hw)
     assert plan.to_json()["openrecipes_runs_it"] is False
+
+
+@pytest.mark.parametrize("model, layout", [
+    ("gpt-oss-tiny", dict(ep=2, dp=4)), ("gpt-oss-tiny", dict(tp=2, sequence_parallel=True, dp=4)),
+    ("gpt-oss-tiny", dict(cp=2, dp=4)), ("qwen3.5-moe-tiny", dict(tp=2, sequence_parallel=True, dp=4)),
+    ("qwen3.5-moe-tiny", dict(cp=2, dp=4))])
+def test_a_dimension_the_family_does_not_split_is_not_this_engines(model, layout, tmp_path):
+    """Declared by the family (ModelFamily.not_split): never ranked for this engine, predicted as the generic
+    engine's under auto, and refused by name before train starts a process."""
+    from openrecipes.config.recipe import load_recipe
+    from openrecipes.train.cli import _check_layout
+
+    shape, hw = model_shape(get_config(model)), load_hardware("H100", memory_gib=1e6)
+    (field,) = [k for k, v in layout.items() if k in ("ep", "tp", "cp") and v > 1]
+    ours, _, _ = search(shape, 8, hw, engine="openrecipes", max_tokens=[4096], recompute=["full"],
+                        optimizers=["adam"], offloads=[0.0], global_batch_tokens=8 * 4096 * 4)
+    assert ours and not any(getattr(p.layout, field) > 1 for p in ours)
+    split = LayoutConfig(**layout, max_tokens_per_gpu=4096)
+    plan = evaluate(shape, split, TrainingSetup(engine="openrecipes", global_batch_tokens=8 * 4096 * 4), hw)
+    assert plan.to_json()["openrecipes_runs_it"] is False and plan.engine_refusal.startswith(f"layout.{field}: ")
+    example = {"gpt-oss-tiny": "tiny-gpt-oss-sft.yaml", "qwen3.5-moe-tiny": "tiny-qwen3-5-moe-sft.yaml"}[model]
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "examples" / example,
+                         [f"run_dir={tmp_path / 'run'}", *(f"layout.{k}={str(v).lower()}" for k, v in layout.items()),
+                          "global_batch=8"])
+    with pytest.raises(ValueError, match=f"^layout.{field}: "):
+        _check_layout(recipe, get_config(model), split.world_size)
+    assert not (tmp_path / "run").exists()
 
 
 def test_invalid_layout_and_gpu_strings():

@@ -195,6 +195,8 @@ class LayoutModel:
     heads: int | None = None  # attention (query) heads, split over tp
     kv_heads: int | None = None  # key/value heads, split over tp
     expert_ffn: int | None = None  # one expert's FFN width, split over etp
+    # (layout field, why): the dimensions this engine's model of the family does not split (ModelFamily.not_split)
+    not_split: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,9 +412,13 @@ def validate_layout(layout: LayoutConfig, *, world_size: int, model: LayoutModel
     return stage_layer_counts(layout, model.num_layers)
 
 
-def unsupported_reason(layout: LayoutConfig) -> str | None:
-    """Why this engine cannot run ``layout`` (a message naming the keys), or None when it can. The planner uses it
-    to rank only runnable layouts for ``--engine openrecipes``."""
+def unsupported_reason(layout: LayoutConfig, model: LayoutModel | None = None) -> str | None:
+    """Why this engine cannot run ``layout`` (a message naming the keys), or None when it can: its own rules, and
+    with ``model`` the dimensions that model's family does not split. The planner uses it to rank only runnable
+    layouts for ``--engine openrecipes`` (another engine may run what this one does not)."""
     if layout.tp > 1 and not layout.sequence_parallel:
         return "layout.sequence_parallel: tensor parallelism runs with sequence parallelism; set it to true"
+    for field, why in model.not_split if model is not None else ():
+        if getattr(layout, field) > 1:
+            return f"layout.{field}: {why}"
     return None

@@ -178,6 +178,9 @@ class ModelFamily:
     images: ImageInputs | None = None                         # None: a text-only model
     aux_loss: RouterAuxLoss | None = None                     # None: the router load-balancing loss is refused
     mtp: MultiTokenPrediction | None = None                   # None: no MTP layers (a recipe's mtp is refused)
+    # (layout field, why) for each parallel dimension the family's model does not run split; the layout rules
+    # refuse those before any process starts (config/layout.py unsupported_reason)
+    not_split: tuple[tuple[str, str], ...] = ()
 
 
 def _families() -> tuple[ModelFamily, ...]:

@@ -116,9 +116,13 @@ class ModelShape:
         return self.num_layers if self.moe_layers is None else sum(self.moe_layers)
 
     def layout_model(self) -> LayoutModel:
-        """The sizes the layout rules check (config/layout.py ``layout_problems``)."""
+        """The sizes the layout rules check (config/layout.py ``layout_problems``), and the dimensions the
+        registered family does not split."""
+        from openrecipes.models.registry import families  # the families declare their shapes: imported on use
+
+        not_split = next((f.not_split for f in families() if f.name == self.family), ())
         return LayoutModel(num_layers=self.num_layers, num_experts=self.num_experts, heads=self.heads,
-                           kv_heads=self.kv_heads, expert_ffn=self.expert_ffn)
+                           kv_heads=self.kv_heads, expert_ffn=self.expert_ffn, not_split=not_split)
 
     @property
     def moe_layer_fraction(self) -> float:

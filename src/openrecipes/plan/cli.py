@@ -148,7 +148,7 @@ def _one_layout(args: argparse.Namespace, given: dict[str, Any], settings: dict[
                           rows_per_microbatch=args.rows_per_microbatch)
     if layout.world_size != count:
         raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
-    engine = engine_for(layout, args.engine)
+    engine = engine_for(layout, args.engine, shape.layout_model())
     setup = TrainingSetup(recompute=one["recompute"], optimizer=one["optimizer"],
                           offload_fraction=one["offload_fraction"], offload_update=offload_update_for(engine),
                           global_batch_tokens=args.global_batch_tokens, engine=engine, lora=lora)
@@ -231,7 +231,6 @@ def _published_gaps(recipes: Path, shape: Any, hw: Any, count: int, plans: list[
 
 
 def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) -> None:
-    from openrecipes.config.layout import unsupported_reason
     from openrecipes.plan.published import engine_name
 
     t = plan.throughput
@@ -251,7 +250,7 @@ def _print_plan(plan: Any, model: str, gpu: str, asked_engine: str, price: Any) 
           f"{t.microbatches} microbatches, bubble {t.bubble_fraction:.1%} ({_basis(plan.setup.engine)})")
     usd = _price_json(plan, price)["usd_per_million_tokens"]
     print(_price_line(price, gpu) + ("" if usd is None else f": ${usd:.2f}"))
-    reason = unsupported_reason(plan.layout)
+    reason = plan.engine_refusal
     if reason and plan.setup.engine == "openrecipes":
         print(f"openrecipes train cannot run this layout yet: {reason}")
     elif reason and asked_engine == "auto":

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from openrecipes.config.layout import LayoutConfig, LayoutWorkload, unsupported_reason, validate_layout
+from openrecipes.config.layout import LayoutConfig, LayoutModel, LayoutWorkload, unsupported_reason, validate_layout
 from openrecipes.config.layout_space import enumerate_layouts
 from openrecipes.plan.hardware import Hardware
 from openrecipes.plan.lora import LoraSetup
@@ -23,6 +23,7 @@ class Plan:
     stages: list[StageMemory]
     throughput: Throughput
     capacity_gib: float
+    engine_refusal: str | None = None  # why openrecipes train cannot run this layout for this model (None: it can)
 
     @property
     def peak_memory_gib(self) -> float:
@@ -54,7 +55,7 @@ class Plan:
             "host_gib_per_rank": round(max(s.host_gib for s in self.stages), 2),
             "host_parts_gib": [{k: round(v, 3) for k, v in s.host_parts_gib.items()} for s in self.stages],
             "engine": self.setup.engine,
-            "openrecipes_runs_it": unsupported_reason(self.layout) is None,
+            "openrecipes_runs_it": self.engine_refusal is None,
             "memory_parts_gib": [s.parts_gib for s in self.stages],
             "time_parts_s": self.throughput.parts_s,
         }
@@ -63,12 +64,12 @@ class Plan:
 AUTO_ENGINE = "auto"
 
 
-def engine_for(layout: LayoutConfig, engine: str) -> str:
-    """The engine whose memory and speed are predicted: ``auto`` is this engine when it runs ``layout``, else the
-    generic (Megatron-LM) model; an engine named explicitly is kept."""
+def engine_for(layout: LayoutConfig, engine: str, model: LayoutModel | None = None) -> str:
+    """The engine whose memory and speed are predicted: ``auto`` is this engine when it runs ``layout`` (for
+    ``model``'s family), else the generic (Megatron-LM) model; an engine named explicitly is kept."""
     if engine != AUTO_ENGINE:
         return engine
-    return "openrecipes" if unsupported_reason(layout) is None else "megatron"
+    return "openrecipes" if unsupported_reason(layout, model) is None else "megatron"
 
 
 def offload_update_for(engine: str) -> str:
@@ -83,11 +84,12 @@ def evaluate(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, hw: 
              workload: LayoutWorkload | None = None) -> Plan:
     """Memory and throughput of one layout; raises ValueError naming the recipe key when the layout rules
     (``layout_problems``, with what ``workload`` says of the run) refuse it."""
-    counts = validate_layout(layout, world_size=layout.world_size, model=shape.layout_model(), workload=workload)
+    model = shape.layout_model()
+    counts = validate_layout(layout, world_size=layout.world_size, model=model, workload=workload)
     return Plan(layout=layout, setup=setup, stage_layers=counts,
                 stages=stage_memory(shape, layout, counts, setup, hw),
                 throughput=estimate_throughput(shape, layout, counts, setup, hw),
-                capacity_gib=hw.gpu.memory_gib)
+                capacity_gib=hw.gpu.memory_gib, engine_refusal=unsupported_reason(layout, model))
 
 
 # The most layout settings one ranking evaluates. Each costs a memory model per pipeline stage (about a millisecond
@@ -124,27 +126,28 @@ def search(shape: ModelShape, world_size: int, hw: Hardware, *, max_tokens: Iter
     that fit, best first; number evaluated; number valid). ``engine`` ``auto`` predicts each layout with the engine
     ``engine_for`` picks for it."""
     layouts: list[LayoutConfig] = []  # each with its max_tokens_per_gpu
+    model = shape.layout_model()
     for tokens in max_tokens:
-        found = enumerate_layouts(world_size, model=shape.layout_model(), max_tokens_per_gpu=tokens,
+        found = enumerate_layouts(world_size, model=model, max_tokens_per_gpu=tokens,
                                   max_tp=min(max_tp, hw.gpu.nvlink_domain))
         if engine == "openrecipes":  # rank only what this engine can run
-            found = [layout for layout in found if unsupported_reason(layout) is None]
+            found = [layout for layout in found if unsupported_reason(layout, model) is None]
         layouts += found
     settings = list(itertools.product(recompute, optimizers, offloads))
     fitting: list[Plan] = []
     evaluated = 0
     for layout, (mode, opt, off) in itertools.product(_sampled(layouts, len(settings)), settings):
-        chosen = engine_for(layout, engine)
+        chosen = engine_for(layout, engine, model)
         setup = TrainingSetup(recompute=mode, optimizer=opt, offload_fraction=off,
                               offload_update=offload_update_for(chosen), global_batch_tokens=global_batch_tokens,
                               engine=chosen, lora=lora)
-        counts = validate_layout(layout, world_size=world_size, model=shape.layout_model())
+        counts = validate_layout(layout, world_size=world_size, model=model)
         evaluated += 1
         stages = stage_memory(shape, layout, counts, setup, hw)
         if max(s.reserved_gib for s in stages) > hw.gpu.memory_gib:
             continue  # throughput only for layouts that fit
         fitting.append(Plan(layout=layout, setup=setup, stage_layers=counts, stages=stages,
                             throughput=estimate_throughput(shape, layout, counts, setup, hw),
-                            capacity_gib=hw.gpu.memory_gib))
+                            capacity_gib=hw.gpu.memory_gib, engine_refusal=unsupported_reason(layout, model)))
     fitting.sort(key=lambda p: -p.throughput.tokens_per_s_per_gpu)
     return fitting, evaluated, len(layouts) * len(settings)

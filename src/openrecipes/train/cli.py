@@ -58,7 +58,9 @@ def _check_layout(recipe, config, world_size: int, world_from: str = "--nproc x 
     if problems:
         raise ValueError(f"{LayoutError(problems[0])} ({world_from} = {world_size} processes)")
     check_mtp(recipe, config)
-    reason = unsupported_reason(recipe.layout)
+    from openrecipes.plan.shape import model_shape
+
+    reason = unsupported_reason(recipe.layout, model_shape(config).layout_model())
     if reason:
         raise ValueError(reason)
 

@@ -193,11 +193,13 @@ class Calibration:
         return self.fits(p, margin=self.memory_margin)
 
     def misfit_reason(self, p: Prediction) -> str:
+        # four significant digits: a small device's figures rounded to one decimal could read as fitting
         if self.above_out_of_memory(p):
-            return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.1f} GiB uncorrected, a trial "
-                    f"predicted {self.out_of_memory_gib:.1f} GiB ran out")
-        return (f"predicted not to fit: {self.peak_gib(p):.1f} GiB of {p.capacity_gib:.1f} GiB with "
-                f"{100 * self.memory_margin:.3g} % left free")
+            return (f"above a measured out-of-memory: predicted {p.peak_reserved_gib:.4g} GiB uncorrected, a trial "
+                    f"predicted {self.out_of_memory_gib:.4g} GiB ran out")
+        limit = p.capacity_gib * (1 - self.memory_margin)
+        return (f"predicted not to fit: {self.peak_gib(p):.4g} GiB of {p.capacity_gib:.4g} GiB with "
+                f"{100 * self.memory_margin:.3g} % left free (at most {limit:.4g} GiB)")
 
     def memory_model(self) -> tuple[Any, ...]:
         """What of the refit decides which candidates fit: when it changes, the solved knobs are solved again."""
@@ -318,7 +320,7 @@ class Planner:
                                    workload=self.workload(recipe))
         if problems:
             return "; ".join(f"{p.path}: {p.message}" for p in problems)
-        return unsupported_reason(recipe.layout)
+        return unsupported_reason(recipe.layout, self.shape.layout_model())
 
     def workload(self, recipe: Recipe) -> LayoutWorkload:
         """What the layout rules check of the recipe's run on the tuner's rows."""

@@ -64,4 +64,12 @@ FAMILY = ModelFamily(
     config_from_hf=lambda raw, source: GptOssConfig.from_hf_dict(raw, source=source),
     config_to_hf=lambda config: config.to_hf_dict(), build=build_gpt_oss,
     native_parts=hf.native_parts, to_hf=hf.to_hf,
+    not_split=(
+        ("ep", "gpt-oss's experts run on one process (the parallel dispatchers run neither its expert biases nor "
+               "its clamped SwiGLU): expert parallelism is not supported"),
+        ("etp", "gpt-oss's experts run on one process (the parallel dispatchers run neither its expert biases nor "
+                "its clamped SwiGLU): expert tensor parallelism is not supported"),
+        ("tp", "gpt-oss's attention sinks are not split over heads: tensor parallelism is not supported"),
+        ("cp", "gpt-oss's attention sinks run in one kernel over the whole row: context parallelism is not supported"),
+    ),
 )

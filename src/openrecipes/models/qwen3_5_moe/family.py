@@ -97,4 +97,7 @@ FAMILY = ModelFamily(
     config_to_hf=lambda config: config.to_hf_dict(), build=build_qwen3_5_moe,
     native_parts=hf.native_parts, to_hf=hf.to_hf, ignored_key=hf.ignored_key,
     aux_loss=RouterAuxLoss(),  # output_router_logits and router_aux_loss_coef, as transformers' forward reads them
+    not_split=tuple((field, f"Qwen3.5-MoE's linear-attention layers (Gated DeltaNet) run whole on one process: {what} "
+                            "is not supported for them") for field, what in (("tp", "tensor parallelism"),
+                                                                            ("cp", "context parallelism"))),
 )

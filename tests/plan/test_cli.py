@@ -1,6 +1,8 @@
 import json
 import re
 
+import pytest
+
 from openrecipes.cli import main
 
 MUSE_ARGS = ["plan", "muse-spark-open-816b-a42b", "--gpus", "128xH200", "--tp", "4", "--pp", "16",
@@ -65,6 +67,22 @@ def test_bad_layout_is_a_user_error(capsys):
     assert "--dp" in capsys.readouterr().err
     assert main(["plan", "qwen3-30b-a3b", "--gpus", "8xH200", "--ep", "3"]) == 2
     assert "ep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--tp", "0"], ["--pp", "0"], ["--cp", "0"], ["--ep", "0"], ["--dp", "0"],
+                                   ["--max-tokens-per-gpu", "-5"], ["--rows-per-microbatch", "0"],
+                                   ["--pp", "2", "--pp-first-stage-layers", "0"]])
+def test_a_size_below_one_is_one_line_naming_its_flag(capsys, flags):
+    assert main(["plan", "qwen3-moe-tiny", "--gpus", "8xH100", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"openrecipes plan: error: {flags[-2]}: must be at least 1, got {flags[-1]}"], err
+
+
+def test_rows_per_microbatch_plans_that_one_layout(capsys):
+    """A layout's own field: given alone it plans one layout with it, not a ranking that ignores it."""
+    assert main(["plan", "qwen3-moe-tiny", "--gpus", "8xH100", "--rows-per-microbatch", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "ranked" not in out and out["layout"]["rows_per_microbatch"] == 2
 
 
 def test_default_engine_is_this_one_where_it_runs_the_layout_else_the_generic_model_said(capsys):

@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-tokens-per-gpu", type=int, help=_setting_help("max_tokens_per_gpu", "tokens per GPU per "
                                                                           "microbatch"))
     p.add_argument("--rows-per-microbatch", type=int,
-                   help="rows per microbatch (default: as many as --max-tokens-per-gpu holds)")
+                   help="rows per microbatch (plans one layout; default: as many as --max-tokens-per-gpu holds)")
     p.add_argument("--recompute", choices=RECOMPUTE_GRANULARITIES,
                    help=_setting_help("recompute", "activation recompute (attention_core and experts: one layout "
                                       "only)"))
@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     shape = model_shape(get_config(args.model), name=args.model)
     if args.top < 1:
         raise ValueError(f"--top: must be at least 1, got {args.top}")
+    for name in (*_LAYOUT_OPTIONS, "max_tokens_per_gpu", "rows_per_microbatch"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be at least 1, got {value}")
     lora = None
     if args.lora_rank is not None:
         from openrecipes.plan.lora import LoraSetup
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         lora = LoraSetup(rank=args.lora_rank, targets=targets)
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
     settings = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None}
-    if given or args.sequence_parallel:
+    if given or args.sequence_parallel or args.rows_per_microbatch is not None:  # a layout's own field: that layout
         return _one_layout(args, given, settings, count=count, hw=hw, price=price, shape=shape, lora=lora)
     sweep = {k: [settings[k]] if k in settings else list(SWEEPS[k]) for k in DEFAULTS}
     plans, evaluated, valid = search(
@@ -132,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
 def _one_layout(args: argparse.Namespace, given: dict[str, Any], settings: dict[str, Any], *, count: int, hw: Any,
                 price: Any, shape: Any, lora: Any) -> int:
     """`plan` with a layout given: that layout's plan alone."""
+    from pydantic import ValidationError
+
     from openrecipes.config.layout import LayoutConfig
     from openrecipes.plan.calibration import speed_error_line
     from openrecipes.plan.enumerate import engine_for, evaluate, offload_update_for
@@ -143,9 +149,13 @@ def _one_layout(args: argparse.Namespace, given: dict[str, Any], settings: dict[
             raise ValueError(f"--dp: {count} GPUs are not a multiple of tp*pp*cp = {tp * pp * cp}")
         given["dp"] = count // (tp * pp * cp)
     one = {**DEFAULTS, **settings}
-    layout = LayoutConfig(**given, sequence_parallel=bool(args.sequence_parallel),
-                          max_tokens_per_gpu=one["max_tokens_per_gpu"],
-                          rows_per_microbatch=args.rows_per_microbatch)
+    try:
+        layout = LayoutConfig(**given, sequence_parallel=bool(args.sequence_parallel),
+                              max_tokens_per_gpu=one["max_tokens_per_gpu"],
+                              rows_per_microbatch=args.rows_per_microbatch)
+    except ValidationError as error:  # the first problem, named by its flag
+        item = error.errors()[0]
+        raise ValueError(f"--{str(item['loc'][0]).replace('_', '-')}: {item['msg']}") from None
     if layout.world_size != count:
         raise ValueError(f"dp: tp*pp*cp*dp = {layout.world_size} must equal --gpus count {count}")
     engine = engine_for(layout, args.engine, shape.layout_model())

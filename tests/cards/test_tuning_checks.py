@@ -24,6 +24,7 @@ def _with_gain(card: dict, start: list[float], winner: list[float]) -> dict:
                               "start_spread": (max(start) - min(start)) / statistics.median(start)}
     card["tuning"]["start_tokens_per_s_per_gpu"] = statistics.median(start)
     card["tuning"]["tuned_tokens_per_s_per_gpu"] = statistics.median(winner)
+    card["result"]["runs"] = len(winner)  # the card's result: the median of the winner's samples
     return card
 
 
@@ -98,9 +99,13 @@ CASES = {
         _changed(("tuning", "tuned_tokens_per_s_per_gpu"), 99_999.0), "tuning.tuned_tokens_per_s_per_gpu", "median"),
     "a start figure against its samples": (
         _changed(("tuning", "start_tokens_per_s_per_gpu"), 1_000.0), "tuning.start_tokens_per_s_per_gpu", "median"),
-    "the winner's trial against the card's run": (
+    "the winner's trial against its first sample": (
         _changed(("tuning", "trials", _winner, "measured_tokens_per_s_per_gpu"), 20_000.0),
-        "tuning.trials[3].measured_tokens_per_s_per_gpu", "result.tokens_per_s_per_gpu"),
+        "tuning.gain.winner_tokens_per_s_per_gpu[0]", "first sample"),
+    "the card's result against the tuned figure": (
+        _changed(("result", "tokens_per_s_per_gpu"), 20_000.0), "result.tokens_per_s_per_gpu", "one figure"),
+    "the card's runs against the winner's samples": (
+        _changed(("result", "runs"), 1), "result.runs", "median of 3 run(s)"),
     "two winners": (_changed(("tuning", "trials", 1, "role"), "winner"), "tuning.trials", "role winner"),
     "no start": (_changed(("tuning", "trials", 0, "role"), "trial"), "tuning.trials", "role start"),
     "trials numbered twice": (_changed(("tuning", "trials", 2, "trial"), 1), "tuning.trials", "each once"),
@@ -117,7 +122,8 @@ def test_each_contradiction_is_an_error_naming_its_field(tuned, write_card, case
 
 
 def test_a_verified_card_slower_than_its_start_is_an_error(tuned, write_card):
-    del tuned["tuning"]["gain"]  # the trials alone: the winner's trial is the tuned figure
+    del tuned["tuning"]["gain"]  # the trials alone: the winner's trial is the tuned figure, over one run
+    tuned["result"]["runs"] = 1
     tuned["tuning"]["start_tokens_per_s_per_gpu"] = _first(tuned, "start")
     tuned["tuning"]["tuned_tokens_per_s_per_gpu"] = _first(tuned, "winner")
     assert _errors(tuned, write_card) == {}

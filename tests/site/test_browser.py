@@ -124,7 +124,7 @@ def test_filter_then_open_a_recipe(served_site, browser):
         page.wait_for_load_state()
         assert page.url.endswith("qwen3-30b-a3b/h200/variant-with-curves.html")
         assert page.locator("h1").inner_text() == "Training Qwen3-30B-A3B on H200"
-        assert page.locator("#metric-tokens").inner_text() == "6,913.23"
+        assert page.locator("#metric-tokens").inner_text() == "6,913.2"
         assert page.locator("#metric-usd").inner_text() == "$0.32"
         assert page.locator("#metric-mfu").inner_text() == "12.8%"
         assert "Unverified" in page.locator("#status").inner_text()

@@ -85,7 +85,7 @@ def test_recipe_page_shows_the_headline_figures(tmp_path):
     out = tmp_path / "site"
     build_site(CATALOG, out)
     html = (out / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.html").read_text()
-    for text in ("6,913.23", "$0.32", "12.8%", "0.59%", "3,041,656,832", "correlation 0.9999984",
+    for text in ("6,913.2", "$0.32", "12.8%", "0.59%", "3,041,656,832", "correlation 0.9999984",
                  "8f76b822a284adbe24faaf3cfe725e65cb5e94f98ba54aceade45b275345f983",
                  "--expert-model-parallel-size 8"):
         assert text in html, text
@@ -95,7 +95,7 @@ def test_recipe_page_shows_the_headline_figures(tmp_path):
         CATALOG / "qwen3-30b-a3b" / "h200" / "attune-tp1-pp1-ep8-mt16k.yaml").read_text()
     assert "<svg" not in html  # no curves in this card, so no plot
     muse = (out / "muse-spark-open" / "h200" / "attune-tp4-pp16-ep8.html").read_text()
-    assert "333.12" in muse and "$6.60" in muse and "9.0%" in muse
+    assert "333.1<" in muse and "$6.60" in muse and "9.0%" in muse
 
 
 def test_curves_become_an_inline_svg(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +49,9 @@ class NewCardOptions:
     # where the run directories lie (openrecipes tune --out): paths under it are written relative to it and any other
     # absolute machine path by its last part, so the card holds none and validates as a catalog card
     output_dir: Path | None = None
+    # the card's recipe measured again (openrecipes tune's remeasured samples, the run's own measurement first): the
+    # result's tokens/s/GPU is their median and ``runs`` their count, so the card quotes the figure its tuning does
+    samples_tokens_per_s: tuple[float, ...] = ()
 
 
 class _CardDumper(yaml.SafeDumper):
@@ -269,7 +273,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
         notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
     notes += [f"measure: {note}" for note in measured.notes]
     notes_text = "".join(f"- {note}\n" for note in notes)  # the resolved recipe is the card's own field
-    result = {**_result_block(measured, gpu["type"]),
+    result = {**_result_block(measured, gpu["type"], options.samples_tokens_per_s),
               "active_params": {"count": measured.active_params,
                                 "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
                                 "revision": None},
@@ -328,19 +332,29 @@ def _gpu_block(options: NewCardOptions, run: Any, measured: Any) -> dict[str, An
             "instance": options.instance}
 
 
-def _result_block(measured: Any, gpu_type: str) -> dict[str, Any]:
-    """The card's ``result`` as `openrecipes measure` computed it."""
+def _result_block(measured: Any, gpu_type: str, samples: tuple[float, ...] = ()) -> dict[str, Any]:
+    """The card's ``result`` as `openrecipes measure` computed it; with ``samples`` (the run's measurement first),
+    their median and what follows from it (MFU, price per token), over ``runs`` = their count."""
+    from openrecipes.config.hardware import usd_per_million_tokens
+    from openrecipes.measure.metrics import mfu
+
+    if samples and abs(samples[0] - measured.tokens_per_s_per_gpu) > 1e-9 * measured.tokens_per_s_per_gpu:
+        raise ValueError(f"samples: the first, {samples[0]}, is not the run's own measurement "
+                         f"{measured.tokens_per_s_per_gpu}")
+    tps = statistics.median(samples) if samples else measured.tokens_per_s_per_gpu
     return {
-        "tokens_per_s_per_gpu": measured.tokens_per_s_per_gpu,
-        "usd_per_million_tokens": measured.usd_per_million_tokens,
+        "tokens_per_s_per_gpu": tps,
+        "usd_per_million_tokens": (usd_per_million_tokens(measured.usd_per_gpu_hour, tps)
+                                   if measured.usd_per_gpu_hour is not None else None),
         "usd_per_gpu_hour": measured.usd_per_gpu_hour,
         "step_time_cv_percent": measured.step_time_cv * 100.0,
-        "mfu": measured.mfu,
+        "mfu": (mfu(measured.active_params, tps, measured.peak_flops_per_gpu)
+                if measured.mfu is not None else None),
         "mfu_note": None if measured.mfu is not None else (
             f"no peak FLOP/s for {gpu_type!r} in the hardware table (a CPU has none): MFU not computed"),
         "window": list(measured.window),
         "window_tokens": measured.window_tokens,
-        "runs": 1,
+        "runs": max(1, len(samples)),
         "gpu_hours": measured.gpu_hours,
         "gpu_hours_note": measured.gpu_hours_note,
     }

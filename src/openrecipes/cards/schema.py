@@ -381,7 +381,8 @@ class Tuning(_Strict):
     start_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
     tuned_tokens_per_s_per_gpu: Annotated[float, Field(gt=0)]
     minutes: Annotated[float, Field(ge=0)] = Field(description="wall time of the command up to the card")
-    pruned: NonNegInt = Field(description="candidates the planner or the layout rules pruned before any trial")
+    pruned: NonNegInt = Field(description="candidates left out without a trial (the planner, the layout rules, "
+                                          "a failed trial's kind; pruned.jsonl of the tuning output gives each reason)")
     trials: Annotated[list[TuningTrial], Field(min_length=1)]
     gain: TuningGain | None = None
     ablations: list[TuningAblation] = Field(default_factory=list)

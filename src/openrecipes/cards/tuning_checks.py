@@ -4,7 +4,8 @@ The tuner writes one record of its numbers (``tune/remeasure.py`` ``Gain``): the
 first of each its search trial, then each interleaved remeasurement. From it follow ``start_tokens_per_s_per_gpu`` and
 ``tuned_tokens_per_s_per_gpu`` (the medians of the samples; without remeasured pairs, the two trials), the gain (the
 median of the pair gains), the start's own spread and each ablation's contribution (the winner's median over the
-ablated run, less one); the winner's trial is the card's run, so its measurement is ``result.tokens_per_s_per_gpu``.
+ablated run, less one); the card's result is the tuned figure, over as many runs as the winner has samples (its
+trial's run is the card's run: its curves, window and step-time spread).
 A verified tuned card is one whose gain is real: a winner faster than the start, every remeasured pair of one sign and
 the median gain outside the start's own spread. A starting point that did not fit (``tuning.reference``) was replaced
 by its reference, the trial of role start: it names that trial's changes, fits where the start did not, and only the
@@ -46,10 +47,7 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
     if winner.measured_tokens_per_s_per_gpu is None:
         return out + [Finding(loc=("tuning", "trials", tuning.trials.index(winner), "failure"),
                               message="the card's recipe is a trial without a measurement")]
-    if _differs(winner.measured_tokens_per_s_per_gpu, card.result.tokens_per_s_per_gpu):
-        out.append(Finding(loc=("tuning", "trials", tuning.trials.index(winner), "measured_tokens_per_s_per_gpu"),
-                           message=f"{winner.measured_tokens_per_s_per_gpu} but the card's run (this trial) "
-                                   f"measured result.tokens_per_s_per_gpu {card.result.tokens_per_s_per_gpu}"))
+    out += _result_is_the_tuned_figure(card, tuning)
     out += _headline_figures(tuning, start.measured_tokens_per_s_per_gpu, winner.measured_tokens_per_s_per_gpu)
     out += _ablations(tuning)
     # the command's wall time: a rerun that reuses recorded trials takes less than they once did, so no lower bound
@@ -57,6 +55,21 @@ def check_tuning(card: RecipeCard) -> list[Finding]:
         out.append(Finding(loc=("tuning", "minutes"), message=f"{tuning.minutes} minutes is more than a year"))
     if card.status == "verified":
         out += _verified_gain(tuning, winner is start)
+    return out
+
+
+def _result_is_the_tuned_figure(card: RecipeCard, tuning: Tuning) -> list[Finding]:
+    """The card quotes one throughput: its result is the tuned figure (the median of the winner's samples, or its
+    trial's measurement without a remeasured gain), over as many runs as there are samples."""
+    out = []
+    if _differs(card.result.tokens_per_s_per_gpu, tuning.tuned_tokens_per_s_per_gpu):
+        out.append(Finding(loc=("result", "tokens_per_s_per_gpu"), message=(
+            f"{card.result.tokens_per_s_per_gpu} but tuning.tuned_tokens_per_s_per_gpu is "
+            f"{tuning.tuned_tokens_per_s_per_gpu}: a tuned card quotes one figure for its recipe")))
+    samples = len(tuning.gain.winner_tokens_per_s_per_gpu) if tuning.gain is not None else 1
+    if card.result.runs != samples:
+        out.append(Finding(loc=("result", "runs"), message=(
+            f"{card.result.runs} but the tuned figure is the median of {samples} run(s) of the winner")))
     return out
 
 

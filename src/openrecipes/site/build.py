@@ -141,7 +141,8 @@ def _metrics(loaded: LoadedCard) -> dict[str, object]:
     conv = card.correctness.convergence
     build = card.workload.dataset.build
     return {
-        "tokens": _number(res.tokens_per_s_per_gpu),
+        # to one decimal, as the tuner's console and every tuning figure quote tokens/s: one figure, written one way
+        "tokens": _number(res.tokens_per_s_per_gpu, 1),
         "usd": f"${res.usd_per_million_tokens:,.2f}" if res.usd_per_million_tokens is not None else "—",
         "mfu": f"{res.mfu:.1%}" if res.mfu is not None else "—",
         "active_params": f"{res.active_params.count:,}",

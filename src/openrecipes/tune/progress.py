@@ -102,9 +102,11 @@ class Progress:
             result = f"FAILED ({failure_text(record['failure'])})"
         how = "reused from trials.jsonl" if reused else f"{record.get('wall_s', 0):.0f} s"
         if not reused and record.get("overhead_s") is not None:
-            how += f", {record['overhead_s']:.0f} s of it outside the steps"
+            how += f", {record['overhead_s']:.0f} s of it beyond its steps at their mean time"
+            # start-up runs to the end of the first step (its compilation too): not a breakdown of the figure above
             if record.get("startup_s"):
-                how += " (" + ", ".join(f"{phase} {s:.0f} s" for phase, s in record["startup_s"].items()) + ")"
+                how += ("; start-up to the end of the first step: "
+                        + ", ".join(f"{phase} {s:.0f} s" for phase, s in record["startup_s"].items()))
         name = trial_name(record["index"], record.get("phase"), self.trials)
         self._write(f"[tune] {name}: {result} [{how}] | {self._best_text()} | "
                     f"{self._left_text()}", line=True)

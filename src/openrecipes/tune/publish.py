@@ -65,6 +65,12 @@ def headline(result: SearchResult, winner: dict[str, Any], gain: Gain | None, mi
     return Headline(start_tps=start, tuned_tps=tuned, minutes=minutes)
 
 
+def _winner_samples(gain: Gain | None) -> tuple[float, ...]:
+    """The winner's samples (its trial first) when it was measured again: the card's result is their median, the
+    figure the headline quotes."""
+    return tuple(gain.winner) if gain is not None and gain.pairs else ()
+
+
 def _tuning_block(result: SearchResult, winner_key: str, gain: Gain | None,
                   ablations: Ablations | None, figures: Headline) -> dict[str, Any]:
     trials = []
@@ -129,8 +135,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
                f"starting point {_shown(result.start_path)} (did not fit) and its reference")
     notes = [f"openrecipes tune: {started}, {figures.start_tps:,.1f} tokens/s/GPU; "
              f"tuned to {figures.tuned_tps:,.1f} ({measured}); {len(result.records)} trials in "
-             f"{figures.minutes:.1f} minutes ({len(failures)} failed, {result.pruned} candidates pruned before "
-             "any trial)."]
+             f"{figures.minutes:.1f} minutes ({len(failures)} failed, {result.pruned} candidates left out "
+             "without a trial)."]
     if result.unfit is not None:
         notes.append(result.unfit.note(_shown(result.start_path)))
     if (predicted := start_prediction(result.records)) is not None:  # how far the first prediction was off
@@ -145,7 +151,7 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
                      "starting point itself.")
     else:
         notes.append(f"What changed: {describe_changes(winner['changes'])}"
-                     f"{'' if result.unfit is None else ' (against the starting point)'}. Why it is faster (measured): "
+                     f"{'' if result.unfit is None else ' (against the starting point)'}. Why it is faster (measured in the two search trials): "
                      f"{_why(start, winner)}.")
     if gain is not None:
         notes.append(f"Gain measured again, start and winner in turns: {gain.describe()}.")
@@ -197,7 +203,7 @@ def publish(result: SearchResult, winner: Verdict | None, failed: list[Verdict],
         window=result.options.measurement_window(), gpu_memory_gb=gpu_memory_gb(result.target),
         status=status, component_tests=component_tests, overwrite=True, notes=tuple(notes),
         tuning=_tuning_block(result, record["key"], gain, ablations, figures), run_command=run_command, recipe=tuned,
-        output_dir=out))
+        output_dir=out, samples_tokens_per_s=_winner_samples(gain) if winner else ()))
     errors = [p for p in problems if getattr(p, "severity", "error") == "error"]
     if errors:
         raise ValueError(f"{card}: the card does not validate: {errors[0]}")

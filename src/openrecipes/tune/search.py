@@ -380,7 +380,8 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
         space = self.first_space()
         ranked, solved_under = self._ranked(space + self._solved(space)), self.calibration.memory_model()
         self.progress.say(f"{len(self._order(ranked))} candidates ranked by the planner, {len(self._left_out())} "
-                          f"pruned (reasons in {self.out / 'pruned.jsonl'})")
+                          f"left out so far (the card counts those left out by the end; reasons in "
+                          f"{self.out / 'pruned.jsonl'})")
         first_phase = self.trial_index + math.ceil((self.options.trials - self.trial_index) / 2)
         while self.trial_index < self.options.trials:
             self._collect(below=self.in_flight.max_parallel)  # room for one more

@@ -79,6 +79,34 @@ def test_a_chat_template_file_is_an_input(inputs, tmp_path):
         check_build_inputs(spec, rows)
 
 
+@pytest.mark.parametrize("field, value", [("row_tokens", 32), ("seed", 7), ("format", "pretrain"),
+                                          ("chat_template", "muse_spark"), ("template_kwargs", {"x": "y"})])
+def test_rows_another_build_made_are_refused_by_the_setting(inputs, tmp_path, field, value):
+    """Settings are recorded beside the inputs: rows built with other settings are another build's, even where
+    every input is the same (a built-in template's name is a setting, not a file)."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    check_build_inputs(_spec(inputs), rows)
+    other = _spec(inputs).model_copy(update={field: value})
+    with pytest.raises(ValueError, match=rf"^data\.build\.{field}: the rows in {rows} were built with {field}="):
+        check_build_inputs(other, rows)
+    check_build_inputs(_spec(inputs), rows)  # the same settings still pass
+
+
+def test_a_record_without_settings_checks_the_inputs_only(inputs, tmp_path):
+    """Rows recorded before the settings were: their inputs are still checked, their settings cannot be."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    check_build_inputs(_spec(inputs), rows)
+    record = json.loads((rows / BUILD_INPUTS_FILE).read_text())
+    del record["settings"]
+    (rows / BUILD_INPUTS_FILE).write_text(json.dumps(record))
+    check_build_inputs(_spec(inputs).model_copy(update={"seed": 7}), rows)
+    _drop_last_conversation(inputs[0])
+    with pytest.raises(ValueError, match=r"^data\.build\.input: "):
+        check_build_inputs(_spec(inputs), rows)
+
+
 def test_a_damaged_record_is_named(inputs, tmp_path):
     rows = tmp_path / "rows"
     rows.mkdir()

@@ -58,3 +58,38 @@ def test_a_rank_that_fails_leaves_the_measured_ones_reported(tmp_path, monkeypat
     assert [r["rank"] for r in printed["ranks"]] == [1] and printed["ranks"][0]["predicted"]["compute_s"] > 0
     assert printed["failed"] == [{"rank": 0, "error": "rank 0: the measuring process failed: "
                                                       "torch.OutOfMemoryError: CUDA out of memory"}]
+
+
+def test_the_output_directory_is_one_measure_rank_made(tmp_path, monkeypatch):
+    """--out: a directory of files measure-rank did not write, or a file, is refused before anything is written
+    there; a directory it made is written into again."""
+    import argparse
+    from pathlib import Path
+
+    import pytest
+
+    from openrecipes.train import rank_cli
+
+    monkeypatch.setattr(rank_cli, "measure_in_process", lambda recipe, rank, world, out, **kw: {
+        "rank": rank, "pp_rank": 0, "microbatches": 1, "parameters": {"dense": 1, "experts": 2},
+        "phases_s": {"forward_backward": 0.5, "optimizer": 0.1}, "peak_rss_gib": 0.5})
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+
+    def run(out, steps=2):
+        rank_cli.run(argparse.Namespace(recipe=str(example), overrides=["layout.dp=2"], gpus="2xH100", ranks="0",
+                                        steps=steps, out=out, json=True))
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "rank-0.json").write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match=r"^--out: .* was not written by openrecipes measure-rank"):
+        run(foreign)
+    assert [p.name for p in foreign.iterdir()] == ["rank-0.json"] and "mine" in (foreign / "rank-0.json").read_text()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"^--out: .* is not a directory"):
+        run(tmp_path / "a-file")
+    run(tmp_path / "ours")
+    run(tmp_path / "ours")  # its own directory: written again
+    assert (tmp_path / "ours" / rank_cli.RANKS_MARKER).is_file()
+    with pytest.raises(ValueError, match=r"^--steps: must be at least 2 \(the first is a warm-up"):
+        run(tmp_path / "ours", steps=1)

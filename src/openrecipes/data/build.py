@@ -24,7 +24,7 @@ from openrecipes.config.recipe import DataBuild
 from openrecipes.data.chat_input import (ChatInput, Markers, Shielded, count_skipped, encode_with_text_tokens,
                                          has_marker_characters, shield_conversation, text_token_windows)
 from openrecipes.data.image_rows import open_images
-from openrecipes.data.manifest import MANIFEST_FILE, RowsWriter
+from openrecipes.data.manifest import MANIFEST_FILE, RowsWriter, check_build_inputs
 from openrecipes.data.packed import (MAX_INVALID_EXAMPLES, BuildJob, file_fields, output_guard, pack_rows,
                                      record_counts, rows_fields)
 from openrecipes.data.pretrain import build_pretrain
@@ -237,10 +237,13 @@ def _manifest(config: BuildJob, bundle: Any, renderer: ChatRenderer, eos: str, e
 
 
 def build_recipe_rows(spec: DataBuild, out: Path) -> Path:
-    """Build a recipe's ``data.build`` rows into ``out`` unless a finished build is already there.
+    """Build a recipe's ``data.build`` rows into ``out`` unless a finished build is already there, and record (or
+    check) what they were built from: rows another ``data.build`` made, or made from inputs changed since, are refused
+    by the recipe key (``check_build_inputs``).
 
     Called once, before the training processes start, so the loop only ever reads rows.
     """
     if not (out / MANIFEST_FILE).is_file():
         build(spec, out, progress=False)
+    check_build_inputs(spec, out)
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -229,16 +229,25 @@ def build_inputs(spec: Any) -> dict[str, Path]:
     return inputs
 
 
-def _recorded_inputs(path: Path) -> dict[str, dict[str, str]]:
+def _recorded_build(path: Path) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None]:
+    """The recorded inputs and settings (None: a record from before settings were kept)."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-        inputs = document["inputs"]
+        inputs, settings = document["inputs"], document.get("settings")
         if document.get("format") != BUILD_INPUTS_FORMAT or not all(
-                isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in inputs.values()):
+                isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in inputs.values()) or not (
+                settings is None or isinstance(settings, dict)):
             raise ValueError("unexpected content")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{path}: damaged record of the build's inputs ({error})") from None
-    return inputs
+    return inputs, settings
+
+
+def _build_settings(spec: Any, input_keys: Iterable[str]) -> dict[str, Any]:
+    """``data.build``'s fields other than its input files (those are compared by content, wherever they lie; a
+    built-in template's name stays a setting)."""
+    files = {key.removeprefix("data.build.") for key in input_keys}
+    return {key: value for key, value in spec.model_dump(mode="json").items() if key not in files}
 
 
 def check_build_inputs(spec: Any, rows: str | Path) -> None:
@@ -252,12 +261,20 @@ def check_build_inputs(spec: Any, rows: str | Path) -> None:
     rows = Path(rows)
     record = rows / BUILD_INPUTS_FILE
     paths = build_inputs(spec)
+    settings = _build_settings(spec, paths)
     if not record.is_file():
         hashes = {key: {"path": str(path), "sha256": input_sha256(path)} for key, path in paths.items()}
-        document = {"format": BUILD_INPUTS_FORMAT, "inputs": hashes}
+        document = {"format": BUILD_INPUTS_FORMAT, "inputs": hashes, "settings": settings}
         atomic_write_text(record, json.dumps(document, indent=2) + "\n")
         return
-    recorded = _recorded_inputs(record)
+    recorded, recorded_settings = _recorded_build(record)
+    keys = [*settings, *(k for k in recorded_settings or {} if k not in settings)]  # the recipe's order: format first
+    for key in keys if recorded_settings is not None else ():
+        if settings.get(key) != recorded_settings.get(key):
+            raise ValueError(f"data.build.{key}: the rows in {rows} were built with {key}="
+                             f"{json.dumps(recorded_settings.get(key))}, this recipe asks for "
+                             f"{json.dumps(settings.get(key))}: they are another build's rows; build these in "
+                             "another directory (a new run_dir or --out)")
     for key, path in paths.items():
         before = recorded.get(key, {}).get("sha256")
         now = input_sha256(path) if path.exists() else None

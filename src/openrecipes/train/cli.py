@@ -179,10 +179,9 @@ def run(args: argparse.Namespace) -> int:
         if recipe.data.build is not None:  # once, before any training process starts
             from openrecipes.config.rundir import rows_directory
             from openrecipes.data.build import build_recipe_rows
-            from openrecipes.data.manifest import check_build_inputs
 
+            # built once; a resume (or a rerun) finds them built from the same settings and unchanged inputs
             build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-            check_build_inputs(recipe.data.build, rows_directory(None, recipe.run_dir))  # a resume: input unchanged
         from openrecipes.config.rundir import rows_directory
         from openrecipes.train.images import check_rows_directory
         from openrecipes.train.rows_vocabulary import check_rows_vocabulary

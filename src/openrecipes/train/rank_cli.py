@@ -107,6 +107,22 @@ def measure_in_process(recipe: str | Path, rank: int, world: int, out: Path, *, 
     return json.loads(out.read_text())
 
 
+RANKS_MARKER = ".openrecipes-ranks"  # in an output directory measure-rank made: it writes there again, nowhere else
+
+
+def _claim_out(out: Path, inputs: list[Any]) -> None:
+    """The output directory: absent, empty, or one measure-rank made (a directory of other files, a file, a link,
+    the working directory or an input is refused by --out before anything is written)."""
+    from openrecipes.utils import atomic_write_text, check_output_dir
+
+    check_output_dir(out, marker=RANKS_MARKER, writer="openrecipes measure-rank", overwrite=True,
+                     inputs=inputs, option="--out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / RANKS_MARKER).is_file():
+        atomic_write_text(out / RANKS_MARKER, "written by openrecipes measure-rank: its output directory, written "
+                                              "into again only by measure-rank\n")
+
+
 def _prepare(args: argparse.Namespace):
     """The recipe over the fleet's world size, checked as `openrecipes train` checks it, with its rows built."""
     from openrecipes.checkpoint.hf import recipe_model_config
@@ -124,7 +140,7 @@ def _prepare(args: argparse.Namespace):
     recipe = measured_recipe(recipe)
     config = recipe_model_config(recipe)
     _check_layout(recipe, config, world, world_from="--gpus")
-    out.mkdir(parents=True, exist_ok=True)
+    _claim_out(out, [args.recipe, recipe.data.rows])
     if recipe.data.build is not None:
         from openrecipes.data.build import build_recipe_rows
 
@@ -136,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     from openrecipes.data.manifest import read_manifest
     from openrecipes.config.rundir import rows_directory
 
-    if args.steps < 1:
-        raise ValueError(f"--steps: must be at least 1, got {args.steps}")
+    if args.steps < 2:  # one step would time the warm-up it is meant to leave out
+        raise ValueError(f"--steps: must be at least 2 (the first is a warm-up left out of the times), got "
+                         f"{args.steps}")
     recipe, config, world, gpu_type, out = _prepare(args)
     ranks = _ranks(args.ranks, recipe.layout, config.num_hidden_layers, world)
     row_tokens = int(read_manifest(rows_directory(recipe.data.rows, out))["row_tokens"])

@@ -85,6 +85,16 @@ def _outside_reason(name: Any, plain_name: bool) -> str | None:
     return None
 
 
+def one_line(text: Any) -> str:
+    """Text from an input (a key, a template's message) as it may stand inside a one-line error: its line breaks
+    written as escapes, so it can never add a line of its own."""
+    return str(text).translate(_LINE_BREAKS)
+
+
+# every character str.splitlines breaks at, as its escape
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -28,7 +28,7 @@ from openrecipes.data.manifest import MANIFEST_FILE, RowsWriter, check_build_inp
 from openrecipes.data.packed import (MAX_INVALID_EXAMPLES, BuildJob, file_fields, output_guard, pack_rows,
                                      record_counts, rows_fields)
 from openrecipes.data.pretrain import build_pretrain
-from openrecipes.data.sources import InvalidConversation, find_marker, normalize, open_source
+from openrecipes.data.sources import LONE_SURROGATE, InvalidConversation, find_marker, normalize, open_source
 from openrecipes.data.stream import (BATCH_CHARS, LimitCounter, Piece, batch_piece, encode_windows, encoded_piece,
                                      is_long, long_pieces)
 from openrecipes.data.templates import (TEMPLATE_SPECIAL_TOKENS, ChatRenderer, builtin_template_note, get_loss_mask,
@@ -110,10 +110,12 @@ def _sft_pieces(config: BuildJob, order: np.ndarray, source: Any, renderer: Chat
         try:
             messages, tools = normalize(record, where, forbidden, options)
             numbers = images.take(messages, where) if images is not None else []
-            text, supervised, own = _render(renderer, messages, tools, forbidden, options, where)
+            text, supervised, own = _rendered(_render(renderer, messages, tools, forbidden, options, where))
             if numbers:
                 text, supervised, own, numbers = images.expand(text, supervised, own, numbers, where)
-        except ValueError as error:  # template errors (raise_exception, wrong format) included
+        except (ValueError, RecursionError) as error:  # template errors (raise_exception, wrong format) included
+            if isinstance(error, RecursionError):  # under the reader's bound, but too deep for the renderer
+                error = InvalidConversation("a field is nested too deeply to render", "nested too deeply")
             message = str(error) if str(error).startswith(where) else f"{where}: {error}"
             if not config.skip_invalid:
                 raise InvalidConversation(message) from None
@@ -165,6 +167,14 @@ def _render(renderer: ChatRenderer, messages: list[Any], tools: Any, markers: Ma
     found: list[str] = []
     messages, tools = shield_conversation(messages, tools, markers, found)
     return Shielded(found).restore(*renderer.supervised_spans(messages, tools))
+
+
+def _rendered(rendered: tuple[str, Any, Any]) -> tuple[str, Any, Any]:
+    """The template's output, refused when it is not text a tokenizer reads (a template writing a lone surrogate)."""
+    if bad := LONE_SURROGATE.search(rendered[0]):
+        raise ValueError(f"the chat template's output holds {bad.group(0)!r}, which is not valid Unicode (a lone "
+                         "surrogate)")
+    return rendered
 
 
 def build(spec: DataBuild, out: Path, **options: Any) -> dict[str, Any]:

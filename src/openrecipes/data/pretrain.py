@@ -24,7 +24,7 @@ from openrecipes.data.manifest import MANIFEST_FILE
 from openrecipes.data.packed import (MAX_INVALID_EXAMPLES, BuildJob, chunked_pieces, file_fields,
                                      output_guard, pack_rows, record_counts, rows_fields)
 from openrecipes.data.megatron_indexed import IndexedDocuments, indexed_prefix, read_indexed
-from openrecipes.data.sources import ConversationSource, open_source
+from openrecipes.data.sources import LONE_SURROGATE, ConversationSource, open_source
 from openrecipes.data.stream import BATCH_CHARS, Piece, encode_windows, is_long
 from openrecipes.data.tokenizer import TokenizerBundle, load_tokenizer
 from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir
@@ -42,6 +42,9 @@ def _check_text(record: Any, where: str, forbidden: re.Pattern[str] | None) -> s
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise InvalidDocument(f"{where}: expected an object with a 'text' string")
     text = record["text"]
+    if bad := LONE_SURROGATE.search(text):  # from a "\\udc80" escape: not text any tokenizer can read
+        raise InvalidDocument(f"{where}: 'text' holds {bad.group(0)!r}, which is not valid Unicode (a lone "
+                              "surrogate)")
     if forbidden is not None and (hit := forbidden.search(text)):
         raise InvalidDocument(f"{where}: 'text' contains the added token {hit.group(0)!r} "
                               "(--special-tokens-in-text refuse)")

@@ -20,9 +20,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from openrecipes.data.chat_input import ROLES, ChatInput, InvalidConversation, Markers, shape_message
+from openrecipes.utils import one_line
 
 __all__ = ["ChatInput", "ConversationSource", "InvalidConversation", "ROLES", "normalize", "open_source"]
-_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _SCAN_BATCH = 4096
 
 
@@ -67,6 +68,8 @@ def _json_lines(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
                     kinds = " (a .json input holds a JSON array of records or JSON Lines)" if path.suffix == ".json" \
                         else ""
                     raise ValueError(f"{path} line {number}: malformed JSON: {error}{kinds}") from None
+                except ValueError as error:  # a number past Python's limit of digits, say
+                    raise ValueError(f"{path} line {number}: unreadable JSON: {error}") from None
                 except RecursionError:
                     raise ValueError(f"{path} line {number}: JSON nested too deeply to read") from None
                 offsets.append(offset)
@@ -100,6 +103,8 @@ def _json_array(path: Path, f: _File) -> Iterator[tuple[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         where = f"line {error.lineno}: " if isinstance(error, json.JSONDecodeError) else ""
         raise ValueError(f"{path}: {where}malformed JSON: {error}") from None
+    except ValueError as error:  # a number past Python's limit of digits, say
+        raise ValueError(f"{path}: unreadable JSON: {error}") from None
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to read") from None
     f.spill = tempfile.TemporaryFile(prefix="openrecipes-input-", suffix=".jsonl")
@@ -144,6 +149,19 @@ def _mapped_parquet(path: Path, column: str) -> Any:
         os.unlink(spill)
 
 
+def _table_or_error(path: Path, column: str) -> Any:
+    """``_read_table``, its file named in one line when pyarrow cannot read it (not Parquet or Arrow, truncated,
+    a schema nested past pyarrow's limit)."""
+    import pyarrow as pa
+
+    try:
+        return _read_table(path, column)
+    except (pa.ArrowException, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: unreadable as {path.suffix[1:]}: {str(error).splitlines()[0]}") from None
+
+
 def _read_table(path: Path, column: str) -> Any:
     import pyarrow as pa
 
@@ -167,7 +185,13 @@ def _dataset_files(directory: Path) -> list[Path]:
     if state.is_file():
         from openrecipes.utils import path_inside
 
-        names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+        try:
+            names = [entry["filename"] for entry in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
+            if not all(isinstance(name, str) for name in names):
+                raise TypeError("a filename that is not a string")
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:  # JSON errors are ValueErrors
+            raise ValueError(f"{state}: not a saved dataset's state (_data_files: a list of {{\"filename\": ...}}): "
+                             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
         return [path_inside(directory, name, source=state, key="_data_files[].filename") for name in names]
     files = sorted(p for p in directory.rglob("*") if p.suffix in (".jsonl", ".parquet", ".arrow")
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
@@ -247,7 +271,7 @@ def open_source(path: str | Path, column: str = "messages") -> tuple[Conversatio
                 for local, (where, record) in enumerate((_json_array if array else _json_lines)(file_path, f)):
                     yield base + local, where, record
             else:
-                table = _read_table(file_path, column)
+                table = _table_or_error(file_path, column)
                 f = _File(path=file_path, kind="table", count=table.num_rows, table=table)
                 for start in range(0, table.num_rows, _SCAN_BATCH):
                     for local, record in enumerate(_drop_nulls(table.slice(start, _SCAN_BATCH).to_pylist()),
@@ -323,7 +347,7 @@ def _shape_hint(record: Any, options: ChatInput) -> str:
                 "sharegpt (data.build.input_shape in a recipe)")
     if options.shape == "sharegpt" and _looks_like(record, "messages", ("role", "content")):
         return "; it looks like OpenAI messages (a 'messages' list of role/content turns): drop --input-shape sharegpt"
-    return f" (its keys: {', '.join(map(str, list(record)[:8]))}; --messages-field names another)" if record else ""
+    return f" (its keys: {', '.join(map(one_line, list(record)[:8]))}; --messages-field names another)" if record else ""
 
 
 def normalize(record: Any, where: str, forbidden: Markers | None,
@@ -390,7 +414,7 @@ def normalize(record: Any, where: str, forbidden: Markers | None,
         raise InvalidConversation(f"{where}: no assistant turn, so nothing to supervise", "no assistant turn")
     # a lone surrogate (from a "\\udc80" escape) is not text: no tokenizer can read it. Searched for in place:
     # encoding a 50 MB conversation to find one would copy it twice
-    if bad := find_token([messages, tools], "", _SURROGATE):
+    if bad := find_token([messages, tools], "", LONE_SURROGATE):
         raise InvalidConversation(f"{where}: text holds {bad[1]!r}, which is not valid Unicode (a lone surrogate)",
                                   "invalid unicode")
     return messages, tools

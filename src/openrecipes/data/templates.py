@@ -29,6 +29,8 @@ from openrecipes.config.recipe import RESERVED_TEMPLATE_KWARGS
 
 from openrecipes.data import bundled
 from openrecipes.data.template_sandbox import bounded_render
+from openrecipes.data.tokenizer import read_utf8
+from openrecipes.utils import one_line
 
 BUILTIN_TEMPLATES = bundled.TEMPLATES
 # What each built-in template renders, relative to the model's own template; the manifest records it
@@ -132,7 +134,7 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 def _raise_exception(message: str) -> None:
-    raise ValueError(f"chat template: {message}")
+    raise ValueError(f"chat template: {one_line(message)}")
 
 
 # The template kwarg that fixes what strftime_now() renders, recorded with the others in the manifest
@@ -358,7 +360,7 @@ def load_template_text(spec: str) -> tuple[str, str]:
     if not path.is_file():
         raise FileNotFoundError(f"--chat-template: {spec} is neither a built-in template "
                                 f"({', '.join(BUILTIN_TEMPLATES)}) nor a file")
-    return path.read_text(encoding="utf-8"), str(path)
+    return read_utf8(path), str(path)
 
 
 def parse_template_kwargs(items: list[str] | None) -> dict[str, Any]:

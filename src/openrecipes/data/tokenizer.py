@@ -52,6 +52,14 @@ class TokenizerBundle:
         return value if isinstance(value, str) else None
 
 
+def read_utf8(path: Path) -> str:
+    """A text file the build reads (a chat template), refused in one line naming it when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
 def _template_from_config(config: dict[str, Any], path: Path) -> str | None:
     template = config.get("chat_template")
     if template is None:
@@ -104,11 +112,15 @@ def load_tokenizer(directory: str | Path) -> TokenizerBundle:
             config = json.loads(config_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise ValueError(f"{config_path}: line {error.lineno}: invalid JSON: {error.msg}") from error
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{config_path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: a tokenizer config is a JSON object, not a {type(config).__name__}")
         hashes["tokenizer_config.json"] = sha256_file(config_path)
     template, source = None, None
     jinja_path = directory / "chat_template.jinja"
     if jinja_path.is_file():
-        template, source = jinja_path.read_text(encoding="utf-8"), str(jinja_path)
+        template, source = read_utf8(jinja_path), str(jinja_path)
         hashes["chat_template.jinja"] = sha256_file(jinja_path)
     elif config:
         template = _template_from_config(config, config_path)

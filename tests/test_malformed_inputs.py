@@ -81,7 +81,15 @@ def test_verify_parity_without_safetensors_names_the_directory(tmp_path, capsys)
     ("{{ 'x' * 10**10 }}", ["'*'"]),
     ("{{ 7 ** 100000 }}", ["'**'"]),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", ["too deeply"]),
-], ids=["range 10**12", "nested ranges", "repeated string", "power", "endless macro"])
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", ["'~'"]),
+    ("{% set ns = namespace(s=['x']) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     ["'+'"]),
+    ("{{ 'x' | center(4000000000) }}", ["center filter"]),
+    ("{{ ('x\n' * 8000000) | indent(1000) }}", ["indent filter"]),
+    ("{{ '%0300000000d' % 1 }}", ["'%'"]),
+    ("{{ '{:>300000000}'.format('x') }}", ["str.format"]),
+], ids=["range 10**12", "nested ranges", "repeated string", "power", "endless macro", "doubled by ~",
+        "doubled by +", "center", "indent", "percent padding", "format padding"])
 def test_a_template_without_bounds_is_stopped(tmp_path, capsys, template, names):
     path = tmp_path / "t.jinja"
     path.write_text(template + "\n")

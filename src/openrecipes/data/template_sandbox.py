@@ -2,21 +2,27 @@
 
 A chat template comes with a tokenizer or a ``--chat-template`` file, so it is untrusted code. Jinja's sandbox keeps
 it from reaching Python objects, but not from running forever or filling memory: ``range(10**12)`` (its own range
-stops at 100,000 items per call, with an OverflowError; nested loops multiply), ``"x" * 10**10`` or ``9**9**9``.
-Here every rendering has a budget of loop steps that every ``range()`` draws from, ``*`` and ``**`` refuse results
-over a size limit, and in the main thread a rendering that runs past ``RENDER_SECONDS`` is stopped (loops over other
-sequences take no budget). Each bound ends in one ``chat template:`` ValueError.
+stops at 100,000 items per call, with an OverflowError; nested loops multiply), ``"x" * 10**10``, ``9**9**9``, a
+string doubled by ``~`` or ``+`` forty times, ``'x'|center(10**9)`` or ``'%0999999999d' % 1``. Here every rendering
+has a budget of loop steps that every ``range()`` draws from; ``*``, ``+``, ``~`` and ``**`` refuse results over a
+size limit before building them, and so do the padding of ``%``, ``str.format`` and the filters that take a width;
+what is left (memory the machine does not have) is refused as such; and in the main thread a rendering that runs
+past ``RENDER_SECONDS`` is stopped (loops over other sequences take no budget). Each bound ends in one
+``chat template:`` ValueError.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import re
 import signal
 import threading
 from contextvars import ContextVar
 from typing import Any, Iterator
 
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.nodes import Concat
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # range() items one rendering may use: a real template loops over its messages and tools, a few thousand at most
@@ -66,21 +72,95 @@ def _too_big_power(base: Any, exponent: Any) -> bool:
     return exponent * math.log2(abs(base)) > MAX_POWER_BITS
 
 
-class BoundedSandbox(ImmutableSandboxedEnvironment):
-    """Jinja's immutable sandbox with ``*`` and ``**`` checked before they run and a budgeted ``range``."""
+def _too_long(what: str, size: int) -> None:
+    if size > MAX_REPEATED_ITEMS:
+        raise TemplateBoundError(f"chat template: {what} would build more than {MAX_REPEATED_ITEMS:,} items")
 
-    intercepted_binops = frozenset({"*", "**"})
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _check_widths(what: str, spec: Any) -> None:
+    """A format string's widths and precisions (``%0300000000d``, ``{:>300000000}``): each pads to its size."""
+    if isinstance(spec, str):
+        _too_long(what, max((int(n) for n in _NUMBER.findall(spec)), default=0))
+
+
+def _bounded_concat(parts: Any) -> str:
+    """``~``: the joined length is known before the join is built."""
+    texts = [part if isinstance(part, str) else str(part) for part in parts]
+    _too_long("'~'", sum(len(text) for text in texts))
+    return "".join(texts)
+
+
+class _BoundedConcatGenerator(CodeGenerator):
+    """``~`` through the environment's bounded join (chat templates run without autoescape)."""
+
+    def visit_Concat(self, node: Concat, frame: Frame) -> None:
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+def _width_checked(name: str, apply: Any, size: Any) -> Any:
+    """Filter ``name`` refused when ``size(value, *args)`` (what it would build) is over the limit."""
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _too_long(f"the {name} filter", size(*args, **kwargs))
+        return apply(*args, **kwargs)
+    return bounded
+
+
+def _indent_size(value: Any, width: Any = 4, *args: Any, **kwargs: Any) -> int:
+    text = str(value)
+    return len(text) + (width if isinstance(width, int) else len(str(width))) * (text.count("\n") + 1)
+
+
+def _center_size(value: Any, width: Any = 80, *args: Any, **kwargs: Any) -> int:
+    return max(len(str(value)), width if isinstance(width, int) else 0)
+
+
+def _format_size(value: Any, *args: Any, **kwargs: Any) -> int:
+    _check_widths("the format filter", value)
+    return 0
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox with ``*``, ``+``, ``%``, ``**``, ``~``, ``str.format`` and the width-taking filters
+    checked before they build anything, and a budgeted ``range``."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _BoundedConcatGenerator
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.globals["range"] = _bounded_range
+        self.bounded_concat = _bounded_concat
+        for name, size in (("indent", _indent_size), ("center", _center_size), ("format", _format_size)):
+            self.filters[name] = _width_checked(name, self.filters[name], size)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*" and _too_big_product(left, right):
             raise TemplateBoundError(f"chat template: '*' would build more than {MAX_REPEATED_ITEMS:,} items")
         if operator == "**" and _too_big_power(left, right):
             raise TemplateBoundError(f"chat template: '**' would build an integer over {MAX_POWER_BITS} bits")
+        if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _too_long("'+'", len(left) + len(right))
+        if operator == "%":
+            _check_widths("'%'", left)
         return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        spec = getattr(value, "__self__", None)
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            _check_widths("str.format", spec)
+            return wrapped(*args, **kwargs)
+        return checked
 
 
 @contextlib.contextmanager
@@ -113,5 +193,7 @@ def bounded_render(template: Any, **variables: Any) -> str:
         raise TemplateBoundError("chat template: calls itself too deeply (a macro that never stops)") from None
     except OverflowError as error:  # arithmetic past a float's range and the like
         raise TemplateBoundError(f"chat template: {error}") from None
+    except MemoryError:  # what the bounds above do not foresee, on a machine that cannot hold it
+        raise TemplateBoundError("chat template: ran out of memory rendering one conversation") from None
     finally:
         _steps_left.reset(token)

@@ -55,13 +55,47 @@ def test_data_build_refuses_an_unmarked_directory(dataset, tmp_path, capsys):
     assert (other / "keep.txt").read_text() == "x"
 
 
-def test_data_build_replaces_its_own_output(dataset, tmp_path):
+def test_data_build_replaces_its_own_output_and_nothing_else(dataset, tmp_path, capsys):
     out = tmp_path / "rows"
     assert data_build(dataset, out) == 0
-    (out / "stale.txt").write_text("old")
     assert data_build(dataset, out) == 2  # without --overwrite
+    (out / "notes").mkdir()
+    (out / "notes" / "mine.txt").write_text("kept")  # a file of the user's, beside what the build wrote
+    assert data_build(dataset, out, "--overwrite") == 2
+    assert "holds 'notes', which openrecipes data build did not write" in capsys.readouterr().err
+    assert (out / "notes" / "mine.txt").read_text() == "kept"
+    shutil.rmtree(out / "notes")
+    before = (out / "manifest.json").stat().st_mtime_ns
     assert data_build(dataset, out, "--overwrite") == 0
-    assert not (out / "stale.txt").exists() and (out / "manifest.json").is_file()
+    assert (out / "manifest.json").stat().st_mtime_ns != before
+
+
+def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
+    out = tmp_path / "a" / "b" / "rows"
+    with pytest.raises(RuntimeError):
+        with guarded_output_dir(out, marker=".m", writer="w"):
+            raise RuntimeError("the build failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_terminated_write_leaves_no_staging_directory(tmp_path):
+    """SIGTERM (a job's time limit, kill) while the output is staged: the staging directory goes, exit 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom openrecipes.utils import guarded_output_dir\n"
+              "with guarded_output_dir(sys.argv[1], marker='.m', writer='w') as staging:\n"
+              "    (staging / 'rows.parquet').write_text('half')\n    print('staged', flush=True)\n"
+              "    time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "rows")], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "staged"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture()
@@ -91,9 +125,12 @@ def test_convert_overwrites_only_its_own_output(hf_dir, tmp_path, capsys):
     assert main(["convert", "import", str(hf_dir), str(native)]) == 0
     assert main(["convert", "import", str(hf_dir), str(native), "--overwrite"]) == 0
     assert main(["convert", "export", str(native), str(back)]) == 0
-    (back / "stale.txt").write_text("old")
+    (back / "stale.txt").write_text("old")  # not the export's: --overwrite leaves it, and the directory, alone
+    assert main(["convert", "export", str(native), str(back), "--overwrite"]) == 2
+    assert "holds 'stale.txt', which openrecipes (Hugging Face export) did not write" in capsys.readouterr().err
+    assert (back / "stale.txt").read_text() == "old"
+    (back / "stale.txt").unlink()
     assert main(["convert", "export", str(native), str(back), "--overwrite"]) == 0
-    assert not (back / "stale.txt").exists()
     # a directory someone else wrote is not replaced, even with --overwrite
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     checks.update(card_checks)
     summary = _summary(where, args.steps, round(time.perf_counter() - started, 1), measured, runs, checks, shows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from openrecipes.utils import mark_output_dir
+
+    mark_output_dir(out, marker=MARKER, writer="openrecipes demo")  # what a later demo may replace
     _print_summary(summary, out, card)
     return 0 if all(status == 0 for status in checks.values()) else 1
 

@@ -156,17 +156,46 @@ def atomic_output_dir(path: str | os.PathLike, *, overwrite: bool = False) -> It
     target = Path(path)
     if target.exists() and not overwrite and any(target.iterdir()):
         raise FileExistsError(f"output directory {target} exists and is not empty")
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    finished = False
     try:
-        yield staging
-        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700, as a plain mkdir would have made it
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        with _terminated_as_exit():  # a SIGTERM (a job's time limit, kill) still cleans up below
+            yield staging
+            os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700, as a plain mkdir would have made it
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+            finished = True
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+        for parent in made if not finished else ():  # a failed write leaves no folder it made
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM as SystemExit(143) inside the block, so its cleanup runs (the main thread, and only where no one else
+    handles the signal)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def register_modules(subparsers: Any, modules: Iterable[str]) -> None:
@@ -232,6 +261,12 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
     if not (target / marker).is_file():
         raise ValueError(f"{option}: {target} is not empty and was not written by {writer} (it has no {marker} "
                          "file); choose another directory or empty it yourself")
+    written = (target / marker).read_text(encoding="utf-8", errors="replace").splitlines()[1:]
+    if written:  # the marker lists what the writer wrote (older markers do not): anything else is someone's
+        foreign = [entry for entry in _entries(target) if entry not in written and entry != marker]
+        if foreign:
+            raise ValueError(f"{option}: {target} holds {foreign[0]!r}, which {writer} did not write; move it "
+                             f"away or choose another directory (--overwrite replaces only what {writer} wrote)")
 
 
 @contextlib.contextmanager
@@ -242,7 +277,20 @@ def guarded_output_dir(path: str | os.PathLike, *, marker: str, writer: str, ove
     check_output_dir(path, marker=marker, writer=writer, overwrite=overwrite, inputs=inputs, option=option)
     with atomic_output_dir(path, overwrite=True) as staging:
         yield staging
-        (staging / marker).write_text(f"written by {writer}; --overwrite may replace this directory\n")
+        mark_output_dir(staging, marker=marker, writer=writer)
+
+
+def mark_output_dir(directory: Path, *, marker: str, writer: str) -> None:
+    """Leave ``marker`` in a finished output: its writer, then every file and folder it holds, which is all a later
+    ``--overwrite`` may replace (``check_output_dir``)."""
+    listing = "".join(f"{entry}\n" for entry in _entries(directory) if entry != marker)
+    (directory / marker).write_text(f"written by {writer}; --overwrite may replace this directory, which holds:\n"
+                                    + listing)
+
+
+def _entries(directory: Path) -> list[str]:
+    """Every file and folder under ``directory``, as paths relative to it."""
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*"))
 
 
 def shown_step(step: int) -> int:

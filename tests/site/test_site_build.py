@@ -146,9 +146,15 @@ def test_invalid_catalog_is_not_built(tmp_path):
 def test_rebuild_replaces_only_a_site(tmp_path):
     out = tmp_path / "site"
     build_site(CATALOG, out)
-    (out / "stale.html").write_text("old")
+    (out / "stale.html").write_text("old")  # a page an earlier build wrote: listed in its marker
+    with open(out / SITE_MARKER, "a") as marker:
+        marker.write("stale.html\n")
     build_site(CATALOG, out)
     assert not (out / "stale.html").exists() and (out / SITE_MARKER).exists()
+    (out / "mine.html").write_text("mine")  # a page of someone else's, put into the site: not replaced
+    with pytest.raises(ValueError, match="holds 'mine.html', which openrecipes site build did not write"):
+        build_site(CATALOG, out)
+    assert (out / "mine.html").read_text() == "mine"
     other = tmp_path / "precious"
     other.mkdir()
     (other / "keep.txt").write_text("mine")

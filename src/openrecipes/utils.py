@@ -255,12 +255,12 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
         raise NotADirectoryError(f"{option}: {target} exists and is not a directory")
     if not target.exists() or not any(target.iterdir()):
         return
+    if not (target / marker).is_file():  # --overwrite would not replace it either: say so first
+        raise ValueError(f"{option}: {target} is not empty and was not written by {writer} (it has no {marker} "
+                         "file); choose another directory or empty it yourself")
     if not overwrite:
         raise FileExistsError(f"{option}: {target} exists and is not empty (pass --overwrite to replace an "
                               f"earlier output of {writer})")
-    if not (target / marker).is_file():
-        raise ValueError(f"{option}: {target} is not empty and was not written by {writer} (it has no {marker} "
-                         "file); choose another directory or empty it yourself")
     written = (target / marker).read_text(encoding="utf-8", errors="replace").splitlines()[1:]
     if written:  # the marker lists what the writer wrote (older markers do not): anything else is someone's
         foreign = [entry for entry in _entries(target) if entry not in written and entry != marker]

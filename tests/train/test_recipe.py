@@ -40,6 +40,19 @@ def test_bad_values_name_the_key(tmp_path, extra, field):
         load_recipe(write(tmp_path, text))
 
 
+@pytest.mark.parametrize("override, field", [("steps=true", "steps"), ("layout.tp=true", "layout.tp"),
+                                             ("optimizer.lr=false", "optimizer.lr"),
+                                             ("checkpoint.every=true", "checkpoint.every"),
+                                             ("data.build.row_tokens=true", "data.build.row_tokens")])
+def test_a_boolean_for_a_number_is_refused_by_the_key(tmp_path, override, field):
+    """pydantic would read true as 1: one step, one rank, a learning rate of 1."""
+    sets = ["data.rows=null", "data.build={row_tokens: 64}"] if field.startswith("data.build") else []
+    with pytest.raises(ValueError, match=rf"{field.replace('.', chr(92) + '.')}: expected a number, got "
+                                         rf"{override.split('=')[1]}"):
+        load_recipe(write(tmp_path, BASE), [*sets, override])
+    assert load_recipe(write(tmp_path, BASE), ["logging.progress=false"]).logging.progress is False
+
+
 def test_override_syntax_errors():
     with pytest.raises(ValueError, match="KEY=VALUE"):
         apply_overrides({}, ["layout.dp"])

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import ConfigDict, Field, StrictBool
+
+from openrecipes.config.numbers import NumbersNotBooleans
 
 __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_counts", "expert_data_parallel_size",
            "microbatch_token_capacity", "rows_per_microbatch", "LayoutProblem", "LayoutError",
@@ -25,7 +27,7 @@ __all__ = ["ParallelSizes", "LayoutConfig", "validate_layout", "stage_layer_coun
            "pipeline_microbatch_problems"]
 
 
-class ParallelSizes(BaseModel):
+class ParallelSizes(NumbersNotBooleans):
     """The sizes of the parallel dimensions: shared by the recipe's layout and the recipe card's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -20,6 +20,7 @@ from openrecipes.config.epochs import epochs_into_steps
 from openrecipes.config.hf_names import hf_name_hint, peft_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
 from openrecipes.config.recompute_names import RecomputeGranularity
+from openrecipes.config.numbers import NumbersNotBooleans
 from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -44,7 +45,7 @@ TooLong = Literal["skip", "truncate"]  # what a conversation over max_conversati
 LossMaskName = Literal["qwen3", "qwen3_miles", "muse_spark", "gpt_oss", "glm4"]
 
 
-class DataBuild(BaseModel):
+class DataBuild(NumbersNotBooleans):
     """Rows built at the start of the run (into RUN_DIR/rows) with `openrecipes data build` semantics."""
 
     model_config = _STRICT
@@ -97,7 +98,7 @@ class DataBuild(BaseModel):
         return self
 
 
-class Data(BaseModel):
+class Data(NumbersNotBooleans):
     model_config = _STRICT
     rows: str | None = None          # a directory written by `openrecipes data build`
     build: DataBuild | None = None
@@ -109,7 +110,7 @@ class Data(BaseModel):
         return self
 
 
-class Recompute(BaseModel):
+class Recompute(NumbersNotBooleans):
     """What each decoder layer recomputes in the backward, and which layers (parallel/recompute.py)."""
 
     model_config = _STRICT
@@ -118,7 +119,7 @@ class Recompute(BaseModel):
     num_layers: int = Field(1, ge=1)
 
 
-class Optimizer(BaseModel):
+class Optimizer(NumbersNotBooleans):
     model_config = _STRICT
     name: Literal["adam"] = "adam"
     # bounds far outside any sensible value, so a typo (1e3 for 1e-3) is refused rather than trained on
@@ -141,7 +142,7 @@ class Optimizer(BaseModel):
         return self
 
 
-class Moe(BaseModel):
+class Moe(NumbersNotBooleans):
     """Mixture-of-experts training terms (Megatron's ``moe_*`` arguments)."""
 
     model_config = _STRICT
@@ -150,7 +151,7 @@ class Moe(BaseModel):
     aux_loss_coef: float = Field(0.0, ge=0)
 
 
-class Mtp(BaseModel):
+class Mtp(NumbersNotBooleans):
     """Multi-token prediction (DeepSeek-V3 report §2.2, Megatron-LM's ``mtp_*`` arguments): the model's MTP layers
     (``num_nextn_predict_layers`` of them) are kept and trained, their loss added to the objective (docs/models.md)."""
 
@@ -164,7 +165,7 @@ LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "experts", "latent_
                      "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]
 
 
-class Lora(BaseModel):
+class Lora(NumbersNotBooleans):
     """LoRA fine-tuning (models/common/lora.py): the base is frozen, only the adapters train (docs/lora.md)."""
 
     model_config = _STRICT
@@ -183,7 +184,7 @@ class Lora(BaseModel):
         return self
 
 
-class Fp8(BaseModel):
+class Fp8(NumbersNotBooleans):
     """FP8 matrix products (models/common/fp8.py): weights, gradients and the optimizer keep ``precision``'s dtypes;
     the products of ``targets`` read e4m3 operands scaled by ``scaling`` (row-wise: one scale per row along the
     summed dimension). ``experts``: the routed experts' grouped products; ``projections``: every other linear layer
@@ -195,7 +196,7 @@ class Fp8(BaseModel):
         default_factory=lambda: ["experts", "projections"], min_length=1)
 
 
-class Vision(BaseModel):
+class Vision(NumbersNotBooleans):
     """A model that takes images (its family declares ``images``): its vision towers are always frozen (no gradients,
     no optimizer state); the projection of their features into the decoder trains unless this says otherwise."""
 
@@ -203,7 +204,7 @@ class Vision(BaseModel):
     train_projection: StrictBool = True
 
 
-class Offload(BaseModel):
+class Offload(NumbersNotBooleans):
     model_config = _STRICT
     fraction: float = Field(0.0, ge=0, le=1)  # share of the optimizer state kept and updated on the CPU
     overlap: StrictBool = True
@@ -212,7 +213,7 @@ class Offload(BaseModel):
     activations: StrictBool = False  # what decoder layers save for the backward waits in host memory
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(NumbersNotBooleans):
     model_config = _STRICT
     every: int | None = Field(None, ge=1)   # steps between saves; the last step is always saved
     keep: int = Field(2, ge=1)               # newest checkpoints kept
@@ -226,7 +227,7 @@ class Checkpoint(BaseModel):
         return self
 
 
-class Logging(BaseModel):
+class Logging(NumbersNotBooleans):
     model_config = _STRICT
     progress: StrictBool = True
     tensorboard: StrictBool = False
@@ -234,7 +235,7 @@ class Logging(BaseModel):
     wandb_project: str = "openrecipes"
 
 
-class Kernels(BaseModel):
+class Kernels(NumbersNotBooleans):
     model_config = _STRICT
     attention: AttentionBackend = "auto"
     experts: ExpertBackend = "auto"
@@ -248,7 +249,7 @@ class Kernels(BaseModel):
     allocator: Literal["expandable", "caching"] = "expandable"
 
 
-class Debug(BaseModel):
+class Debug(NumbersNotBooleans):
     model_config = _STRICT
     force_load_balance: StrictBool = False   # route tokens round-robin over experts (benchmarks only)
     skip_nonfinite_steps: StrictBool = False  # skip an update with a non-finite loss or grad norm instead of stopping
@@ -267,7 +268,7 @@ class Debug(BaseModel):
         return self
 
 
-class Recipe(BaseModel):
+class Recipe(NumbersNotBooleans):
     model_config = _STRICT
     name: str = "run"
     model: str                                  # registry name or Hugging Face checkpoint directory
@@ -394,7 +395,8 @@ def _format_error(error: ValidationError, source: str) -> str:
             hf_hint = hf_name_hint(str(item["loc"][-1])) or peft_name_hint(item["loc"][:-1], str(item["loc"][-1]))
             close = difflib.get_close_matches(str(item["loc"][-1]), _section_keys(item["loc"][:-1]), n=1, cutoff=0.6)
             hint = f" ({hf_hint})" if hf_hint else f" (did you mean '{close[0]}'?)" if close else ""
-        lines.append(f"{source}: {where}: {item['msg']}{hint}")
+        message = item["msg"].removeprefix("Value error, ")  # pydantic's wrapper of a validator's own message
+        lines.append(f"{source}: {where}: {message}{hint}")
     return "\n".join(lines)
 
 

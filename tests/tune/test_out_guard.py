@@ -73,3 +73,18 @@ def test_options_are_refused_before_anything_runs(tmp_path, capsys, argv, messag
         status = refused.code
     assert status == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given, words", [
+    ("garbage", "expected KEY=VALUE"), ("nosuch=1", "nosuch"),
+    ("optimizer.lr=0.1", "numerics"), ("layout.ep=3", "openrecipes train refuses its layout")])
+def test_a_try_that_cannot_run_is_refused_before_any_trial(start_yaml, tmp_path, capsys, given, words):
+    from openrecipes.cli import main
+
+    out = tmp_path / "tune"
+    status = main(["tune", str(start_yaml), "--gpus", "cpu", "--minutes", "5", "--trials", "2", "--trial-steps", "3",
+                   "--try", given, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith(f"openrecipes tune: error: --try {given!r}: ") and words in err[-1], err
+    trials = out / "trials.jsonl"
+    assert not trials.exists() or trials.read_text() == ""  # not even the start ran

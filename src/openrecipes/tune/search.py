@@ -260,8 +260,17 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
         return list(found.values())
 
     def _given(self, text: str) -> Candidate:
-        """A candidate from ``--try "KEY=VALUE ..."``; a numerics field is refused with its rule."""
+        """A candidate from ``--try "KEY=VALUE ..."``; a numerics field is refused with its rule, every refusal
+        naming the --try."""
+        try:
+            return self._given_candidate(text)
+        except ValueError as error:
+            raise ValueError(str(error) if str(error).startswith("--try") else f"--try {text!r}: {error}") from None
+
+    def _given_candidate(self, text: str) -> Candidate:
         overrides = shlex.split(text)
+        if not overrides or any("=" not in item for item in overrides):
+            raise ValueError("expected KEY=VALUE pairs separated by spaces")
         for item in overrides:
             check_performance_only({item.split("=", 1)[0]: None})
         tree = apply_overrides(self.start.model_dump(mode="json"), overrides)
@@ -352,6 +361,9 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
         if refusal:  # the rules train applies: running it would only show train refusing it
             raise ValueError(f"the starting point: openrecipes train refuses its layout: {refusal}")
         start_prediction = self.planner.predict(self.start)
+        for text in self.options.tries:  # each --try read and checked before any trial, the start's included
+            if refusal := self.planner.refusal(self._given(text).recipe):
+                raise ValueError(f"--try {text!r}: openrecipes train refuses its layout: {refusal}")
         self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
                           f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
                           f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")
@@ -375,8 +387,12 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
             prediction = self._prediction_or_none(given)
             if given.key in self.refused:  # its ranks, measured alone (--screen), do not fit
                 self.progress.say(f"--try {text!r}: pruned: {self.refused[given.key]}")
-            elif given.key not in self.tried and self._budget_left(prediction, given.settings):
+            elif given.key in self.tried:
+                self.progress.say(f"--try {text!r}: measured already (the start, or an earlier --try)")
+            elif self._budget_left(prediction, given.settings):
                 self._search_trial(given, prediction, "given", refusal=self.planner.refusal(given.recipe))
+            else:
+                self.progress.say(f"--try {text!r}: not run: the time left does not hold its trial")
         space = self.first_space()
         ranked, solved_under = self._ranked(space + self._solved(space)), self.calibration.memory_model()
         self.progress.say(f"{len(self._order(ranked))} candidates ranked by the planner, {len(self._left_out())} "

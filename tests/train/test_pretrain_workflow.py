@@ -65,5 +65,5 @@ def test_sft_rows_over_context_parallel_ranks_are_long_context_sft() -> None:
 def test_sft_only_fields_are_refused_for_pretrain() -> None:
     import pytest
 
-    with pytest.raises(ValueError, match="data.build: Value error, chat_template apply to format sft only"):
+    with pytest.raises(ValueError, match="data.build: chat_template apply to format sft only"):
         load_recipe(EXAMPLE, ["data.build.chat_template=qwen3"])

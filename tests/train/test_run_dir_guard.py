@@ -124,3 +124,18 @@ def test_export_never_replaces_the_model_the_run_started_from(make_recipe, tmp_p
     assert main(["convert", "export", str(save), str(save / "hf")]) == 2
     assert "sits inside the input" in capsys.readouterr().err
     assert main(["convert", "export", str(save), str(tmp_path / "exported")]) == 0
+
+
+def test_a_run_refused_before_it_ran_leaves_no_directory(tmp_path, capsys):
+    """The build of its rows fails (a tokenizer that is a file): the run directory this command made goes again,
+    and the error names the recipe key; a run_dir under a file is refused by name."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-qwen3-sft.yaml"
+    (tmp_path / "a-file").write_text("x")
+    run_dir = tmp_path / "run"
+    assert main(["train", str(example), "--set", f"run_dir={run_dir}", "--set",
+                 f"data.build.tokenizer={tmp_path / 'a-file'}"]) == 2
+    assert "error: data.build.tokenizer: " in capsys.readouterr().err and not run_dir.exists()
+    assert main(["train", str(example), "--set", f"run_dir={tmp_path / 'a-file' / 'run'}"]) == 2
+    assert "error: run_dir: " in (err := capsys.readouterr().err) and "which is a file, not a directory" in err

@@ -89,6 +89,9 @@ def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | N
     check_apart_from_inputs(target, inputs, option="run_dir")
     if target.exists() and not target.is_dir():
         raise ValueError(f"run_dir: {run_dir} exists and is not a directory")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"run_dir: {run_dir} lies under {above}, which is a file, not a directory")
     if target.is_dir() and any(p.name != ROWS_DIR for p in target.iterdir()) and not is_run_directory(target):
         raise ValueError(f"run_dir: {run_dir} is not empty and is not a run directory (it has no {RUN_MARKER}); "
                          "choose a new or empty directory")

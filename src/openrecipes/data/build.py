@@ -253,7 +253,21 @@ def build_recipe_rows(spec: DataBuild, out: Path) -> Path:
 
     Called once, before the training processes start, so the loop only ever reads rows.
     """
-    if not (out / MANIFEST_FILE).is_file():
-        build(spec, out, progress=False)
-    check_build_inputs(spec, out)
+    try:
+        if not (out / MANIFEST_FILE).is_file():
+            build(spec, out, progress=False)
+        check_build_inputs(spec, out)
+    except (ValueError, FileNotFoundError) as error:  # named by the recipe's key, not data build's flag
+        raise type(error)(_as_recipe_key(str(error))) from None
     return out
+
+
+def _as_recipe_key(message: str) -> str:
+    """A data build error that names a flag (``--tokenizer: ...``), naming the recipe key instead
+    (``data.build.tokenizer: ...``): the flags are the keys (data/cli.py ``flag``)."""
+    from openrecipes.data.cli import flag
+
+    for name in DataBuild.model_fields:
+        if message.startswith(flag(name) + ":") or message.startswith(flag(name) + " "):
+            return f"data.build.{name}" + message[len(flag(name)):]
+    return message

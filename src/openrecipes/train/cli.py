@@ -172,27 +172,38 @@ def run(args: argparse.Namespace) -> int:
         return _launch_or_train(args, recipe, config)
     _check_layout(recipe, config, _world_size(args))  # an impossible layout is refused before anything is written
     _check_host_memory(recipe, config, args.nproc)      # and so is a run this host's memory cannot hold
-    from openrecipes.train.run_inputs import claim_recipe_run_dir
+    from pathlib import Path
 
+    from openrecipes.train.run_inputs import claim_recipe_run_dir, forget_unused_run_dir
+
+    fresh = not Path(recipe.run_dir).exists()
     claim_recipe_run_dir(recipe, None if args.resume else args.recipe)  # a directory the run may write, marked
-    with run_dir_lock(recipe.run_dir, _typed_command(args)):
-        if recipe.data.build is not None:  # once, before any training process starts
-            from openrecipes.config.rundir import rows_directory
-            from openrecipes.data.build import build_recipe_rows
+    try:
+        with run_dir_lock(recipe.run_dir, _typed_command(args)):
+            _rows_for_the_run(recipe, config)
+            return _launch_or_train(args, recipe, config)
+    except BaseException:
+        if fresh:  # refused before anything ran: the directory made for it goes again
+            forget_unused_run_dir(Path(recipe.run_dir))
+        raise
 
-            # built once; a resume (or a rerun) finds them built from the same settings and unchanged inputs
-            build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
-        from openrecipes.config.rundir import rows_directory
-        from openrecipes.train.images import check_rows_directory
-        from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 
-        from openrecipes.data.batching import check_rows_files
+def _rows_for_the_run(recipe, config) -> None:
+    """The recipe's rows built (once) and checked, before any training process starts."""
+    from openrecipes.config.rundir import rows_directory
+    from openrecipes.data.batching import check_rows_files
+    from openrecipes.train.images import check_rows_directory
+    from openrecipes.train.rows_vocabulary import check_rows_vocabulary
 
-        rows = rows_directory(recipe.data.rows, recipe.run_dir)
-        check_rows_files(rows)  # changed or damaged rows: one line here, before any training process starts
-        check_rows_directory(recipe, config, rows)  # image rows the run can take
-        check_rows_vocabulary(recipe, config, rows)  # and ids the model has
-        return _launch_or_train(args, recipe, config)
+    if recipe.data.build is not None:
+        from openrecipes.data.build import build_recipe_rows
+
+        # built once; a resume (or a rerun) finds them built from the same settings and unchanged inputs
+        build_recipe_rows(recipe.data.build, rows_directory(None, recipe.run_dir))
+    rows = rows_directory(recipe.data.rows, recipe.run_dir)
+    check_rows_files(rows)  # changed or damaged rows: one line here, before any training process starts
+    check_rows_directory(recipe, config, rows)  # image rows the run can take
+    check_rows_vocabulary(recipe, config, rows)  # and ids the model has
 
 
 def _launch_or_train(args: argparse.Namespace, recipe, config) -> int:

@@ -30,6 +30,16 @@ def run_inputs(recipe: Any, recipe_file: str | Path | None) -> list[Path | None]
     return [None if recipe_file is None else Path(recipe_file), *named_run_inputs(recipe).values()]
 
 
+def forget_unused_run_dir(run_dir: Path) -> None:
+    """Remove a run directory this command made and left holding its marker only (the run was refused before it
+    wrote anything); any other content stays."""
+    from openrecipes.config.rundir import RUN_MARKER
+
+    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [RUN_MARKER]:
+        (run_dir / RUN_MARKER).unlink()
+        run_dir.rmdir()
+
+
 def claim_recipe_run_dir(recipe: Any, recipe_file: str | Path | None) -> Path:
     """``claim_run_dir`` for the recipe's run directory, kept apart from everything the run reads."""
     return claim_run_dir(recipe.run_dir, run_inputs(recipe, recipe_file))

@@ -267,12 +267,7 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                          else "it differs in numerics-affecting fields: "
                          + ", ".join(d.path for d in rules.numerics)))
 
-    notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement "
-             f"window steps {shown_step(measured.window[0])}-{shown_step(measured.window[1])} (counted from 1)."]
-    if measured.price_source:
-        notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
-    notes += [f"measure: {note}" for note in measured.notes]
-    notes_text = "".join(f"- {note}\n" for note in notes)  # the resolved recipe is the card's own field
+    notes_text = _notes_text(options, run_dir, started, measured)
     result = {**_result_block(measured, gpu["type"], options.samples_tokens_per_s),
               "active_params": {"count": measured.active_params,
                                 "source": f"openrecipes model config {recipe.model} (run.json model.active_params)",
@@ -309,6 +304,17 @@ def build_card_data(options: NewCardOptions) -> dict[str, Any]:
                    "memory_phases_gib": memory_phases(run_dir, measured.window)},
         **({"tuning": options.tuning} if options.tuning is not None else {}),
     }
+
+
+def _notes_text(options: NewCardOptions, run_dir: Path, started: str, measured: Any) -> str:
+    """The card's notes: the options' first, then where and over which window it was measured, the price's source
+    and measure's own notes (the resolved recipe is the card's own field)."""
+    notes = [*options.notes, f"Measured by openrecipes from run directory {run_dir} (started {started}); measurement "
+             f"window steps {shown_step(measured.window[0])}-{shown_step(measured.window[1])} (counted from 1)."]
+    if measured.price_source:
+        notes.append(f"Price: {measured.usd_per_gpu_hour} USD per GPU-hour from {measured.price_source}.")
+    notes += [f"measure: {note}" for note in measured.notes]
+    return "".join(f"- {note}\n" for note in notes)
 
 
 def _gpu_block(options: NewCardOptions, run: Any, measured: Any) -> dict[str, Any]:

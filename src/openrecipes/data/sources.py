@@ -347,7 +347,9 @@ def _shape_hint(record: Any, options: ChatInput) -> str:
                 "sharegpt (data.build.input_shape in a recipe)")
     if options.shape == "sharegpt" and _looks_like(record, "messages", ("role", "content")):
         return "; it looks like OpenAI messages (a 'messages' list of role/content turns): drop --input-shape sharegpt"
-    return f" (its keys: {', '.join(map(one_line, list(record)[:8]))}; --messages-field names another)" if record else ""
+    if not record:
+        return ""
+    return f" (its keys: {', '.join(map(one_line, list(record)[:8]))}; --messages-field names another)"
 
 
 def normalize(record: Any, where: str, forbidden: Markers | None,

@@ -151,8 +151,8 @@ def notes_for(result: SearchResult, winner: dict[str, Any], status: str, failed:
                      "starting point itself.")
     else:
         notes.append(f"What changed: {describe_changes(winner['changes'])}"
-                     f"{'' if result.unfit is None else ' (against the starting point)'}. Why it is faster (measured in the two search trials): "
-                     f"{_why(start, winner)}.")
+                     f"{'' if result.unfit is None else ' (against the starting point)'}. Why it is faster "
+                     f"(measured in the two search trials): {_why(start, winner)}.")
     if gain is not None:
         notes.append(f"Gain measured again, start and winner in turns: {gain.describe()}.")
     if ablations is not None and (ablations.found or ablations.skipped):

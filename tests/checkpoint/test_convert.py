@@ -149,4 +149,4 @@ def test_existing_output_is_not_overwritten(hf_dir, tmp_path, capsys):
     (tmp_path / "native" / "keep.txt").write_text("mine")
     assert main(["convert", "import", str(hf_dir), str(tmp_path / "native")]) == 2
     assert (tmp_path / "native" / "keep.txt").read_text() == "mine"
-    assert "exists" in capsys.readouterr().err
+    assert "is not empty and was not written by openrecipes convert import" in capsys.readouterr().err

@@ -69,7 +69,8 @@ FAMILY = ModelFamily(
                "its clamped SwiGLU): expert parallelism is not supported"),
         ("etp", "gpt-oss's experts run on one process (the parallel dispatchers run neither its expert biases nor "
                 "its clamped SwiGLU): expert tensor parallelism is not supported"),
-        ("tp", "gpt-oss's attention sinks are not split over heads: tensor parallelism is not supported"),
+        ("tp", "gpt-oss's attention does not split over heads (the row-parallel o_proj's bias, the per-head sinks): "
+               "tensor parallelism is not supported"),
         ("cp", "gpt-oss's attention sinks run in one kernel over the whole row: context parallelism is not supported"),
     ),
 )

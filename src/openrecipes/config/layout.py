@@ -134,6 +134,12 @@ def stage_layer_counts(layout: LayoutConfig, num_layers: int) -> list[int]:
     field = "pp_first_stage_layers" if first is not None else "pp_last_stage_layers"
     if first is None and last is None:
         field = "pp"
+        if pp > num_layers:  # every stage holds at least one layer
+            raise LayoutError(LayoutProblem("pp", f"pp={pp} stages need at least {pp} layers; the model has "
+                                                  f"{num_layers}"))
+    if rest < 0:
+        raise LayoutError(LayoutProblem(field, f"pp_first_stage_layers + pp_last_stage_layers = {num_layers - rest} "
+                                               f"is more than the model's num_layers={num_layers}"))
     if middle == 0:
         if rest != 0:
             raise LayoutError(LayoutProblem(field, f"pp_first_stage_layers + pp_last_stage_layers = "

@@ -98,6 +98,11 @@ class DataBuild(NumbersNotBooleans):
         return self
 
 
+def data_build_flag(field: str) -> str:
+    """The ``data build`` flag of a ``DataBuild`` field: the flags are the keys (``row_tokens``: ``--row-tokens``)."""
+    return "--" + field.replace("_", "-")
+
+
 class Data(NumbersNotBooleans):
     model_config = _STRICT
     rows: str | None = None          # a directory written by `openrecipes data build`

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from openrecipes.config.recipe import DataBuild
+from openrecipes.config.recipe import DataBuild, data_build_flag
 from openrecipes.data.chat_input import (ChatInput, Markers, Shielded, count_skipped, encode_with_text_tokens,
                                          has_marker_characters, shield_conversation, text_token_windows)
 from openrecipes.data.image_rows import open_images
@@ -264,10 +264,9 @@ def build_recipe_rows(spec: DataBuild, out: Path) -> Path:
 
 def _as_recipe_key(message: str) -> str:
     """A data build error that names a flag (``--tokenizer: ...``), naming the recipe key instead
-    (``data.build.tokenizer: ...``): the flags are the keys (data/cli.py ``flag``)."""
-    from openrecipes.data.cli import flag
-
+    (``data.build.tokenizer: ...``): the flags are the keys (``config.recipe.data_build_flag``)."""
     for name in DataBuild.model_fields:
-        if message.startswith(flag(name) + ":") or message.startswith(flag(name) + " "):
-            return f"data.build.{name}" + message[len(flag(name)):]
+        flag = data_build_flag(name)
+        if message.startswith(flag + ":") or message.startswith(flag + " "):
+            return f"data.build.{name}" + message[len(flag):]
     return message

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from openrecipes.config.recipe import DataBuild
+from openrecipes.config.recipe import DataBuild, data_build_flag as flag
 
 # help for each flag of a DataBuild field (its choices and default come from the field)
 _HELP = {
@@ -57,11 +57,6 @@ _HELP = {
 }
 _METAVAR = {"template_kwargs": "K=V", "max_conversation_tokens": "N", "role_map": "FROM=TO,...",
             "image_processor": "FILE|DIR|bundled", "messages_field": "NAME"}
-
-
-def flag(field: str) -> str:
-    """The command-line flag of a ``DataBuild`` field."""
-    return "--" + field.replace("_", "-")
 
 
 def register(subparsers: Any) -> None:

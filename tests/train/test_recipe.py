@@ -3,7 +3,8 @@
 import pytest
 
 from openrecipes.cli import main
-from openrecipes.config.recipe import apply_overrides, load_recipe
+from openrecipes.config.overrides import apply_overrides
+from openrecipes.config.recipe import load_recipe
 
 
 def write(tmp_path, text):

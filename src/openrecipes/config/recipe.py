@@ -21,6 +21,7 @@ from openrecipes.config.hf_names import hf_name_hint, peft_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
 from openrecipes.config.recompute_names import RecomputeGranularity
 from openrecipes.config.numbers import NumbersNotBooleans
+from openrecipes.config.overrides import apply_overrides
 from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
@@ -403,32 +404,6 @@ def _format_error(error: ValidationError, source: str) -> str:
         message = item["msg"].removeprefix("Value error, ")  # pydantic's wrapper of a validator's own message
         lines.append(f"{source}: {where}: {message}{hint}")
     return "\n".join(lines)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b=c`` -> (["a", "b"], value parsed as YAML scalar/flow)."""
-    if "=" not in text:
-        raise ValueError(f"--set {text!r}: expected KEY=VALUE, e.g. layout.dp=2")
-    key, raw = text.split("=", 1)
-    if not key or any(not part for part in key.split(".")):
-        raise ValueError(f"--set {text!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as exc:
-        raise ValueError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
-    return key.split("."), value
-
-
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    for text in overrides:
-        path, value = parse_override(text)
-        node = tree
-        for part in path[:-1]:
-            if not isinstance(node.get(part, {}), dict):
-                raise ValueError(f"--set {text!r}: {part} is not a section")
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
-    return tree
 
 
 def recipe_from_dict(tree: dict, *, source: str = "recipe") -> Recipe:

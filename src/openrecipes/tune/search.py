@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from openrecipes.config.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, recipe_from_dict
+from openrecipes.config.overrides import apply_overrides
+from openrecipes.config.recipe import Recipe, dump_recipe, load_recipe, recipe_from_dict
 from openrecipes.config.layout import with_world_size
 from openrecipes.config.rundir import rows_directory
 from openrecipes.tune.budget import SearchBudget

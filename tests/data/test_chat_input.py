@@ -167,3 +167,21 @@ def test_a_recipe_reads_sharegpt_with_a_role_map_as_the_cli_does(tmp_path, capsy
     with pytest.raises(ValueError, match="input_shape, role_map apply to format sft only"):
         load_recipe(example, ["data.build.format=pretrain", "data.build.input_shape=sharegpt",
                               "data.build.role_map={a: user}"])
+
+
+def test_rows_built_from_a_relative_path_make_a_card_that_is_not_a_hub_source():
+    """A relative input path with a folder (in/docs.jsonl) is a file, not a hub repository org/name: a verified card
+    of such rows is not refused for an unpinned revision."""
+    from openrecipes.cards.paths import is_hub_source, relative_to
+    from openrecipes.cards.dataset import dataset_block
+
+    manifest = {"name": "rows", "rows_sha256": "0" * 64, "loss_mask": "pretrain", "rows": 1, "row_tokens": 8,
+                "parquet_sha256": "0" * 64, "parquet_bytes": 1,
+                "source": {"description": "jsonl file in/docs.jsonl", "files": ["in/docs.jsonl", "/abs/x.jsonl"]}}
+    source = dataset_block(manifest, "0")["source"]
+    assert source == "./in/docs.jsonl, /abs/x.jsonl"
+    assert not is_hub_source(source)
+    assert is_hub_source("in/docs.jsonl")  # what the card wrote before: read as a hub id
+    # an absolute path under the run's base written relative to it (tune's and card new's cards) the same way
+    assert relative_to({"source": "/w/in/docs.jsonl, /w/trials/0/run"}, "/w") == {
+        "source": "./in/docs.jsonl, trials/0/run"}

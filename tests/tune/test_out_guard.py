@@ -88,3 +88,26 @@ def test_a_try_that_cannot_run_is_refused_before_any_trial(start_yaml, tmp_path,
     assert status == 2 and err[-1].startswith(f"openrecipes tune: error: --try {given!r}: ") and words in err[-1], err
     trials = out / "trials.jsonl"
     assert not trials.exists() or trials.read_text() == ""  # not even the start ran
+
+
+def test_rows_a_card_cannot_describe_are_refused_before_any_trial(rows_dir, tmp_path, capsys):
+    """The card reads the rows' manifest at the end; a manifest it cannot read (here without the build's name) is
+    refused by file and field before the start runs, not after the whole search."""
+    import json
+    import shutil
+
+    from openrecipes.cli import main
+    from tests.tune.conftest import write_start
+
+    rows = tmp_path / "rows"
+    shutil.copytree(rows_dir, rows)
+    manifest = json.loads((rows / "manifest.json").read_text())
+    del manifest["name"]
+    (rows / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "tune"
+    status = main(["tune", str(write_start(tmp_path / "start.yaml", rows)), "--gpus", "cpu", "--minutes", "5",
+                   "--trials", "2", "--trial-steps", "3", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1] == f"openrecipes tune: error: {rows / 'manifest.json'}: missing field 'name'", err
+    trials = out / "trials.jsonl"
+    assert not trials.exists() or trials.read_text() == ""

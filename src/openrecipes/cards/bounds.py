@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime
 import math
-import re
 import statistics
 
 from openrecipes.cards import reference
 from openrecipes.cards.findings import Finding, Loc, half_unit
+from openrecipes.cards.paths import is_hub_source
 from openrecipes.cards.schema import CurvePoint, RecipeCard
 from openrecipes.measure.metrics import mfu
 
@@ -33,16 +33,6 @@ MAX_GPU_HOURS_FACTOR = 10.0
 STARTUP_HOURS_PER_GPU = 1.0
 # relative slack of cross-checks between figures written rounded apart from each other
 RELATIVE_TOLERANCE = 0.01
-# one slash and no spaces: a Hugging Face id (org/name), or its URL
-_HUB_ID = re.compile(r"^(?:https?://huggingface\.co/(?:datasets/)?|hf://(?:datasets/)?)?[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def is_hub_source(source: str) -> bool:
-    """Whether ``source`` names a Hugging Face repository (its first word is org/name or a huggingface.co URL)."""
-    words = source.split()
-    return bool(words) and bool(_HUB_ID.match(words[0].rstrip(":;,")))
-
-
 def date_findings(value: datetime.date, loc: Loc, today: datetime.date | None = None) -> list[Finding]:
     today = today or datetime.date.today()
     if value > today + CLOCK_SKEW:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from openrecipes.cards.paths import local_path_text
 from openrecipes.config.rundir import rows_directory
 
 
@@ -73,7 +74,7 @@ def dataset_block(manifest: dict[str, Any], openrecipes_version: str) -> dict[st
     return {
         "name": f"openrecipes bundled {what}" if bundled else str(source.get("description") or manifest["name"]),
         "source": (f"src/openrecipes/data/assets/{bundled_file} of openrecipes {openrecipes_version}"
-                   if bundled else ", ".join(files) or str(source.get("description"))),
+                   if bundled else ", ".join(map(local_path_text, files)) or str(source.get("description"))),
         "revision": None,
         "license": "synthetic, written for openrecipes (data/assets/LICENSE.txt)" if bundled else None,
         "rows_sha256": manifest["rows_sha256"],

@@ -39,6 +39,21 @@ _POSIX = re.compile(_BEFORE + r"/(?:[A-Za-z._]|[0-9-][^\s'\"`()\[\]{}<>,;|:=/]*/
 _TRAILING = ".:"  # sentence punctuation after a path
 
 
+# one slash and no spaces: a Hugging Face id (org/name), or its URL
+_HUB_ID = re.compile(r"^(?:https?://huggingface\.co/(?:datasets/)?|hf://(?:datasets/)?)?[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_source(source: str) -> bool:
+    """Whether ``source`` names a Hugging Face repository (its first word is org/name or a huggingface.co URL)."""
+    words = source.split()
+    return bool(words) and bool(_HUB_ID.match(words[0].rstrip(":;,")))
+
+
+def local_path_text(path: str) -> str:
+    """A relative file path as a card writes it: ``in/docs.jsonl`` becomes ``./in/docs.jsonl``, so that it cannot
+    read as a hub repository's ``org/name`` (whose revision a verified card must pin)."""
+    return f"./{path}" if is_hub_source(path) else path
+
 def _strip(token: str) -> str:
     return token.rstrip(_TRAILING) or token
 
@@ -102,7 +117,7 @@ def _relative(token: str, bases: list[PurePosixPath]) -> str:
     path = PurePosixPath(os.path.normpath(token))
     for base in bases:
         if path == base or base in path.parents:
-            return str(path.relative_to(base))
+            return local_path_text(str(path.relative_to(base)))
     return token
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime
 
 from openrecipes.cards import reference
-from openrecipes.cards.bounds import date_findings, is_hub_source, loss_findings, throughput_finding
+from openrecipes.cards.bounds import date_findings, loss_findings, throughput_finding
+from openrecipes.cards.paths import is_hub_source
 from openrecipes.cards.findings import HEX40, Finding, Loc, half_unit
 from openrecipes.cards.verification import TRAINING_WORKFLOWS, Item, VerificationCard
 from openrecipes.measure.metrics import mfu

@@ -100,9 +100,10 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
         self.out = Path(options.out)
         prepare_out(self.out, Path(options.start))
         self.rows = self._rows()
-        from openrecipes.data.manifest import read_manifest
+        from openrecipes.cards.dataset import read_rows_manifest
 
-        manifest = read_manifest(self.rows, require=("row_tokens",))
+        # read as the card will read it: rows the card cannot describe are refused now, not after the whole search
+        manifest = read_rows_manifest(self.rows)
         row_tokens = int(manifest["row_tokens"])
         self.planner = Planner(self.start, self.target, row_tokens, image_rows=bool(manifest.get("images")),
                                memory_gib=options.gpu_memory_gib)

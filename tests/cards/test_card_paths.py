@@ -157,7 +157,8 @@ def test_card_new_writes_paths_under_the_working_directory_relative():
             "list": ["/w/repo", "/w/repository/z"], "n": 3}
     assert relative_to(tree, "/w/repo") == {
         "run": "openrecipes train runs/x/recipe.yaml --nproc 1",
-        "notes": "- from run directory runs/x (started); rows /w/rows; https://h/w/repo/y",
+        # a one-folder relative path gets ./ so that it cannot read as a hub repository's org/name
+        "notes": "- from run directory ./runs/x (started); rows /w/rows; https://h/w/repo/y",
         "list": [".", "/w/repository/z"], "n": 3}
     assert relative_to(tree, "/") == tree  # every path is under the root: nothing is rewritten
 

@@ -33,6 +33,8 @@ MAX_GPU_HOURS_FACTOR = 10.0
 STARTUP_HOURS_PER_GPU = 1.0
 # relative slack of cross-checks between figures written rounded apart from each other
 RELATIVE_TOLERANCE = 0.01
+
+
 def date_findings(value: datetime.date, loc: Loc, today: datetime.date | None = None) -> list[Finding]:
     today = today or datetime.date.today()
     if value > today + CLOCK_SKEW:

@@ -37,8 +37,6 @@ _PATH = re.compile(_BEFORE + "(?:" + "|".join((
 # /tmp/x, /.cache, /_x; /2024data/a and /-scratch/a only with a second part (not /3 or /-)
 _POSIX = re.compile(_BEFORE + r"/(?:[A-Za-z._]|[0-9-][^\s'\"`()\[\]{}<>,;|:=/]*/)" + _BODY)
 _TRAILING = ".:"  # sentence punctuation after a path
-
-
 # one slash and no spaces: a Hugging Face id (org/name), or its URL
 _HUB_ID = re.compile(r"^(?:https?://huggingface\.co/(?:datasets/)?|hf://(?:datasets/)?)?[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -53,6 +51,7 @@ def local_path_text(path: str) -> str:
     """A relative file path as a card writes it: ``in/docs.jsonl`` becomes ``./in/docs.jsonl``, so that it cannot
     read as a hub repository's ``org/name`` (whose revision a verified card must pin)."""
     return f"./{path}" if is_hub_source(path) else path
+
 
 def _strip(token: str) -> str:
     return token.rstrip(_TRAILING) or token

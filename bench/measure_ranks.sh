@@ -54,9 +54,10 @@ for name in "${names[@]}"; do
         --set recompute.granularity=none --set offload.fraction=0.0 --set global_batch=8 \
         $(rows_for "$name" qwen3-30b-a3b 32 4096) --out "$out/$name" > "$out/$name.json" ;;
     muse-spark-128xh200)  # seed 000: TP4 PP16 (3, 4 x 14, 3 layers) EP8 DP2, optimizer offload 0.3: the default
-      # ranks 0, 8 and 120 are the first, a middle and the last stage, each stage's neighbours assumed (docs/plan.md)
+      # ranks 0, 8 and 120 are the first, a middle and the last stage, each stage's neighbours assumed (docs/plan.md);
+      # MUSE_RANKS=0,120 measures those alone
       # shellcheck disable=SC2046
-      python3 -m openrecipes measure-rank examples/tiny-muse-sft.yaml --gpus 128xH200 --json \
+      python3 -m openrecipes measure-rank examples/tiny-muse-sft.yaml --gpus 128xH200 --json ${MUSE_RANKS:+--ranks "$MUSE_RANKS"} \
         --set model=muse-spark-open-816b-a42b $(rows_for "$name" muse-spark-open-816b-a42b 384 8192) \
         --set layout.max_tokens_per_gpu=8192 --set layout.tp=4 --set layout.sequence_parallel=true --set layout.pp=16 \
         --set layout.pp_first_stage_layers=3 --set layout.pp_last_stage_layers=3 \

@@ -62,11 +62,59 @@ def test_sink_gradients_agree_between_backends():
     assert grads["sdpa"][3].abs().max() > 0
 
 
-@pytest.mark.parametrize("backend", ["varlen", "flex"])
-def test_kernels_without_a_sink_term_refuse_sinks_by_name(backend):
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("packed", [False, True])
+def test_flex_sinks_match_the_formula(window, packed):
+    """FlexAttention's output scaled by sigmoid(logsumexp - sink) (its forward runs on CPU; its backward on CUDA)."""
     q, k, v, sinks = _qkv()
-    with pytest.raises(ValueError, match=f"{backend!r} does not support attention sinks"):
-        attention(q, k, v, scale=0.3, backend=backend, sinks=sinks)
+    ids = torch.tensor([[0] * 4 + [1] * 6, [0] * 10]) if packed else None
+    documents = Documents.from_document_ids(ids) if packed else None
+    got = attention(q, k, v, scale=q.shape[-1] ** -0.5, documents=documents, window=window, backend="flex",
+                    sinks=sinks)
+    assert torch.allclose(got, _by_formula(q, k, v, sinks, window=window, documents=ids), rtol=1e-10, atol=1e-12)
+
+
+def test_the_logsumexp_rescale_has_the_sink_columns_gradients():
+    """rescale_for_sinks over attention with a differentiable logsumexp (fp64, written out here) has the values and
+    every gradient (q, k, v, sinks) of the reference's extra softmax column: the flex path's backward is this."""
+    from openrecipes.models.common.attention import attention_mask
+    from openrecipes.models.common.document_flex import rescale_for_sinks
+
+    def by_logsumexp(q, k, v, sinks):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~attention_mask(q.shape[2], documents=None, window=4,
+                                                                             device=q.device), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        return rescale_for_sinks(torch.softmax(scores, dim=-1) @ v, lse, sinks)
+
+    grads = {}
+    for name, function in (("reference", lambda q, k, v, s: attention(q, k, v, scale=0.3, window=4,
+                                                                        backend="reference", sinks=s)),
+                           ("logsumexp", by_logsumexp)):
+        q, k, v, sinks = (t.clone().requires_grad_() for t in _qkv(seed=2))
+        out = function(q, k, v, sinks)
+        out.square().sum().backward()
+        grads[name] = [out.detach(), *(t.grad for t in (q, k, v, sinks))]
+    for ref, got in zip(grads["reference"], grads["logsumexp"]):
+        assert torch.allclose(ref, got, rtol=1e-10, atol=1e-12)
+    assert grads["logsumexp"][4].abs().max() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward runs on CUDA only")
+def test_flex_sink_gradients_match_the_reference_on_cuda():
+    grads = {}
+    for backend in ("reference", "flex"):
+        q, k, v, sinks = (t.float().cuda().clone().requires_grad_() for t in _qkv(seed=3, tokens=300, dim=16))
+        attention(q, k, v, scale=0.25, window=100, backend=backend, sinks=sinks).square().sum().backward()
+        grads[backend] = [t.grad for t in (q, k, v, sinks)]
+    for ref, flex in zip(grads["reference"], grads["flex"]):
+        assert torch.allclose(ref, flex, rtol=1e-4, atol=1e-5), (ref - flex).abs().max()
+
+
+def test_varlen_refuses_sinks_by_name():
+    q, k, v, sinks = _qkv()
+    with pytest.raises(ValueError, match="'varlen' does not support attention sinks"):
+        attention(q, k, v, scale=0.3, backend="varlen", sinks=sinks)
 
 
 def test_a_parallel_backend_and_a_split_head_count_refuse_sinks():

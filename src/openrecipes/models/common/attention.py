@@ -14,7 +14,9 @@ Backends:
 Attention sinks (gpt-oss): ``sinks`` (H,) holds one learned logit per query head that joins every row's softmax
 denominator and attends to nothing: p(s) = exp(score_s) / (exp(sink) + sum_s' exp(score_s')). ``reference`` computes
 it with the sink as an extra softmax column; ``sdpa`` as a virtual key of zeros (score 0) and value zero, whose float
-mask entry is the sink, which is exact. ``varlen`` and ``flex`` refuse it (no sink argument in those kernels here).
+mask entry is the sink, which is exact but makes a (B, H, T, T+1) mask that the kernel keeps for the backward;
+``flex`` scales its output by sigmoid(logsumexp - sink), exact with no T x T tensor (``document_flex``). ``varlen``
+refuses it (its kernel returns no differentiable logsumexp).
 """
 
 from __future__ import annotations
@@ -190,9 +192,14 @@ def attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
         if backend == "sdpa":
             return _sdpa_with_sinks(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window,
                                     sinks=sinks)
+        if backend == "flex":
+            from .document_flex import flex_document_attention
+
+            return flex_document_attention(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window,
+                                           sinks=sinks)
         if backend in BACKENDS:
-            raise ValueError(f"attention backend {backend!r} does not support attention sinks; use 'sdpa' or "
-                             "'reference'")
+            raise ValueError(f"attention backend {backend!r} does not support attention sinks; use 'sdpa', "
+                             "'flex' or 'reference'")
     if backend == "sdpa":
         return _sdpa(q_BHTD, k_BKTD, v_BKTD, scale=scale, documents=documents, window=window)
     if backend == "varlen":

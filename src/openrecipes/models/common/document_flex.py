@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 BLOCK = 128  # FlexAttention's default tile: the mask is classified per BLOCK x BLOCK tile
 _compiled_flex = None
@@ -65,15 +65,29 @@ def document_block_mask(index_BT: torch.Tensor, *, window: int | None) -> BlockM
 
 
 def flex_document_attention(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, *, scale: float,
-                            documents, window: int | None) -> torch.Tensor:
-    """Causal attention within documents (and ``window``) through FlexAttention; returns (B, H, T, D)."""
+                            documents, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention within documents (and ``window``) through FlexAttention; returns (B, H, T, D). ``sinks``
+    (H,): per-head logits in each softmax's denominator, applied to the output through the kernel's logsumexp
+    (``rescale_for_sinks``), so no T x T tensor is ever made."""
     rows, heads, tokens, _ = q_BHTD.shape
     block_mask = document_block_mask(document_index(documents, rows, tokens, q_BHTD.device), window=window)
     # inside a compiled block the block's own compile fuses the kernel
     compiled = q_BHTD.is_cuda and not torch.compiler.is_compiling()
     kernel = _cuda_kernel() if compiled else flex_attention
-    return kernel(q_BHTD, k_BKTD, v_BKTD, block_mask=block_mask, scale=scale,
-                  enable_gqa=heads != k_BKTD.shape[1])
+    options = dict(block_mask=block_mask, scale=scale, enable_gqa=heads != k_BKTD.shape[1])
+    if sinks is None:
+        return kernel(q_BHTD, k_BKTD, v_BKTD, **options)
+    out_BHTD, aux = kernel(q_BHTD, k_BKTD, v_BKTD, return_aux=AuxRequest(lse=True), **options)
+    return rescale_for_sinks(out_BHTD, aux.lse, sinks)
+
+
+def rescale_for_sinks(out_BHTD: torch.Tensor, lse_BHT: torch.Tensor, sinks_H: torch.Tensor) -> torch.Tensor:
+    """Attention with per-head sinks from attention without them: with Z = exp(lse) the row's softmax denominator,
+    adding exp(sink) to it scales every probability, hence the output, by Z / (Z + exp(sink)) = sigmoid(lse - sink).
+    Exact, and differentiable through ``lse`` (FlexAttention's logsumexp carries a gradient)."""
+    wide = torch.promote_types(out_BHTD.dtype, torch.float32)
+    gate_BHT = torch.sigmoid(lse_BHT.to(wide) - sinks_H.to(wide)[None, :, None])
+    return (out_BHTD.to(wide) * gate_BHT[..., None]).to(out_BHTD.dtype)
 
 
 def _cuda_kernel():

@@ -106,7 +106,7 @@ def _refuse_empty_windows(chosen: dict[str, Workload], steps: int | None) -> Non
                              f"needs at least {default_window(run_steps)[0] + 2} steps)")
 
 
-def run(names: str, rounds: int, out: Path, steps: int | None = None) -> dict:
+def run(names: str, rounds: int, out: Path, steps: int | None = None, peers: bool = True) -> dict:
     chosen = select(names)
     _refuse_empty_windows(chosen, steps)
     info = machine()
@@ -120,7 +120,7 @@ def run(names: str, rounds: int, out: Path, steps: int | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(1, rounds + 1):
             for name, workload in chosen.items():
-                sides = [("engine", None)] + ([("peer", workload)] if workload.peer else [])
+                sides = [("engine", None)] + ([("peer", workload)] if workload.peer and peers else [])
                 for side, peer_of in sides:
                     part = Path(tmp) / f"{name}-{side}-{round_}.json"
                     command = engine_command(name, part, steps) if peer_of is None else \
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="the results file (bench/results/NAME-GPU.json to keep it; its date is inside)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps of the workloads without their own (a short plumbing run; default theirs)")
+    parser.add_argument("--no-peers", action="store_true", help="the engine's samples only (engine variants compared)")
     parser.add_argument("--list", action="store_true", help="print the declared workloads and stop")
     args = parser.parse_args(argv)
     if args.list:
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.workloads or not args.out:
         parser.error(f"--workloads and --out are required (the workloads: {WORKLOADS_FILE})")
-    report = run(args.workloads, args.rounds, args.out, args.steps)
+    report = run(args.workloads, args.rounds, args.out, args.steps, peers=not args.no_peers)
     failed = [s for s in report["samples"] if "error" in s]
     sys.exit(1 if failed else 0)
 

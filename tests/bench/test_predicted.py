@@ -60,3 +60,13 @@ def test_a_family_measured_once_is_predicted_within_ten_percent_on_runs_it_was_n
     for row in held_out:
         error = row["predicted_tokens_per_s_per_gpu"] / row["measured_tokens_per_s_per_gpu"] - 1
         assert abs(error) < 0.10, (row["workload"], error)
+
+
+def test_every_family_run_is_predicted_within_five_percent_of_its_peak():
+    """Memory, on every recorded family run of the engine: gpt-oss's SDPA sink mask (2 GiB a layer at 4,096 tokens,
+    kept for the backward) is what left it 6 % and 13 % under before the planner counted it."""
+    rows = _rows(FIT_FILES + HELD_OUT_FILES)
+    assert {r["workload"] for r in rows} >= {"gptoss_bal_c", "gptoss_bal_c_none"}
+    for row in rows:
+        error = row["predicted_peak_gib"] / row["measured_peak_gib"] - 1
+        assert abs(error) < 0.05, (row["workload"], error)

@@ -54,3 +54,26 @@ def test_pipeline_without_data_parallel_keeps_weights_unsharded():
     sharded = openrecipes_weight_gib(shape, layout.model_copy(update={"dp": 2}), setup, shape.num_layers // 2,
                                      first=False, last=True)
     assert sharded["optimizer"] < weights["optimizer"]  # the last stage's
+
+
+def test_the_sdpa_sink_mask_is_counted_and_the_flex_path_makes_none():
+    """gpt-oss through SDPA keeps one (rows, heads, T, T+1) bf16 mask per layer kept without recompute; its flex path,
+    and a model without sinks, none."""
+    from openrecipes.plan.memory import sink_mask_bytes
+
+    shape = model_shape(replace(get_config("gpt-oss-20b"), num_hidden_layers=4,
+                                layer_types=["sliding_attention", "full_attention"] * 2))
+    layout = LayoutConfig(max_tokens_per_gpu=4096)
+    hardware = load_hardware("H100")
+
+    def peak(kernel: str, model=shape, recompute="none") -> float:
+        setup = TrainingSetup(recompute=recompute, optimizer="precision-aware", global_batch_tokens=4096,
+                              engine="openrecipes", attention_kernel=kernel)
+        return evaluate(model, layout, setup, hardware).to_json()["per_stage_allocated_gib"][0]
+
+    mask = sink_mask_bytes(shape, layout, TrainingSetup(engine="openrecipes")) / 2**30
+    assert mask == pytest.approx(2 * 4096 * 64 * 4097 / 2**30)
+    assert peak("sdpa") == pytest.approx(peak("auto"))
+    assert peak("sdpa") - peak("flex") >= 4 * mask - 0.01  # the figures are rounded to 0.01 GiB
+    assert peak("flex") == pytest.approx(peak("sdpa", model=replace(shape, attention_sinks=False)))
+    assert peak("flex", recompute="full") < peak("sdpa", recompute="full")

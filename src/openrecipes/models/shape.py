@@ -84,6 +84,9 @@ class ModelShape:
     # ``linear_attention_flops_per_token`` forward FLOPs per token whatever the row length; None = none
     linear_attention_layers: tuple[bool, ...] | None = None
     linear_attention_flops_per_token: int = 0
+    # per-head sink logits in every softmax (gpt-oss): this engine's SDPA path passes them as a (rows, heads, T, T+1)
+    # float mask, which the kernel keeps for the backward (models/common/attention.py); its flex path makes none
+    attention_sinks: bool = False
     # the registered family (models/registry.py) whose measured speed calibrates the planner's compute for it
     # (planner.yaml openrecipes_engine.family_compute_scale); "" where none is known
     family: str = ""

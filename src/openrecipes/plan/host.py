@@ -25,7 +25,7 @@ def recipe_setup(recipe: Recipe, row_tokens: int) -> TrainingSetup:
                          global_batch_tokens=recipe.global_batch * row_tokens,
                          loss_chunk_tokens=recipe.kernels.loss_chunk_tokens,
                          offload_activations=recipe.offload.activations, compiled=recipe.kernels.compile,
-                         allocator=recipe.kernels.allocator,
+                         allocator=recipe.kernels.allocator, attention_kernel=recipe.kernels.attention,
                          recompute_layers=recipe.recompute.num_layers if recipe.recompute.method == "block" else None,
                          optimizer_state_bytes=optimizer_state_bytes(recipe),
                          train_projection=recipe.vision.train_projection,

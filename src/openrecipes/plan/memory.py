@@ -65,6 +65,8 @@ class TrainingSetup:
     # own (plan/host.recipe_setup, default expandable); without a recipe (`openrecipes plan`, the seeds' runs of other
     # frameworks) the planner assumes torch's default allocator, the larger reserve
     allocator: str = "caching"
+    # kernels.attention: which attention path runs, where the paths hold different tensors (sink_mask_bytes)
+    attention_kernel: str = "auto"
     # recompute applies to the first this many layers of each stage, the rest keep every activation (the block
     # method); None: every layer (uniform)
     recompute_layers: int | None = None
@@ -185,6 +187,16 @@ def layer_activation_bytes(shape: ModelShape, layout: LayoutConfig, recompute: s
             + copies * per_copy + adapters)
 
 
+def sink_mask_bytes(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup) -> float:
+    """Bytes of the float mask this engine's SDPA path makes for attention sinks, one layer and one microbatch:
+    (rows, heads / TP, T, T + 1) in bf16, kept by the kernel for the backward (models/common/attention.py; the
+    ``flex`` path scales the output by the logsumexp instead and makes none). 0 for a model without sinks."""
+    if not shape.attention_sinks or setup.engine != "openrecipes" or setup.attention_kernel not in ("auto", "sdpa"):
+        return 0.0
+    row_tokens = layout.max_tokens_per_gpu / (layout.rows_per_microbatch or 1)
+    return 2 * layout.max_tokens_per_gpu * shape.heads / layout.tp * (row_tokens + 1)
+
+
 def kept_kernel_bytes(shape: ModelShape, layout: LayoutConfig) -> float:
     """Bytes the attention kernel keeps for one layer and one microbatch under ``full_keep_attention``: its q, k and v,
     its output (bf16) and its fp32 softmax statistics, over the head-split tokens."""
@@ -223,17 +235,22 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     compiled = setup.compiled and setup.engine == "openrecipes"
     # routed copies arrive unevenly only over several expert-parallel ranks: one rank with every expert gets them all
     imbalance = mem.moe_token_imbalance if layout.ep > 1 else 1.0
-    full_layer = layer_activation_bytes(shape, layout, "none", imbalance, lora)
+    # a sink mask is the kernel's: compiled blocks keep it whole, and recomputing the attention core rebuilds it
+    sink_mask = sink_mask_bytes(shape, layout, setup)
+    full_layer = layer_activation_bytes(shape, layout, "none", imbalance, lora) + sink_mask
     kernel_kept = kept_kernel_bytes(shape, layout) if setup.recompute == "full_keep_attention" else 0.0
+    kernel_kept += sink_mask if setup.recompute == "full_keep_attention" else 0.0
     if setup.recompute in WHOLE_LAYER_GRANULARITIES:
         stored_per_layer = 2 * shape.hidden * h_tokens + kernel_kept  # the checkpointed layer input (and the kernel's)
     else:
         stored_per_layer = layer_activation_bytes(shape, layout, setup.recompute, imbalance, lora)
         if compiled:
             stored_per_layer *= OPENRECIPES_COMPILED_ACTIVATION_SHARE
+        stored_per_layer += sink_mask if setup.recompute not in ("selective", "attention_core") else 0.0
     working = full_layer * (mem.working_set_multiplier - (setup.recompute not in WHOLE_LAYER_GRANULARITIES))
     # a layer the block method leaves out keeps every activation (fewer in a compiled block)
-    kept_per_layer = full_layer * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0)
+    kept_per_layer = ((full_layer - sink_mask) * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0)
+                      + sink_mask)
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1

@@ -20,7 +20,7 @@ def planner_shape(config: GptOssConfig, name: str) -> ModelShape:
         attention_params=config.attention_params(), latent_params=0, router_params=config.router_params(),
         expert_params=config.expert_params(), small_params_per_layer=2 * config.hidden_size,
         embedding_params=config.embedding_params(), lm_head_params=config.lm_head_params(),
-        active_params=config.active_params(),
+        active_params=config.active_params(), attention_sinks=True,
     )
 
 

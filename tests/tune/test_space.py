@@ -120,6 +120,9 @@ def test_kernels_a_target_cannot_run_are_never_offered(start_yaml):
     assert {"varlen", "flex", "grouped_mm"} <= offered(FACTS, bf16)
     fp32 = start.model_copy(update={"precision": "fp32"})
     assert "grouped_mm" not in offered(FACTS, fp32) and "varlen" in offered(FACTS, fp32)
+    # a model with attention sinks (gpt-oss): flash varlen has no sink term (attention.py refuses it), flex has
+    sinks = replace(FACTS, attention_sinks=True)
+    assert "varlen" not in offered(sinks, bf16) and "flex" in offered(sinks, bf16)
 
 
 def test_the_knob_table_is_the_space(start_yaml):

@@ -112,7 +112,8 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
                                 row_tokens=row_tokens, world_size=self.target.count,
                                 cuda=not self.target.is_cpu, heads=shape.heads, expert_ffn=shape.expert_ffn,
                                 image_rows=workload.image_rows,
-                                image_first_stage_layers=workload.image_first_stage_layers)
+                                image_first_stage_layers=workload.image_first_stage_layers,
+                                attention_sinks=shape.attention_sinks)
         settings = {"start": dump_recipe(self.start), "target": self.target.label(),
                     "trial_steps": options.trial_steps, "window": list(self.window), "rows": str(self.rows),
                     "stable_cv": options.stable_cv}

@@ -55,6 +55,7 @@ class ModelFacts:
     expert_ffn: int | None = None  # one expert's FFN width (None: not checked)
     image_rows: bool = False  # the rows hold images
     image_first_stage_layers: int = 0  # with image rows: the decoder layers the first pipeline stage must hold
+    attention_sinks: bool = False  # per-head sink logits (gpt-oss), which flash varlen attention has no term for
 
     def layout_model(self) -> LayoutModel:
         return LayoutModel(num_layers=self.num_layers, num_experts=self.num_experts, heads=self.heads,
@@ -305,8 +306,11 @@ def _recompute_values(start: Recipe, facts: ModelFacts, around: Settings) -> lis
 
 def _kernel_values(kind: str) -> Callable[[Recipe, ModelFacts, Settings], list[Any]]:
     kernels = ATTENTION_KERNELS if kind == "attention" else EXPERT_KERNELS
-    return lambda start, facts, around: [k for k in kernels
-                                         if backend_runs(kind, k, cuda=facts.cuda, bf16=start.precision == "bf16")]
+    def runs(backend: str, facts: ModelFacts, start: Recipe) -> bool:
+        sinks_refused = kind == "attention" and backend == "varlen" and facts.attention_sinks  # attention.py refuses
+        return backend_runs(kind, backend, cuda=facts.cuda, bf16=start.precision == "bf16") and not sinks_refused
+
+    return lambda start, facts, around: [k for k in kernels if runs(k, facts, start)]
 
 
 def _allocator_values(start: Recipe, facts: ModelFacts, around: Settings) -> list[Any]:

@@ -181,3 +181,20 @@ def test_layer_chunks_compose_to_the_whole_model():
     ids = torch.randint(0, 1024, (2, 12), generator=torch.Generator().manual_seed(0))
     h = model(ids, layers=range(0, 2))
     assert torch.allclose(model(h, layers=range(2, 4)), model(ids), atol=1e-6)
+
+
+def test_the_model_through_flex_equals_it_through_sdpa():
+    """gpt-oss-tiny (sliding and full layers, a window shorter than the rows) with kernels.attention flex: the same
+    logits as sdpa on whole and packed rows (the forward; flex's backward runs on CUDA only)."""
+    from openrecipes.models.common.kernels import KernelOptions
+
+    ids = torch.randint(0, 1024, (2, 20), generator=torch.Generator().manual_seed(1))
+    packed = Documents.from_document_ids(torch.tensor([[0] * 7 + [1] * 13, [0] * 20]))
+    logits = {}
+    for backend in ("sdpa", "flex"):
+        model = build_gpt_oss(get_config("gpt-oss-tiny"), seed=4, kernels=KernelOptions(attention=backend))
+        with torch.no_grad():
+            logits[backend] = [model(ids), model(ids, documents=packed)]
+    for sdpa, flex in zip(logits["sdpa"], logits["flex"]):
+        assert torch.allclose(sdpa, flex, rtol=1e-5, atol=1e-5), (sdpa - flex).abs().max()
+    assert not torch.allclose(logits["sdpa"][0], logits["sdpa"][1], atol=1e-3)  # the packed rows differ

@@ -245,3 +245,39 @@ def test_failure_text_is_one_line_cut_at_a_word():
     cut = text.removeprefix("out_of_memory: ").removesuffix(" …")
     assert len(cut) <= 60 and (cut + " ") in " ".join(detail.split()) + " "  # ends at a whole word
     assert failure_text({"class": "timeout", "detail": "short"}) == "timeout: short"
+
+
+def test_auto_fits_candidates_into_a_device_smaller_than_its_tables_card(monkeypatch):
+    """--gpus auto on a 40 GB A100-class card or a MIG slice named like the table's full-size card: the planner fits
+    into what the device reports when that is clearly less, and keeps the table's figure for the same card (an H100
+    reports 79.2 GiB against the table's 79.6); --gpu-memory-gib still decides when given."""
+    import types
+
+    import torch
+
+    from openrecipes.tune.predict import planner_hardware
+
+    reported = {"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bytes": int(39.5 * 1024 ** 3)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: reported["name"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: types.SimpleNamespace(total_memory=reported["bytes"]))
+    layout = LayoutConfig(max_tokens_per_gpu=256)
+    slice_ = resolve_target("auto", layout)
+    assert (slice_.gpu_type, slice_.device_memory_gib) == ("H100", 39.5)
+    assert planner_hardware(slice_).gpu.memory_gib == 39.5
+    assert planner_hardware(slice_, memory_gib=30.0).gpu.memory_gib == 30.0
+    reported.update(name="NVIDIA H100 80GB HBM3", bytes=int(79.18 * 1024 ** 3))
+    whole = resolve_target("auto", layout)
+    assert planner_hardware(whole).gpu.memory_gib == planner_hardware(Target(count=1, gpu_type="H100")).gpu.memory_gib
+
+
+def test_the_tuner_says_when_it_fits_into_the_devices_memory(start_yaml):
+    start = load_recipe(start_yaml)
+    small = Planner(start, Target(count=2, gpu_type="H100", device_memory_gib=39.5), 256)
+    assert small.device_memory_note() == ("this machine's devices hold 39.5 GiB, less than the hardware table's "
+                                          "H100: every candidate is fitted into 39.5 GiB")
+    assert Planner(start, Target(count=2, gpu_type="H100", device_memory_gib=79.2), 256).device_memory_note() is None
+    given = Planner(start, Target(count=2, gpu_type="H100", device_memory_gib=39.5), 256, memory_gib=60.0)
+    assert given.device_memory_note() is None and given.hardware.gpu.memory_gib == 60.0

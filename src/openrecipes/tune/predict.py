@@ -55,6 +55,9 @@ MARGIN_ALLOWANCE = 0.01
 # a candidate predicted within this share below a measured out-of-memory needs "as much": the planner's peaks of two
 # settings that close (an offload fraction of a small model, say) differ by less than its error
 OUT_OF_MEMORY_TOLERANCE = 0.002
+# a device reporting this share less memory than the hardware table's card of its name is another size of it (an
+# H100 reports 79.2 GiB against the table's 79.6: the same card)
+DEVICE_MEMORY_SLACK = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,9 @@ class Target:
 
     count: int
     gpu_type: str
+    # what this machine's devices report (the smallest), for ``--gpus auto``: a 40 GB card or a MIG slice shares its
+    # type's name with the hardware table's full-size card
+    device_memory_gib: float | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -82,8 +88,10 @@ def resolve_target(text: str, layout: LayoutConfig, nproc: int | None = None) ->
         import torch
 
         if torch.cuda.is_available():
-            target = Target(count=torch.cuda.device_count(),
-                            gpu_type=known_gpu_name(torch.cuda.get_device_name(0)))
+            count = torch.cuda.device_count()
+            memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / 1024 ** 3
+            target = Target(count=count, gpu_type=known_gpu_name(torch.cuda.get_device_name(0)),
+                            device_memory_gib=memory)
         else:
             target = Target(count=nproc or layout.world_size, gpu_type=CPU)
     elif text.lower() == CPU:
@@ -112,12 +120,21 @@ def planner_hardware(target: Target, memory_gib: float | None = None) -> Hardwar
     if memory_gib is not None and not (math.isfinite(memory_gib) and memory_gib > 0):
         raise ValueError(f"--gpu-memory-gib: a finite number of GiB above 0, got {memory_gib}")
     if not target.is_cpu:
-        return load_hardware(target.gpu_type, memory_gib=memory_gib)
+        hardware = load_hardware(target.gpu_type, memory_gib=memory_gib)
+        return hardware if memory_gib is not None else _within_the_device(hardware, target.device_memory_gib)
     base = load_hardware("H200")
     spec = GpuSpec(name=CPU, peak_bf16_dense_flops=1e10, memory_gib=memory_gib or _host_memory_gib() / target.count,
                    hbm_tb_s=0.02, nvlink_gb_s=2.0, nvlink_domain=max(8, target.count), network_gb_s=1.0,
                    pcie_gb_s=10.0, source="placeholder for CPU trials (openrecipes tune)")
     return dataclasses.replace(base, gpu=spec)
+
+
+def _within_the_device(hardware: Hardware, device_gib: float | None) -> Hardware:
+    """The table's card, with the memory of the device the trials run on where that is clearly less (a 40 GB A100,
+    a MIG slice): the table's figure stays otherwise, since it is what the planner's reserve model was fitted to."""
+    if device_gib is None or device_gib >= hardware.gpu.memory_gib * (1 - DEVICE_MEMORY_SLACK):
+        return hardware
+    return dataclasses.replace(hardware, gpu=dataclasses.replace(hardware.gpu, memory_gib=round(device_gib, 1)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,6 +326,7 @@ class Planner:
         self.shape: ModelShape = model_shape(self.config, name=start.model)
         self.image_rows = image_rows  # the rows hold images
         self.hardware = planner_hardware(target, memory_gib)
+        self.memory_gib = memory_gib  # --gpu-memory-gib, which takes precedence over the device's and the table's
         self.target = target
         self.row_tokens = row_tokens
         # None: no measured effect of compiled blocks on this target; compile is then explored around the best
@@ -321,6 +339,16 @@ class Planner:
         if problems:
             return "; ".join(f"{p.path}: {p.message}" for p in problems)
         return unsupported_reason(recipe.layout, self.shape.layout_model())
+
+    def device_memory_note(self) -> str | None:
+        """What the tuner says when the devices it runs on hold less than the table's card of their name."""
+        gpu = self.hardware.gpu
+        if self.target.is_cpu or self.memory_gib is not None or self.target.device_memory_gib is None:
+            return None
+        if gpu.memory_gib >= load_hardware(self.target.gpu_type).gpu.memory_gib:
+            return None
+        return (f"this machine's devices hold {gpu.memory_gib:g} GiB, less than the hardware table's "
+                f"{self.target.gpu_type}: every candidate is fitted into {gpu.memory_gib:g} GiB")
 
     def workload(self, recipe: Recipe) -> LayoutWorkload:
         """What the layout rules check of the recipe's run on the tuner's rows."""

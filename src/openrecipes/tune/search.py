@@ -367,6 +367,8 @@ class Search(SearchBudget, ReferenceFallback, FamilyMemory, Screening):
         for text in self.options.tries:  # each --try read and checked before any trial, the start's included
             if refusal := self.planner.refusal(self._given(text).recipe):
                 raise ValueError(f"--try {text!r}: openrecipes train refuses its layout: {refusal}")
+        if note := self.planner.device_memory_note():
+            self.progress.say(note)
         self.progress.say(f"tuning {self.options.start} on {self.target.label()}: {self.options.trials} trials, "
                           f"{self.options.minutes:g} minutes, {self.options.trial_steps} steps per trial, window "
                           f"steps {self.window[0]}-{self.window[1]}; writing {self.out}")

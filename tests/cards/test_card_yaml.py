@@ -16,6 +16,8 @@ from openrecipes.cards.validate import validate_paths
     ("a:\n  x: 1\n  y: 2\n  x: 3\n", 4, "duplicate key 'x' (first at line 2)"),
     ("<<: {a: 1}\nb: 2\n", 1, "merge"),
     ("a: [1, 2\n", 2, "YAML syntax"),
+    ("a: 1\nb: x\x1by\n", 2, "character 0x001b is not allowed in YAML"),  # raw control characters YAML's reader
+    ("a: 1\n\nb: \x00\n", 3, "character 0x0000 is not allowed in YAML"),  # refuses: one line, not its traceback
 ])
 def test_hostile_yaml_is_rejected_with_file_and_line(text, line, words):
     with pytest.raises(UnsafeYamlError) as caught:

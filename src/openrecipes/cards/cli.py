@@ -92,9 +92,14 @@ def _register_new(verbs: argparse._SubParsersAction) -> None:
 
 def _new(args: argparse.Namespace) -> int:
     from openrecipes.cards.new import NewCardOptions, new_card
+    from openrecipes.cards.schema_bounds import web_url
 
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise ValueError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
+    try:  # its help promises an http(s) link; a javascript: or file: one is refused, not written into the card
+        web_url(args.author_url)
+    except ValueError as error:
+        raise ValueError(f"--author-url: {error}") from None
     options = NewCardOptions(
         run_dir=args.run_dir, reference=args.reference, out=args.out, author=args.author,
         author_url=args.author_url, window=tuple(args.window) if args.window else None, gpu_type=args.gpu,

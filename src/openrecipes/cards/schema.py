@@ -12,8 +12,9 @@ import json
 import statistics
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from openrecipes.cards.schema_bounds import plain_value
 from openrecipes.config.layout import LayoutConfig, ParallelSizes
 from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES
 
@@ -27,6 +28,9 @@ Outcome = Literal["pass", "fail"]
 class _Strict(BaseModel):
     # NaN and infinity are never a measured number
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    # after each field's own validation, so a nested model has named its own field first (schema_bounds says why)
+    _within_bounds = field_validator("*")(plain_value)
 
 
 class Gpu(_Strict):

@@ -17,6 +17,7 @@ from openrecipes.cards.checks import Finding, Loc, check_card
 from openrecipes.cards.paths import find_absolute_paths, is_catalog_path
 from openrecipes.config.safe_yaml import UnsafeYamlError, load_plain_yaml_file
 from openrecipes.cards.schema import RecipeCard
+from openrecipes.utils import one_line, path_inside
 
 CARD_SUFFIXES = (".yaml", ".yml")
 # a runnable recipe beside its card (recipes/<model>/<gpu>/<name>.recipe.yaml): not a card, skipped in directories
@@ -35,7 +36,8 @@ class Problem:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
         field_path = f" {self.path}:" if self.path else ""
         prefix = "" if self.severity == "error" else f"{self.severity}: "
-        return f"{where}:{field_path} {prefix}{self.message}"
+        # a file name or key holding a line break must not split the problem over lines (or forge one of its own)
+        return one_line(f"{where}:{field_path} {prefix}{self.message}")
 
 
 @dataclass(kw_only=True)
@@ -64,6 +66,8 @@ def format_loc(loc: Iterable[Any]) -> str:
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
+        elif not str(part).isprintable():  # a key with control or bidi characters is shown escaped, never raw
+            text += f"[{str(part)!r}]"
         else:
             text += f".{part}" if text else str(part)
     return text
@@ -77,6 +81,13 @@ def _line_for(lines: dict[tuple[Any, ...], int], loc: Loc) -> int | None:
     return None
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """A rejected value as a problem quotes it: its repr, cut to ``limit`` characters (a card may hold a
+    megabyte-long string or a thousand-digit number, which would bury the line that names the field)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def schema_problems(error: pydantic.ValidationError, source: str,
                      lines: dict[tuple[Any, ...], int]) -> list[Problem]:
     problems = []
@@ -88,7 +99,7 @@ def schema_problems(error: pydantic.ValidationError, source: str,
         elif item["type"] == "missing":
             message = "required field is missing"
         elif "input" in item and not isinstance(item["input"], (dict, list)):
-            message += f", got {item['input']!r}"
+            message += f", got {_shown(item['input'])}"
         problems.append(Problem(file=source, line=_line_for(lines, loc), path=format_loc(loc),
                                 message=message))
     return problems
@@ -161,8 +172,11 @@ def find_card_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix in CARD_SUFFIXES and p.is_file()
-                                and not p.name.endswith(RECIPE_SUFFIXES)))
+            walked = sorted(p for p in path.rglob("*") if p.suffix in CARD_SUFFIXES and p.is_file()
+                            and not p.name.endswith(RECIPE_SUFFIXES))
+            # a link in the directory to a file outside it is refused by name: a catalog must not publish (or
+            # quote in its errors) a file of whoever builds it
+            found.extend(path_inside(path, str(p.relative_to(path)), source=path, key="card file") for p in walked)
         elif path.is_file():
             found.append(path)
         else:

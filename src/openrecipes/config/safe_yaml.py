@@ -148,7 +148,11 @@ def load_plain_yaml(text: str | bytes, source: str = "<string>") -> tuple[Any, d
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise UnsafeYamlError(source, None, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
-    loader = _PlainDataLoader(decoded)
+    try:
+        loader = _PlainDataLoader(decoded)
+    except yaml.reader.ReaderError as error:  # a character YAML refuses to read (ESC, NUL): one line, its line
+        line = decoded.count("\n", 0, error.position) + 1
+        raise UnsafeYamlError(source, line, f"character {error.character:#06x} is not allowed in YAML") from None
     loader.source = source
     try:
         node = loader.get_single_node()

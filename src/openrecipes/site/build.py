@@ -248,6 +248,8 @@ def render_site(cards: list[LoadedCard], recipes_root: Path | list[Path],
         pages[relative] = env.get_template("recipe.html.jinja").render(
             card=loaded.card, m=_metrics(loaded), css=css, root=root,
             author_url=_safe_url(loaded.card.author.url), yaml_file=relative.with_suffix(".yaml").name,
+            # quoted like every other link: a file named javascript:x.yaml must be a relative link, not a script
+            yaml_href=_href(Path(relative.with_suffix(".yaml").name)),
             plot=loss_plot_svg(curves) if curves else None,
             step_plots=step_plots(curves) if curves else [],
             memory_plot=memory_bars_svg(curves.memory_phases_gib) if curves and curves.memory_phases_gib else None,

@@ -23,6 +23,8 @@ def read_json(path: str | os.PathLike) -> Any:
         raise ValueError(f"{path}: not valid JSON ({error})") from error
     except UnicodeDecodeError as error:  # binary garbage
         raise ValueError(f"{path}: not valid JSON (not UTF-8 text: {error.reason} at byte {error.start})") from None
+    except RecursionError:  # [[[[...]]]] a hundred thousand deep: the parser's recursion, not a traceback
+        raise ValueError(f"{path}: not valid JSON (nested too deeply to read)") from None
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:

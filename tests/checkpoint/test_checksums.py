@@ -68,3 +68,9 @@ def test_a_garbled_manifest_is_named(copy):
     (copy / "openrecipes.json").write_text(json.dumps({"tensors": {"x": {"shape": [2], "dtype": "load"}}}))
     with pytest.raises(ValueError, match="unknown dtype 'load'"):
         load_native_state(copy)
+
+
+def test_a_deeply_nested_checksum_file_is_named(copy):
+    (copy / CHECKSUMS_FILE).write_text("[" * 100_000 + "]" * 100_000)  # was a RecursionError traceback
+    with pytest.raises(ValueError, match=rf"{CHECKSUMS_FILE}: damaged checksum file"):
+        load_native_state(copy)

@@ -150,3 +150,88 @@ def test_existing_output_is_not_overwritten(hf_dir, tmp_path, capsys):
     assert main(["convert", "import", str(hf_dir), str(tmp_path / "native")]) == 2
     assert (tmp_path / "native" / "keep.txt").read_text() == "mine"
     assert "is not empty and was not written by openrecipes convert import" in capsys.readouterr().err
+
+
+def _edit_config(path, **fields):
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def _one_line_import_error(hf_dir, tmp_path, capsys):
+    assert main(["convert", "import", str(hf_dir), str(tmp_path / "native")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not (tmp_path / "native").exists()
+    return err
+
+
+def test_an_index_naming_a_shard_without_the_tensor_is_one_line(hf_dir, tmp_path, capsys):
+    index = json.loads((hf_dir / INDEX_NAME).read_text())
+    name = next(iter(index["weight_map"]))
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != index["weight_map"][name])
+    index["weight_map"][name] = other
+    (hf_dir / INDEX_NAME).write_text(json.dumps(index))
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)  # was a SafetensorError traceback
+    assert f"tensor {name!r} in {hf_dir / other}: cannot be read" in err, err
+
+
+def test_a_deeply_nested_index_is_one_line(hf_dir, tmp_path, capsys):
+    (hf_dir / INDEX_NAME).write_text("[" * 100_000 + "]" * 100_000)  # was a RecursionError traceback
+    assert f"{hf_dir / INDEX_NAME}: not a safetensors index" in _one_line_import_error(hf_dir, tmp_path, capsys)
+
+
+def test_a_huge_layer_count_is_refused_before_the_config_is_built(hf_dir, tmp_path, capsys):
+    import time
+
+    _edit_config(hf_dir, num_hidden_layers=10**12)  # building this config looped over every layer (hung)
+    start = time.monotonic()
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)
+    assert "config.json: num_hidden_layers=1000000000000" in err and time.monotonic() - start < 30, err
+
+
+def test_a_layer_count_without_layer_tensors_and_a_deep_config_are_one_line(hf_dir, tmp_path, capsys):
+    """A folder whose tensors hold no decoder layer, under a config of 10**12 layers, was building that config
+    (hung); a config.json nested a hundred thousand deep was a RecursionError traceback."""
+    import time
+
+    from safetensors.torch import load_file, save_file
+
+    for shard in hf_dir.glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(shard).items() if ".layers." not in k}, shard)
+    index = json.loads((hf_dir / INDEX_NAME).read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if ".layers." not in k}
+    (hf_dir / INDEX_NAME).write_text(json.dumps(index))
+    _edit_config(hf_dir, num_hidden_layers=10**12)
+    start = time.monotonic()
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)
+    assert "holds no decoder layer tensors" in err and time.monotonic() - start < 30, err
+    (hf_dir / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)
+    assert "config.json: not valid JSON (nested too deeply to read)" in err, err
+
+
+@pytest.mark.parametrize("size", [2**63 - 1, 2**63])
+def test_sizes_no_tensor_can_have_are_one_line_naming_config_json(hf_dir, tmp_path, capsys, size):
+    _edit_config(hf_dir, hidden_size=size, head_dim=16)  # was a torch RuntimeError or TypeError traceback
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)
+    assert f"{hf_dir / 'config.json'}: the model it describes cannot be built" in err, err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nonfinite_float_field_is_refused_by_name(hf_dir, tmp_path, capsys, value):
+    _edit_config(hf_dir, rms_norm_eps=value)  # NaN was imported as a norm epsilon without a word
+    err = _one_line_import_error(hf_dir, tmp_path, capsys)
+    assert "config.json: rms_norm_eps=" in err and "must be a finite number" in err, err
+
+
+def test_audit_table_keeps_a_tensor_name_on_one_line(hf_dir, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path, name in ((a, "y"), (b, "x\nresult  PASS")):  # a name read from the file, as the audit lists it
+        path.mkdir()
+        (path / "config.json").write_text((hf_dir / "config.json").read_text())
+        save_file({name: torch.zeros(1)}, str(path / "model.safetensors"))
+    assert main(["convert", "audit", str(a), str(b)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "extra    x\\nresult  PASS" in lines and "result  PASS" not in lines

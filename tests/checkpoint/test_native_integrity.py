@@ -84,3 +84,30 @@ def test_import_refuses_non_finite_weights_naming_the_tensor(native_dir, tmp_pat
 def test_finite_weights_import(native_dir):  # noqa: F811
     state, _ = load_native_state(native_dir)
     assert state and all(t.is_floating_point() and bool(torch.isfinite(t).all()) for t in state.values())
+
+
+def test_a_manifest_shape_larger_than_the_files_is_refused_before_allocating(copy, tmp_path, capsys):
+    from openrecipes.checkpoint.checksums import write_checksums
+
+    # read before the checksums: torch.empty of this shape failed with a RuntimeError traceback (or allocated it)
+    _retype(copy, "shape", [2**40, 2**40])
+    (copy / CHECKSUMS_FILE).unlink()
+    write_checksums(copy, no_dist=True)  # checksums are integrity, not authorship: whoever edits can rewrite them
+    assert main(["convert", "export", str(copy), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{MANIFEST}: not a native checkpoint manifest" in err and "needs more bytes than" in err, err
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("value", ["int64", "Tensor", "bogus", 5])
+def test_a_manifest_source_dtype_that_is_no_float_dtype_is_refused(copy, tmp_path, capsys, value):
+    from openrecipes.checkpoint.checksums import write_checksums
+
+    _retype(copy, "source_dtype", value)
+    (copy / CHECKSUMS_FILE).unlink()
+    write_checksums(copy, no_dist=True)  # checksums are integrity, not authorship: whoever edits can rewrite them
+    assert main(["convert", "export", str(copy), str(tmp_path / "hf")]) == 2  # was a traceback, or int64 weights
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'model.norm.weight'" in err and "source_dtype" in err, err
+    assert not (tmp_path / "hf").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint
+from openrecipes.utils import one_line
 
 
 @dataclass(kw_only=True)
@@ -47,7 +48,8 @@ class AuditReport:
                    + [f"dtype    {n}: {a} -> {b}" for n, a, b in self.dtype_changed]
                    + [f"promoted {n}: {a} -> {b}, values unchanged" for n, a, b in self.promoted]
                    + [f"differs  {n}: max abs {d:.3e}" for n, d in self.differing if not d <= atol])
-        return "\n".join(lines + ([""] + details[:50] if details else []))
+        # tensor names come from the files: a name holding a line break must not add a line ("result  PASS")
+        return "\n".join(lines + ([""] + [one_line(line) for line in details[:50]] if details else []))
 
     def to_dict(self, atol: float = 0.0) -> dict:
         return {"passed": self.passed(atol), "atol": atol, "compared": self.compared, "elements": self.elements,

@@ -72,7 +72,7 @@ def _read_manifest(path: Path) -> dict[str, dict]:
                 isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("bytes"), int)
                 for e in files.values()):
             raise ValueError("unexpected content")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise ValueError(f"{path}: damaged checksum file ({error})") from None
     for name in files:  # a listed name is opened and hashed: it must not lead out of the checkpoint
         path_inside(path.parent, name, source=path, key="files", plain_name=True)

@@ -18,13 +18,16 @@ from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.families import ModelFamily, family_for_config
 from openrecipes.models.resolve import HF_CONFIG_FILE, config_from_hf_fields, resolve_model_config
+from openrecipes.utils import one_line
 
 
 def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelFamily, Any]:
     """The family and model config of a checkpoint (``models/resolve.py`` ``config_from_hf_fields``: ``full=False``
     reads a family with a text-only mode as its text model alone, ``full=True`` the whole checkpoint)."""
+    # the raw count first: building a config of 10**12 layers loops over every one of them (minutes, or forever)
+    _check_layer_count(checkpoint, _declared_layers(checkpoint.config))
     family, config = config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
-    _check_layer_count(checkpoint, config)
+    _check_layer_count(checkpoint, getattr(config, "num_hidden_layers", None))
     if family.mtp is not None and family.mtp.held(config) and not holds_mtp_tensors(checkpoint, family, config):
         # transformers declares one MTP layer by default and never saves it: such a checkpoint holds none
         warnings.warn(f"{checkpoint.path / HF_CONFIG_FILE}: declares {family.mtp.held(config)} multi-token-prediction "
@@ -75,23 +78,45 @@ def recipe_trains_images(recipe: Any) -> bool:
 WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")
 
 
-def _expected_parameters(family: ModelFamily, config: Any) -> tuple[dict[str, torch.Size], set[str]]:
+def _expected_parameters(checkpoint: HFCheckpoint, family: ModelFamily,
+                         config: Any) -> tuple[dict[str, torch.Size], set[str]]:
     """Each native parameter's shape, and the names the model pins to fp32 (built on the meta device)."""
-    model = family.build(config, device="meta", seed=None)
+    model = _build_on_meta(checkpoint, family, config)
     return ({name: param.shape for name, param in model.named_parameters()}, set(fp32_parameter_names(model)))
+
+
+def _build_on_meta(checkpoint: HFCheckpoint, family: ModelFamily, config: Any, **options: Any) -> nn.Module:
+    """The model ``config`` describes, on the meta device. Sizes no tensor can have (a hidden_size of 2**63, or two
+    sizes whose product overflows) make torch raise a RuntimeError or TypeError several lines long; here they are
+    one line naming config.json."""
+    try:
+        return family.build(config, device="meta", seed=None, **options)
+    except (RuntimeError, TypeError, OverflowError) as error:
+        first = (str(error).splitlines() or [""])[0]
+        raise ValueError(f"{checkpoint.path / HF_CONFIG_FILE}: the model it describes cannot be built "
+                         f"({type(error).__name__}: {one_line(first)[:200]})") from None
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _check_layer_count(checkpoint: HFCheckpoint, config: Any) -> None:
+def _declared_layers(fields: dict) -> Any:
+    """config.json's decoder layer count as written (top-level, or in a nested ``text_config``, which wins)."""
+    text = fields.get("text_config")
+    return text["num_hidden_layers"] if isinstance(text, dict) and "num_hidden_layers" in text \
+        else fields.get("num_hidden_layers")
+
+
+def _check_layer_count(checkpoint: HFCheckpoint, layers: Any) -> None:
     """A config claiming more decoder layers than any tensor of the checkpoint holds is refused from the tensor
     names alone, before the model is built on the meta device (ten million layers would take minutes to build)."""
-    layers = getattr(config, "num_hidden_layers", None)
     indices = [int(m.group(1)) for key in checkpoint.keys() if (m := _LAYER_INDEX.search(key))]
     if isinstance(layers, int) and indices and layers > max(indices) + 1:
         raise ValueError(f"{checkpoint.path / 'config.json'}: num_hidden_layers={layers}, but the checkpoint's "
                          f"tensors hold layers 0 to {max(indices)} only")
+    if isinstance(layers, int) and layers > 0 and not indices:
+        raise ValueError(f"{checkpoint.path / 'config.json'}: num_hidden_layers={layers}, but the checkpoint holds "
+                         "no decoder layer tensors (no name with 'layers.N.')")
 
 
 def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: Any,
@@ -110,7 +135,7 @@ def iter_native_tensors(checkpoint: HFCheckpoint, family: ModelFamily, config: A
     every value unchanged; ``promoted`` (when given) receives their names and source dtypes. Every other tensor keeps
     its dtype. ``expert_layouts`` (when given) receives the expert layouts met ("fused", "per_expert").
     """
-    expected, pinned = _expected_parameters(family, config)
+    expected, pinned = _expected_parameters(checkpoint, family, config)
     parts: dict[str, dict[Part, str]] = defaultdict(dict)
     ignored: dict[str, list[str]] = defaultdict(list)  # the family's phrase for them -> names
     copies: list[tuple[str, str]] = []  # (HF name, the HF name already filling the same native part)
@@ -228,8 +253,7 @@ def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str |
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint, full=full)
     config = config if keep_mtp else with_mtp(config, False)
-    model = family.build(config, device="meta", dtype=dtype or torch.float32, seed=None,
-                         kernels=kernels or KernelOptions())
+    model = _build_on_meta(checkpoint, family, config, dtype=dtype or torch.float32, kernels=kernels or KernelOptions())
     for name, tensor in iter_native_tensors(checkpoint, family, config):
         module_name, _, param_name = name.rpartition(".")
         owner = model.get_submodule(module_name)

@@ -12,6 +12,7 @@ DCP reshards on load, so a directory written under one parallel layout loads und
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import torch.distributed.checkpoint as dcp
 from openrecipes.checkpoint.safe_load import load_dcp
 from openrecipes.checkpoint.hf import hf_tensors_from_native, iter_native_tensors, read_config
 from openrecipes.checkpoint.safetensors_io import HFCheckpoint, write_hf_dir
-from openrecipes.checkpoint.checksums import write_checksums
-from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, read_json
+from openrecipes.checkpoint.checksums import verify_checksums, write_checksums
+from openrecipes.utils import atomic_write_text, check_output_dir, guarded_output_dir, one_line, read_json
 from openrecipes.version import __version__
 
 MANIFEST = "openrecipes.json"
@@ -78,8 +79,14 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} is missing: {ckpt_dir} is not a complete native checkpoint "
                                 "(`convert import` output) nor a training save (RUN_DIR/checkpoints/step-NNNNNN)")
-    # empty tensors only (nothing is read into them before load_dcp has checked every file, this manifest included)
-    state = _empty_state(read_json(manifest_path), manifest_path)
+    # empty tensors only (nothing is read into them before load_dcp has checked every file, this manifest included);
+    # the manifest is not checked yet, so its shapes are bounded by the bytes the directory holds before allocating
+    held = sum(p.stat().st_size for p in ckpt_dir.iterdir() if p.is_file())
+    try:
+        state = _empty_state(read_json(manifest_path), manifest_path, held)
+    except _LargerThanFiles:  # a deleted or truncated shard leaves the files short too: the checksums name it
+        verify_checksums(ckpt_dir, no_dist=True, required=True, unlisted=(NATIVE_MARKER,))
+        raise
     # checksums required and checked (the overwrite marker comes after them); tensors checked finite; restricted:
     # a checkpoint's pickles cannot run code
     load_dcp(state, ckpt_dir, no_dist=True, unlisted=(NATIVE_MARKER,))
@@ -89,23 +96,40 @@ def load_native_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], di
     return state, config
 
 
-def _empty_state(manifest: Any, source: Path) -> dict[str, torch.Tensor]:
-    """Empty tensors of the shapes and dtypes the manifest lists (what DCP loads into)."""
+class _LargerThanFiles(ValueError):
+    """A manifest shape needing more bytes than the checkpoint's files hold."""
+
+
+def _weight_dtype(name: str, info: dict, key: str) -> torch.dtype:
+    """The floating-point dtype the manifest names under ``key`` for tensor ``name`` (``dtype``, ``source_dtype``)."""
+    dtype = getattr(torch, info[key], None) if isinstance(info[key], str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"tensor {name!r}: unknown {key} {info[key]!r}")
+    if not dtype.is_floating_point:  # every native tensor is a weight: an int or bool one is no import's
+        raise ValueError(f"tensor {name!r}: {key} {info[key]!r} is not a floating-point weight dtype")
+    return dtype
+
+
+def _empty_state(manifest: Any, source: Path, held: int) -> dict[str, torch.Tensor]:
+    """Empty tensors of the shapes and dtypes the manifest lists (what DCP loads into); a tensor larger than the
+    ``held`` bytes of the directory's files is refused before anything is allocated."""
     try:
         state = {}
         for name, info in manifest["tensors"].items():
-            dtype = getattr(torch, info["dtype"], None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"tensor {name!r}: unknown dtype {info['dtype']!r}")
-            if not dtype.is_floating_point:  # every native tensor is a weight: an int or bool one is no import's
-                raise ValueError(f"tensor {name!r}: dtype {info['dtype']!r} is not a floating-point weight dtype")
+            dtype = _weight_dtype(name, info, "dtype")
+            if "source_dtype" in info:  # what export casts to
+                _weight_dtype(name, info, "source_dtype")
             shape = [int(n) for n in info["shape"]]
             if any(n < 0 for n in shape):
                 raise ValueError(f"tensor {name!r}: negative size in shape {shape}")
+            if math.prod(shape) * dtype.itemsize > held:
+                raise _LargerThanFiles(f"tensor {name!r}: shape {shape} needs more bytes than the checkpoint's "
+                                       f"files hold ({held})")
             state[name] = torch.empty(shape, dtype=dtype)
         return state
     except (KeyError, TypeError, AttributeError, ValueError) as error:
-        raise ValueError(f"{source}: not a native checkpoint manifest ({error})") from None
+        kind = _LargerThanFiles if isinstance(error, _LargerThanFiles) else ValueError
+        raise kind(f"{source}: not a native checkpoint manifest ({one_line(error)})") from None
 
 
 EXPORT_DTYPES = ("source", "native")
@@ -143,7 +167,8 @@ def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int 
 def _cast_to_source_dtypes(state: dict[str, torch.Tensor], tensors: dict[str, dict], ckpt_dir: Path) -> None:
     rounded = []
     for name, info in tensors.items():
-        source_dtype = getattr(torch, info.get("source_dtype", info["dtype"]))  # older manifests: no source dtype
+        # older manifests: no source dtype; both were checked to be float dtypes (``_empty_state``)
+        source_dtype = getattr(torch, info.get("source_dtype", info["dtype"]))
         tensor = state[name]
         if tensor.dtype == source_dtype:
             continue

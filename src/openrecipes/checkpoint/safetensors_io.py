@@ -35,7 +35,7 @@ class HFCheckpoint:
         if index_path.is_file():
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as error:
                 raise ValueError(f"{index_path}: not a safetensors index ({error})") from error
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"{index_path}: weight_map is not a mapping of tensor names to file names")
@@ -92,7 +92,11 @@ class HFCheckpoint:
 
     def metadata(self, key: str) -> tuple[tuple[int, ...], str]:
         """Shape and dtype without reading the data."""
-        piece = self._open(self.file_of[key]).get_slice(key)
+        file_name = self.file_of[key]
+        try:  # the index may list a tensor under a shard that does not hold it
+            piece = self._open(file_name).get_slice(key)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise ValueError(f"tensor {key!r} in {self.path / file_name}: cannot be read ({error})") from error
         return tuple(piece.get_shape()), piece.get_dtype()
 
 

@@ -132,7 +132,8 @@ def read_rope(raw: dict[str, Any], *, source: str, default_theta: float, extra_k
     return float(chosen.get("rope_theta", top_theta)), dict(chosen)
 
 
-_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
+               type(None): "null"}
 
 
 def _matches(value: Any, hint: Any) -> bool | None:
@@ -148,7 +149,9 @@ def _matches(value: Any, hint: Any) -> bool | None:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:  # JSON writes 1e6 as a float and 10000 as an integer: both are numbers
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        # Python's json reads NaN and Infinity: no epsilon, base or scale a model computes with is one of those
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and math.isfinite(value))
     if hint is str:
         return isinstance(value, str)
     if origin in (tuple, list):

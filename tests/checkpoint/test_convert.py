@@ -204,7 +204,8 @@ def test_a_layer_count_without_layer_tensors_and_a_deep_config_are_one_line(hf_d
     _edit_config(hf_dir, num_hidden_layers=10**12)
     start = time.monotonic()
     err = _one_line_import_error(hf_dir, tmp_path, capsys)
-    assert "holds no decoder layer tensors" in err and time.monotonic() - start < 30, err
+    assert "num_hidden_layers=1000000000000, more than 10,000, and the checkpoint holds no decoder layer tensors" in err
+    assert time.monotonic() - start < 30
     (hf_dir / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     err = _one_line_import_error(hf_dir, tmp_path, capsys)
     assert "config.json: not valid JSON (nested too deeply to read)" in err, err

@@ -26,10 +26,11 @@ Model (all sizes per rank; docs/plan.md gives the derivation):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from openrecipes.config.layout import LayoutConfig, expert_data_parallel_size
 from openrecipes.config.recompute_names import RECOMPUTE_GRANULARITIES, WHOLE_LAYER_GRANULARITIES
-from openrecipes.plan.hardware import GIB, Hardware
+from openrecipes.plan.hardware import GIB, Hardware, MemoryOverheads
 from openrecipes.plan.lora import (LoraSetup, adapter_params, expert_adapter_bytes_per_copy,
                                   rank_product_bytes_per_token)
 from openrecipes.plan.peak_moments import loss_bytes, openrecipes_peak
@@ -219,16 +220,19 @@ def recomputed_share(setup: TrainingSetup, layers: int) -> float:
     return min(layers, setup.recompute_layers) / layers
 
 
-def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
-                 hw: Hardware) -> list[StageMemory]:
-    mem = hw.memory
-    edp = expert_data_parallel_size(layout)
-    m = microbatches_per_step(layout, setup)
-    state_bytes = setup.state_bytes()
-    grad_bytes = GRAD_BYTES[setup.grad_dtype]
-    if setup.grad_dtype == "bf16":
-        state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
-    on_gpu = 1.0 - setup.offload_fraction
+class LayerBytes(NamedTuple):
+    """One layer's activation bytes for one microbatch, under the setup's recompute (``stage_memory``)."""
+
+    full: float  # every activation, as a layer that keeps them all (and the working set's unit)
+    kernel_kept: float  # what full_keep_attention keeps of the attention kernel
+    stored: float  # what a recomputed (or selectively recomputed) layer keeps until its backward
+    working: float  # the working set of the layer being run
+    kept: float  # what a layer the block method leaves out keeps
+
+
+def layer_bytes(shape: ModelShape, layout: LayoutConfig, setup: TrainingSetup, mem: MemoryOverheads) -> LayerBytes:
+    """One layer's activation bytes for one microbatch: every activation (``layer_activation_bytes`` at none, plus
+    the sink mask), what the setup's recompute keeps, the working set, and what an unrecomputed layer keeps."""
     tokens = layout.max_tokens_per_gpu
     h_tokens = tokens / layout.tp if layout.sequence_parallel else tokens
     lora = setup.lora
@@ -251,6 +255,24 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
     # a layer the block method leaves out keeps every activation (fewer in a compiled block)
     kept_per_layer = ((full_layer - sink_mask) * (OPENRECIPES_COMPILED_ACTIVATION_SHARE if compiled else 1.0)
                       + sink_mask)
+    return LayerBytes(full=full_layer, kernel_kept=kernel_kept, stored=stored_per_layer, working=working,
+                      kept=kept_per_layer)
+
+
+def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], setup: TrainingSetup,
+                 hw: Hardware) -> list[StageMemory]:
+    mem = hw.memory
+    edp = expert_data_parallel_size(layout)
+    m = microbatches_per_step(layout, setup)
+    state_bytes = setup.state_bytes()
+    grad_bytes = GRAD_BYTES[setup.grad_dtype]
+    if setup.grad_dtype == "bf16":
+        state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
+    on_gpu = 1.0 - setup.offload_fraction
+    h_tokens = layout.max_tokens_per_gpu / layout.tp if layout.sequence_parallel else layout.max_tokens_per_gpu
+    lora = setup.lora
+    compiled = setup.compiled and setup.engine == "openrecipes"
+    full_layer, kernel_kept, stored_per_layer, working, kept_per_layer = layer_bytes(shape, layout, setup, mem)
     stages = []
     for i, layers in enumerate(counts):
         first, last = i == 0, i == len(counts) - 1

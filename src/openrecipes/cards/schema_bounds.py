@@ -40,11 +40,15 @@ def plain_value(value: Any) -> Any:
     return value
 
 
+# the schemes a card's link may have: `card new --author-url` takes no other, and the site links no other
+WEB_SCHEMES = ("http", "https")
+
+
 def web_url(url: str | None) -> str | None:
     """``url`` when it is an http(s) address (or None): what `card new --author-url` takes. (The schema still
     accepts any text in author.url, which the site shows unlinked unless it is http(s).)"""
     if url is not None:
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in WEB_SCHEMES or not parts.netloc:
             raise ValueError(f"not an http(s) address: {url[:80]!r}")
     return url

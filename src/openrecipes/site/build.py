@@ -19,6 +19,7 @@ import jinja2
 from markupsafe import Markup
 
 from openrecipes.cards.schema import Gpu
+from openrecipes.cards.schema_bounds import WEB_SCHEMES
 from openrecipes.cards.validate import LoadedCard, validate_paths
 from openrecipes.cards.verification_load import LoadedVerification, load_verification_dir
 from openrecipes.config.hardware import is_cpu
@@ -119,7 +120,7 @@ def _href(path: Path) -> str:
 
 
 def _safe_url(url: str | None) -> str | None:
-    if url and urlsplit(url).scheme in ("http", "https"):
+    if url and urlsplit(url).scheme in WEB_SCHEMES:
         return url
     return None
 

@@ -167,6 +167,27 @@ def test_guarded_output_leaves_the_marker(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".m", "y"]
 
 
+@pytest.mark.parametrize("marker_text", ["", "written by w\n", "x\ny\n"])
+def test_a_marker_that_lists_nothing_replaces_nothing(tmp_path, marker_text):
+    out = tmp_path / "out"  # an older version's marker, or one a user made: which files are ours is unknown
+    out.mkdir()
+    (out / ".m").write_text(marker_text)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"out/\.m does not list what w wrote there") as error:
+        with guarded_output_dir(out, marker=".m", writer="w", overwrite=True) as staging:
+            (staging / "y").write_text("2")
+    assert "\n" not in str(error.value) and (out / "notes.txt").read_text() == "mine"
+    check_output_dir(out, marker=".m", writer="w", overwrite=True, reused=True)  # a writer that only adds files
+
+
+def test_a_listing_marker_with_nothing_listed_still_guards_what_came_later(tmp_path):
+    with guarded_output_dir(tmp_path / "out", marker=".m", writer="w"):
+        pass  # an empty output: its marker lists nothing
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds 'notes.txt', which w did not write"):
+        check_output_dir(tmp_path / "out", marker=".m", writer="w", overwrite=True)
+
+
 def test_an_output_inside_an_input_is_refused_and_paths_are_compared_resolved(tmp_path):
     source = tmp_path / "in"
     source.mkdir()

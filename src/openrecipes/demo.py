@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from openrecipes.utils import check_output_dir, mark_output_dir
+
 MARKER = ".openrecipes-demo"
 
 
@@ -47,14 +49,13 @@ def _call(argv: list[str], *, capture: bool = False) -> tuple[int, str]:
 
 
 def _prepare_out(path: Path) -> Path:
-    from openrecipes.utils import check_output_dir
 
     # only a previous demo output (it carries MARKER) is replaced; never the current directory
     check_output_dir(path, marker=MARKER, writer="openrecipes demo", overwrite=True)
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / MARKER).write_text("written by openrecipes demo\n")
+    mark_output_dir(path, marker=MARKER, writer="openrecipes demo")  # empty until the demo finishes and lists
     return path
 
 
@@ -72,14 +73,21 @@ def _recipe_tree(*, name: str, rows: Path, run_dir: Path, steps: int, precision:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from openrecipes.config.recipe import dump_recipe, recipe_from_dict
-
     if args.steps < 6:
         raise ValueError(f"--steps must be at least 6 (the measurement window starts at step 5), got {args.steps}")
     started = time.perf_counter()
     out = _prepare_out(Path(args.out))
+    try:
+        return _run_in(out, args, started)
+    finally:  # what the demo wrote, finished or stopped, is all a later demo may replace
+        mark_output_dir(out, marker=MARKER, writer="openrecipes demo")
+
+
+def _run_in(out: Path, args: argparse.Namespace, started: float) -> int:
+    import torch
+
+    from openrecipes.config.recipe import dump_recipe, recipe_from_dict
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     nproc = 2 if gpus == 0 or gpus >= 2 else 1
     precision = "bf16" if gpus else "fp32"
@@ -115,9 +123,6 @@ def run(args: argparse.Namespace) -> int:
     checks.update(card_checks)
     summary = _summary(where, args.steps, round(time.perf_counter() - started, 1), measured, runs, checks, shows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from openrecipes.utils import mark_output_dir
-
-    mark_output_dir(out, marker=MARKER, writer="openrecipes demo")  # what a later demo may replace
     _print_summary(summary, out, card)
     return 0 if all(status == 0 for status in checks.values()) else 1
 

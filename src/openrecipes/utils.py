@@ -237,13 +237,15 @@ def check_output_file(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
 
 
 def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool,
-                     inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out") -> None:
+                     inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out",
+                     reused: bool = False) -> None:
     """Refuse an output directory whose replacement could delete something this tool did not write.
 
     Allowed: a missing or empty directory, or, with ``overwrite``, one holding ``marker`` (the file an earlier
-    ``writer`` left there). Always refused: the current directory or one that contains it, a directory that is,
-    holds or sits inside one of ``inputs`` (``check_apart_from_inputs``), a symbolic link, a file, and a non-empty
-    directory without the marker.
+    ``writer`` left there) that lists every file and folder beside it (``mark_output_dir``). ``reused``: the writer
+    only adds its own files to the directory and never clears it, so the marker alone suffices. Always refused: the
+    current directory or one that contains it, a directory that is, holds or sits inside one of ``inputs``
+    (``check_apart_from_inputs``), a symbolic link, a file, and a non-empty directory without the marker.
     """
     target = Path(path)
     if target.is_symlink():
@@ -263,12 +265,17 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
     if not overwrite:
         raise FileExistsError(f"{option}: {target} exists and is not empty (pass --overwrite to replace an "
                               f"earlier output of {writer})")
-    written = (target / marker).read_text(encoding="utf-8", errors="replace").splitlines()[1:]
-    if written:  # the marker lists what the writer wrote (older markers do not): anything else is someone's
-        foreign = [entry for entry in _entries(target) if entry not in written and entry != marker]
-        if foreign:
-            raise ValueError(f"{option}: {target} holds {foreign[0]!r}, which {writer} did not write; move it "
-                             f"away or choose another directory (--overwrite replaces only what {writer} wrote)")
+    if reused:
+        return
+    header, *written = (target / marker).read_text(encoding="utf-8", errors="replace").splitlines() or [""]
+    if header != _marker_header(writer):  # an older marker lists nothing: what is ours there cannot be told
+        raise ValueError(f"{option}: {target}/{marker} does not list what {writer} wrote there (an older version or "
+                         "another program left it), so --overwrite cannot tell its files from yours; remove the "
+                         "directory yourself or choose another")
+    foreign = [entry for entry in _entries(target) if entry not in written and entry != marker]
+    if foreign:
+        raise ValueError(f"{option}: {target} holds {foreign[0]!r}, which {writer} did not write; move it "
+                         f"away or choose another directory (--overwrite replaces only what {writer} wrote)")
 
 
 @contextlib.contextmanager
@@ -286,8 +293,12 @@ def mark_output_dir(directory: Path, *, marker: str, writer: str) -> None:
     """Leave ``marker`` in a finished output: its writer, then every file and folder it holds, which is all a later
     ``--overwrite`` may replace (``check_output_dir``)."""
     listing = "".join(f"{entry}\n" for entry in _entries(directory) if entry != marker)
-    (directory / marker).write_text(f"written by {writer}; --overwrite may replace this directory, which holds:\n"
-                                    + listing)
+    (directory / marker).write_text(_marker_header(writer) + "\n" + listing)
+
+
+def _marker_header(writer: str) -> str:
+    """The first line of an output's marker; the lines after it list the output's files and folders."""
+    return f"written by {writer}; --overwrite may replace this directory, which holds:"
 
 
 def _entries(directory: Path) -> list[str]:

@@ -116,7 +116,7 @@ def _claim_out(out: Path, inputs: list[Any]) -> None:
     from openrecipes.utils import atomic_write_text, check_output_dir
 
     check_output_dir(out, marker=RANKS_MARKER, writer="openrecipes measure-rank", overwrite=True,
-                     inputs=inputs, option="--out")
+                     inputs=inputs, option="--out", reused=True)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / RANKS_MARKER).is_file():
         atomic_write_text(out / RANKS_MARKER, "written by openrecipes measure-rank: its output directory, written "

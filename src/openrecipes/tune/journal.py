@@ -223,6 +223,6 @@ def prepare_out(out: Path, start_path: Path) -> None:
     from openrecipes.utils import check_output_dir
 
     check_output_dir(out, marker=MARKER, writer="openrecipes tune", overwrite=(out / MARKER).is_file(),
-                     inputs=[start_path])
+                     inputs=[start_path], reused=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by openrecipes tune; rerunning the same command reuses its trials\n")

@@ -111,3 +111,21 @@ def test_a_manifest_source_dtype_that_is_no_float_dtype_is_refused(copy, tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'model.norm.weight'" in err and "source_dtype" in err, err
     assert not (tmp_path / "hf").exists()
+
+
+def _rewrite_manifest(copy, edit):
+    from openrecipes.checkpoint.checksums import write_checksums
+
+    manifest = json.loads((copy / MANIFEST).read_text())
+    edit(manifest["tensors"])
+    (copy / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (copy / CHECKSUMS_FILE).unlink()
+    write_checksums(copy, no_dist=True)  # checksums are integrity, not authorship: whoever edits can rewrite them
+
+
+def test_a_manifest_without_a_tensor_of_the_model_exports_nothing(copy, tmp_path, capsys):
+    _rewrite_manifest(copy, lambda tensors: tensors.pop("model.norm.weight"))  # the shards still hold it: loads
+    assert main(["convert", "export", str(copy), str(tmp_path / "hf")]) == 2  # was an export without the tensor
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "missing ['model.norm.weight']" in err and "config.json" in err, err
+    assert not (tmp_path / "hf").exists()

@@ -25,7 +25,7 @@ def read_config(checkpoint: HFCheckpoint, *, full: bool = False) -> tuple[ModelF
     """The family and model config of a checkpoint (``models/resolve.py`` ``config_from_hf_fields``: ``full=False``
     reads a family with a text-only mode as its text model alone, ``full=True`` the whole checkpoint)."""
     # the raw count first: building a config of 10**12 layers loops over every one of them (minutes, or forever)
-    _check_layer_count(checkpoint, _declared_layers(checkpoint.config))
+    _check_layer_count(checkpoint, declared_layers(checkpoint.config))
     family, config = config_from_hf_fields(checkpoint.config, str(checkpoint.path / HF_CONFIG_FILE), full=full)
     _check_layer_count(checkpoint, getattr(config, "num_hidden_layers", None))
     if family.mtp is not None and family.mtp.held(config) and not holds_mtp_tensors(checkpoint, family, config):
@@ -81,19 +81,19 @@ WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")
 def _expected_parameters(checkpoint: HFCheckpoint, family: ModelFamily,
                          config: Any) -> tuple[dict[str, torch.Size], set[str]]:
     """Each native parameter's shape, and the names the model pins to fp32 (built on the meta device)."""
-    model = _build_on_meta(checkpoint, family, config)
+    model = build_on_meta(checkpoint.path / HF_CONFIG_FILE, family, config)
     return ({name: param.shape for name, param in model.named_parameters()}, set(fp32_parameter_names(model)))
 
 
-def _build_on_meta(checkpoint: HFCheckpoint, family: ModelFamily, config: Any, **options: Any) -> nn.Module:
+def build_on_meta(source: str | Path, family: ModelFamily, config: Any, **options: Any) -> nn.Module:
     """The model ``config`` describes, on the meta device. Sizes no tensor can have (a hidden_size of 2**63, or two
     sizes whose product overflows) make torch raise a RuntimeError or TypeError several lines long; here they are
-    one line naming config.json."""
+    one line naming ``source`` (the config.json)."""
     try:
         return family.build(config, device="meta", seed=None, **options)
     except (RuntimeError, TypeError, OverflowError) as error:
         first = (str(error).splitlines() or [""])[0]
-        raise ValueError(f"{checkpoint.path / HF_CONFIG_FILE}: the model it describes cannot be built "
+        raise ValueError(f"{source}: the model it describes cannot be built "
                          f"({type(error).__name__}: {one_line(first)[:200]})") from None
 
 
@@ -103,7 +103,7 @@ MAX_DECLARED_LAYERS = 10_000
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _declared_layers(fields: dict) -> Any:
+def declared_layers(fields: dict) -> Any:
     """config.json's decoder layer count as written (top-level, or in a nested ``text_config``, which wins)."""
     text = fields.get("text_config")
     return text["num_hidden_layers"] if isinstance(text, dict) and "num_hidden_layers" in text \
@@ -256,7 +256,7 @@ def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str |
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint, full=full)
     config = config if keep_mtp else with_mtp(config, False)
-    model = _build_on_meta(checkpoint, family, config, dtype=dtype or torch.float32, kernels=kernels or KernelOptions())
+    model = build_on_meta(checkpoint.path / HF_CONFIG_FILE, family, config, dtype=dtype or torch.float32, kernels=kernels or KernelOptions())
     for name, tensor in iter_native_tensors(checkpoint, family, config):
         module_name, _, param_name = name.rpartition(".")
         owner = model.get_submodule(module_name)

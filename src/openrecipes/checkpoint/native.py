@@ -157,11 +157,42 @@ def export_hf(ckpt_dir: str | Path, hf_dir: str | Path, *, max_shard_bytes: int 
     if dtypes == "source":
         _cast_to_source_dtypes(state, manifest["tensors"], Path(ckpt_dir))
     source = str(Path(ckpt_dir) / "config.json")
+    _check_model_tensors(state, raw_config, source)
     family = family_for_model_type(raw_config.get("model_type"), source=source)
     config = family.config_from_hf(raw_config, source)
     layout = expert_layout or manifest.get("expert_layout")
     write_hf_dir(hf_dir, hf_tensors_from_native(state, family, config, layout), raw_config,
                  max_shard_bytes=max_shard_bytes, overwrite=overwrite, inputs=[ckpt_dir])
+
+
+def _check_model_tensors(state: dict[str, torch.Tensor], raw_config: dict, source: str) -> None:
+    """The tensors are exactly those of the model config.json describes, as an import reads it (text-only or full,
+    MTP layers held or not), with its shapes: a tensor taken out of the manifest, checksums recomputed, is named
+    here instead of being left out of the export."""
+    from openrecipes.checkpoint.hf import MAX_DECLARED_LAYERS, build_on_meta, declared_layers
+    from openrecipes.models.resolve import config_from_hf_fields
+
+    layers = declared_layers(raw_config)
+    if isinstance(layers, int) and layers > MAX_DECLARED_LAYERS:
+        raise ValueError(f"{source}: num_hidden_layers {layers} is more than any checkpoint holds "
+                         f"({MAX_DECLARED_LAYERS} at most)")
+    readings = []
+    for full in (False, True):
+        family, config = config_from_hf_fields(raw_config, source, full=full)
+        readings += [config] + ([family.mtp.keep(config, False)] if family.mtp and family.mtp.held(config) else [])
+    shapes = [{name: param.shape for name, param in build_on_meta(source, family, config).named_parameters()}
+              for config in readings]  # the reading nearest to the tensors held: the one its errors are named by
+    expected = min(shapes, key=lambda names: len(names.keys() ^ state.keys()))
+    missing = [name for name in expected if name not in state]
+    unknown = [name for name in state if name not in expected]
+    if missing or unknown:
+        what = f"missing {missing[:3]}" if missing else f"holds {unknown[:3]}, which the model has not"
+        raise ValueError(f"{source}: the checkpoint's tensors are not those of the model this config describes "
+                         f"({what}); nothing exported")
+    for name, shape in expected.items():
+        if state[name].shape != shape:
+            raise ValueError(f"{source}: tensor {name!r} has shape {list(state[name].shape)}, the config's model "
+                             f"{list(shape)}; nothing exported")
 
 
 def _cast_to_source_dtypes(state: dict[str, torch.Tensor], tensors: dict[str, dict], ckpt_dir: Path) -> None:

@@ -270,7 +270,6 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         state_bytes += 4  # fp32 gradient shard the optimizer step builds from bf16 gradients
     on_gpu = 1.0 - setup.offload_fraction
     h_tokens = layout.max_tokens_per_gpu / layout.tp if layout.sequence_parallel else layout.max_tokens_per_gpu
-    lora = setup.lora
     compiled = setup.compiled and setup.engine == "openrecipes"
     full_layer, kernel_kept, stored_per_layer, working, kept_per_layer = layer_bytes(shape, layout, setup, mem)
     stages = []
@@ -280,8 +279,8 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
         # what trains: the whole model, or with lora only the adapters (the frozen base has neither gradients nor
         # optimizer state)
         trained_dense, trained_experts = dense, experts
-        if lora is not None:
-            trained_dense, trained_experts = adapter_params(shape, layout, lora, layers)
+        if setup.lora is not None:
+            trained_dense, trained_experts = adapter_params(shape, layout, setup.lora, layers)
         sharded_state = state_bytes * (trained_dense / (layout.dp * layout.cp) + trained_experts / edp)
         held = inflight(layout, i, layers, m)
         # the MTP layers (last stage) keep every activation: recompute and offload pass them by
@@ -315,12 +314,8 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
                 weights, stored_at_peak, transient, buffers, loss=loss, end=end, working=stage_working, pp=layout.pp,
                 microbatches=m, chunked=bool(setup.loss_chunk_tokens))
         else:
-            kept = dense + experts + (trained_dense + trained_experts if lora is not None else 0.0)
-            # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole
-            # on every rank (not split by TP: an assumption the seed's TP4 first-stage peaks agree with)
-            frozen = 2 * shape.frozen_encoder_params if first else 0.0
-            weights = {"params": (2 * kept + frozen) / GIB, "grads": grad_bytes * (trained_dense + trained_experts) / GIB,
-                       "optimizer": sharded_state * on_gpu / GIB}
+            weights = _peer_weights_gib(shape, setup, params=dense + experts, trained=trained_dense + trained_experts,
+                                        optimizer_bytes=sharded_state * on_gpu, first=first)
         parts = {
             **weights,
             "activations": (stored_at_peak + p2p) / GIB,
@@ -332,8 +327,7 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             stage=i, layers=layers, inflight_microbatches=min(layout.pp - i, m),
             parts_gib={k: round(v, 3) for k, v in parts.items()},
             allocated_gib=allocated,
-            reserved_gib=allocated * (mem.expandable_allocator_overhead if setup.allocator == "expandable"
-                                      else mem.allocator_overhead) + mem.cuda_context_gib,
+            reserved_gib=reserved_gib(allocated, setup.allocator, mem),
             cpu_optimizer_gib=sharded_state * setup.offload_fraction / GIB,
         ))
         state_elements = dense / (layout.dp * layout.cp) + experts / edp
@@ -347,6 +341,24 @@ def stage_memory(shape: ModelShape, layout: LayoutConfig, counts: list[int], set
             activations=stored * setup.offload_activations)
         stages[-1].host_gib = sum(stages[-1].host_parts_gib.values())
     return stages
+
+
+def _peer_weights_gib(shape: ModelShape, setup: TrainingSetup, *, params: float, trained: float,
+                      optimizer_bytes: float, first: bool) -> dict[str, float]:
+    """A peer engine's weights, gradients and optimizer state on one rank (GiB): bf16 parameters (with LoRA also
+    the adapters beside the frozen base), gradients of what trains, the optimizer state left on the GPU."""
+    kept = params + (trained if setup.lora is not None else 0.0)
+    # the first stage also holds the frozen other-modality encoders of a whole-model trainer, taken as whole on
+    # every rank (not split by TP: an assumption the seed's TP4 first-stage peaks agree with)
+    frozen = 2 * shape.frozen_encoder_params if first else 0.0
+    return {"params": (2 * kept + frozen) / GIB, "grads": GRAD_BYTES[setup.grad_dtype] * trained / GIB,
+            "optimizer": optimizer_bytes / GIB}
+
+
+def reserved_gib(allocated_gib: float, allocator: str, mem: MemoryOverheads) -> float:
+    """What the caching allocator reserves for ``allocated_gib`` allocated, with the CUDA context."""
+    overhead = mem.expandable_allocator_overhead if allocator == "expandable" else mem.allocator_overhead
+    return allocated_gib * overhead + mem.cuda_context_gib
 
 
 def host_parts_gib(*, offloaded_elements: float, state_bytes: float, grad_bytes: float, activations: float

@@ -205,3 +205,17 @@ def test_megatron_index_errors(tmp_path: Path) -> None:
     _megatron_dataset(tmp_path / "big", [np.array([5, 2000, 7])], np.int32)
     with pytest.raises(ValueError, match="document 0 holds token id 2000, outside the tokenizer's vocabulary"):
         _build(tmp_path / "o", tmp_path / "big.bin", row_tokens=2)
+
+
+@pytest.mark.parametrize("pointer,message", [(-4, "negative sequence lengths or pointers"),
+                                             (2**63 - 4, "points past its end")])
+def test_a_megatron_pointer_outside_the_bin_file_is_refused(tmp_path: Path, pointer: int, message: str) -> None:
+    from openrecipes.data.megatron_indexed import _PREAMBLE
+
+    _megatron_dataset(tmp_path / "c", [np.arange(5), np.arange(7)], np.int32)  # 3 sequences
+    raw = bytearray((tmp_path / "c.idx").read_bytes())
+    last_pointer = _PREAMBLE + 4 * 3 + 8 * 2  # read as tokens[-1:0] (nothing) or past the end: never silently
+    raw[last_pointer:last_pointer + 8] = pointer.to_bytes(8, "little", signed=True)
+    (tmp_path / "c.idx").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=message):
+        read_indexed(tmp_path / "c")

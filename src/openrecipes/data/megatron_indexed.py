@@ -105,10 +105,11 @@ def read_indexed(path: str | Path) -> IndexedDocuments:
     doc_index = np.frombuffer(raw, dtype="<i8", count=n_doc_index, offset=offset).astype(np.int64)
     if n_doc_index < 1 or doc_index[0] != 0 or doc_index[-1] != n_seq or np.any(np.diff(doc_index) < 0):
         raise ValueError(f"{idx}: the document index must rise from 0 to the sequence count {n_seq}")
-    if np.any(lengths < 0) or np.any(pointers % dtype.itemsize):
-        raise ValueError(f"{idx}: negative sequence lengths or pointers not aligned to {dtype} tokens")
+    if np.any(lengths < 0) or np.any(pointers < 0) or np.any(pointers % dtype.itemsize):
+        raise ValueError(f"{idx}: negative sequence lengths or pointers, or pointers not aligned to {dtype} tokens")
     bin_bytes = bin_.stat().st_size
-    if n_seq and int((pointers + lengths * dtype.itemsize).max()) > bin_bytes:
+    # pointers first: a pointer near 2**63 would wrap the sum below round to a negative end
+    if n_seq and (int(pointers.max()) > bin_bytes or int((pointers + lengths * dtype.itemsize).max()) > bin_bytes):
         raise ValueError(f"{bin_}: {bin_bytes} bytes, but {idx} points past its end")
     count = bin_bytes // dtype.itemsize  # a trailing partial token is never pointed at (checked above)
     tokens = (np.memmap(bin_, dtype=dtype.newbyteorder("<"), mode="r", shape=(count,)) if count

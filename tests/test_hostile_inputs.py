@@ -164,3 +164,27 @@ def test_a_recipe_field_the_run_cannot_take_as_written_is_refused_by_name(overri
     example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
     with pytest.raises(ValueError, match=message):
         load_recipe(example, [override])
+
+
+def _data_build(capsys, source, out):
+    return _run(capsys, "data", "build", str(source), "--loss-mask", "qwen3", "--row-tokens", "64", "--out", str(out),
+                "--no-progress")
+
+
+def test_a_link_loop_or_a_name_too_long_is_one_line(tmp_path, capsys):
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    code, err = _data_build(capsys, tmp_path / "a.jsonl", tmp_path / "rows")
+    assert code == 2 and len(err.splitlines()) == 1 and "a.jsonl" in err, err
+    code, err = _data_build(capsys, tmp_path / ("x" * 300 + ".jsonl"), tmp_path / "rows")
+    assert code == 2 and len(err.splitlines()) == 1 and "File name too long" in err, err
+
+
+@pytest.mark.parametrize("name", ["a\nopenrecipes data: error: all is well.jsonl", "t\x1b]0;pwned\x07\x1b[2J.jsonl"])
+def test_a_hostile_file_name_can_neither_add_a_line_nor_drive_the_terminal(tmp_path, capsys, name):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / name).write_text("{bad json\n")
+    code, err = _data_build(capsys, folder, tmp_path / "rows")
+    assert code == 2 and len(err.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
+    assert "malformed JSON" in err

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from openrecipes.utils import register_modules
+from openrecipes.utils import one_line, register_modules
 
 # verb -> module that registers it; order is the order shown in --help
 VERB_MODULES: dict[str, str] = {
@@ -88,10 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         # to /dev/null so the interpreter's final flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13  # what a process ended by SIGPIPE reports
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-            PermissionError) as error:
-        # user errors: one clear line naming the field or file, no traceback
-        print(f"openrecipes {args.verb}: error: {error}", file=sys.stderr)
+    except (ValueError, OSError) as error:
+        # user errors, a path the system refuses included (a link loop, a name too long): one clear line naming the
+        # field or file, no traceback; a name's line breaks and terminal controls are escaped, so it can neither
+        # add a line nor drive the terminal
+        print(f"openrecipes {args.verb}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        if not str(error).startswith("Symlink loop from "):  # pathlib's resolve() on a link loop (Python < 3.13)
+            raise
+        print(f"openrecipes {args.verb}: error: {one_line(error)}", file=sys.stderr)
         return 2
 
 

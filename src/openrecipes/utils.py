@@ -88,13 +88,15 @@ def _outside_reason(name: Any, plain_name: bool) -> str | None:
 
 
 def one_line(text: Any) -> str:
-    """Text from an input (a key, a template's message) as it may stand inside a one-line error: its line breaks
-    written as escapes, so it can never add a line of its own."""
-    return str(text).translate(_LINE_BREAKS)
+    """Text from an input (a key, a template's message, a file name) as it may stand inside a one-line error: its
+    line breaks and control characters written as escapes, so it can neither add a line of its own nor move the
+    cursor, clear the screen or retitle the terminal."""
+    return str(text).translate(_CONTROLS)
 
 
-# every character str.splitlines breaks at, as its escape
-_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+# every character str.splitlines breaks at and every other control character but the tab (C0, DEL, C1), as its escape
+_CONTROLS = {ord(c): repr(c)[1:-1] for c in ["\u2028", "\u2029"] + [chr(n) for n in (*range(32), *range(127, 160))
+                                                                       if n != 9]}
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:

@@ -88,8 +88,9 @@ def test_verify_parity_without_safetensors_names_the_directory(tmp_path, capsys)
     ("{{ ('x\n' * 8000000) | indent(1000) }}", ["indent filter"]),
     ("{{ '%0300000000d' % 1 }}", ["'%'"]),
     ("{{ '{:>300000000}'.format('x') }}", ["str.format"]),
+    ("{% set a = [1] * 5000 %}{{ ([a] * 5000) | sum(start=[]) | length }}", ["sum filter"]),
 ], ids=["range 10**12", "nested ranges", "repeated string", "power", "endless macro", "doubled by ~",
-        "doubled by +", "center", "indent", "percent padding", "format padding"])
+        "doubled by +", "center", "indent", "percent padding", "format padding", "sum of lists"])
 def test_a_template_without_bounds_is_stopped(tmp_path, capsys, template, names):
     path = tmp_path / "t.jinja"
     path.write_text(template + "\n")
@@ -156,3 +157,14 @@ def test_card_validate_on_deep_yaml_names_the_line(tmp_path, capsys, nesting):
     card.write_text(nesting + "\n")
     # card validate reports each problem as FILE:LINE: message, the way compilers do
     _one_line_error(capsys, ["card", "validate", card], "nesting deeper than", prefix=f"{card}:1:")
+
+
+def test_the_bounded_sum_filter_sums_as_jinja_does():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from openrecipes.data.template_sandbox import BoundedSandbox
+
+    source = ("{{ [[1], [2, 3]] | sum(start=[]) }} {{ [(1,), (2,)] | sum(start=()) }} {{ [1, 2.5] | sum }} "
+              "{{ [{'a': 1}, {'a': 2}] | sum(attribute='a') }} {{ [] | sum(start=[]) }}")
+    assert BoundedSandbox().from_string(source).render() == ImmutableSandboxedEnvironment().from_string(
+        source).render()

@@ -5,8 +5,8 @@ it from reaching Python objects, but not from running forever or filling memory:
 stops at 100,000 items per call, with an OverflowError; nested loops multiply), ``"x" * 10**10``, ``9**9**9``, a
 string doubled by ``~`` or ``+`` forty times, ``'x'|center(10**9)`` or ``'%0999999999d' % 1``. Here every rendering
 has a budget of loop steps that every ``range()`` draws from; ``*``, ``+``, ``~`` and ``**`` refuse results over a
-size limit before building them, and so do the padding of ``%``, ``str.format`` and the filters that take a width;
-what is left (memory the machine does not have) is refused as such; and in the main thread a rendering that runs
+size limit before building them, and so do the padding of ``%``, ``str.format``, the filters that take a width and
+a sum of lists; what is left (memory the machine does not have) is refused as such; and in the main thread a rendering that runs
 past ``RENDER_SECONDS`` is stopped (loops over other sequences take no budget). Each bound ends in one
 ``chat template:`` ValueError.
 """
@@ -14,6 +14,7 @@ past ``RENDER_SECONDS`` is stopped (loops over other sequences take no budget). 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 import signal
@@ -21,7 +22,9 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Iterator
 
+from jinja2 import pass_environment
 from jinja2.compiler import CodeGenerator, Frame
+from jinja2.filters import make_attrgetter
 from jinja2.nodes import Concat
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -126,6 +129,21 @@ def _format_size(value: Any, *args: Any, **kwargs: Any) -> int:
     return 0
 
 
+def _bounded_sum(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
+    """Jinja's ``sum`` filter, with a sum of lists or tuples (``start=[]``) built once, in linear time and within the
+    size limit: Python's ``sum`` copies the growing list for every item, one C call the time limit cannot stop."""
+    values = list(iterable)
+    if attribute is not None:
+        getter = make_attrgetter(environment, attribute)
+        values = [getter(value) for value in values]
+    if isinstance(start, (list, tuple)):
+        if not all(type(value) is type(start) for value in values):  # what sum would raise, after its copies
+            raise TypeError(f"the sum filter adds {type(start).__name__}s only to {type(start).__name__}s")
+        _too_long("the sum filter", len(start) + sum(len(value) for value in values))
+        return type(start)(itertools.chain(start, *values))
+    return sum(values, start)
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox with ``*``, ``+``, ``%``, ``**``, ``~``, ``str.format`` and the width-taking filters
     checked before they build anything, and a budgeted ``range``."""
@@ -139,6 +157,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.bounded_concat = _bounded_concat
         for name, size in (("indent", _indent_size), ("center", _center_size), ("format", _format_size)):
             self.filters[name] = _width_checked(name, self.filters[name], size)
+        self.filters["sum"] = pass_environment(_bounded_sum)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*" and _too_big_product(left, right):

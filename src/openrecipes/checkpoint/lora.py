@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -153,25 +153,38 @@ def _read_adapter(adapter: Path) -> tuple[AdapterConfig, dict[str, torch.Tensor]
     return read_adapter_config(config_path), read_adapter_tensors(weights_path)
 
 
-def _deltas(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
-    """HF parameter name -> s · B A (fp32), from PEFT tensors; an expert parameter's delta is (E, out, in)."""
+def _deltas(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: Path, *, modules: set[str],
+            values_of: Callable[[str], int]) -> dict[str, torch.Tensor]:
+    """HF parameter name -> s · B A (fp32), from PEFT tensors; an expert parameter's delta is (E, out, in).
+    ``modules``: the base's modules (every dotted prefix of its tensor names); ``values_of``: how many values the
+    base holds for an HF parameter. A product larger than that is refused before it is built (factors of a million
+    rows would make terabytes)."""
     deltas: dict[str, torch.Tensor] = {}
-    for factors in adapter_factors(config, tensors, source):
+    for factors in adapter_factors(config, tensors, source, modules):
         A, B = factors.A.double(), factors.B.double()
+        experts = A.shape[0] // factors.rank if factors.experts else 1
+        if experts * B.shape[0] * A.shape[1] > values_of(factors.target):
+            raise ValueError(f"{source}: the adapter of {factors.target} (lora_A {tuple(A.shape)}, lora_B "
+                             f"{tuple(B.shape)}) changes more values than the base holds there")
         if factors.experts:
-            E = A.shape[0] // factors.rank
-            A_E = A.reshape(E, factors.rank, A.shape[1])
-            B_E = B.reshape(B.shape[0], factors.rank, E).permute(2, 0, 1)
+            A_E = A.reshape(experts, factors.rank, A.shape[1])
+            B_E = B.reshape(B.shape[0], factors.rank, experts).permute(2, 0, 1)
             deltas[factors.target] = (torch.bmm(B_E, A_E) * factors.scaling).float()
         else:
             deltas[factors.target] = (B @ A * factors.scaling).float()
     return deltas
 
 
+def _dotted_prefixes(names: Iterable[str]) -> set[str]:
+    """Every module a tensor name lies in: ``a.b.c.weight`` -> ``a``, ``a.b``, ``a.b.c``."""
+    parts = (name.split(".") for name in names)
+    return {".".join(split[:end]) for split in parts for end in range(1, len(split))}
+
+
 def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Write base + s·BA as a Hugging Face checkpoint directory ``out``; return a summary."""
     from openrecipes.checkpoint.hf import from_hf, save_hf
-    from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER
+    from openrecipes.checkpoint.safetensors_io import HF_MARKER, HF_WRITER, HFCheckpoint
     from openrecipes.utils import check_output_dir
 
     adapter = Path(adapter)
@@ -179,10 +192,16 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
     inputs = (base, adapter)
     check_output_dir(out, marker=HF_MARKER, writer=HF_WRITER, overwrite=overwrite, inputs=inputs)  # before reading
     config, tensors = _read_adapter(adapter)
-    deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE)
     model = from_hf(base)
-    family = family_for_config(model.config)
     native = dict(model.named_parameters())
+    family = family_for_config(model.config)
+    largest = max(param.numel() for param in native.values())
+
+    def values_of(name: str) -> int:  # a name the base lacks: bounded by its largest tensor, then named below
+        return sum(native[target].numel() for target, _ in family.native_parts(name) if target in native) or largest
+
+    deltas = _deltas(config, tensors, adapter / WEIGHTS_FILE, modules=_dotted_prefixes(HFCheckpoint(base).keys()),
+                     values_of=values_of)
     with torch.no_grad():
         for name, delta in deltas.items():
             # an expert delta is (E, out, in); the native gate and up take their rows of gate_up_proj's
@@ -193,7 +212,12 @@ def merge_lora(base: str | Path, adapter: str | Path, out: str | Path, *, overwr
                     raise ValueError(f"{adapter / WEIGHTS_FILE}: the adapter changes {target} "
                                      f"{tuple(value.shape)}, which {base} does not have in that shape")
                 param = native[target]
-                param.copy_((param.double() + value.double()).to(param.dtype))
+                merged = (param.double() + value.double()).to(param.dtype)
+                if not bool(torch.isfinite(merged).all()):  # a huge lora_alpha or factors: inf in the merged weight
+                    raise ValueError(f"{adapter / WEIGHTS_FILE}: merging makes {target} non-finite in "
+                                     f"{str(param.dtype).removeprefix('torch.')} (scaled by lora_alpha "
+                                     f"{config.alpha} / r {config.r}); nothing written")
+                param.copy_(merged)
     save_hf(model, out, overwrite=overwrite, inputs=inputs)
     return {"base": str(base), "adapter": str(adapter), "out": str(out), "merged_tensors": len(deltas),
             "r": config.r, "lora_alpha": config.alpha}

@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -304,12 +304,18 @@ def _pair(path: Path, config: AdapterConfig, module: str, hops: int, A: torch.Te
     return Factors(f"{module}.{MATRIX_PARAMETER}", A, B, r, scaling, experts=False)
 
 
-def adapter_factors(config: AdapterConfig, tensors: dict[str, torch.Tensor], path: str | Path) -> list[Factors]:
-    """Each A/B pair of ``tensors`` with the parameter it changes and its scale, checked against ``config``."""
+def adapter_factors(config: AdapterConfig, tensors: dict[str, torch.Tensor], path: str | Path,
+                    modules: Collection[str] | None = None) -> list[Factors]:
+    """Each A/B pair of ``tensors`` with the parameter it changes and its scale, checked against ``config``;
+    with ``modules`` (the base model's module names), a pair for a module outside them is refused before the
+    config's patterns are matched against its name (a name from the file, so a pattern could backtrack on it
+    without end)."""
     path = Path(path)
     pairs: dict[tuple[str, int], dict[str, str]] = {}
     for key in tensors:
         module, hops, factor = _split_key(path, key)
+        if modules is not None and module not in modules:
+            raise ValueError(f"{path}: tensor {key!r}: the base model has no module {module!r}")
         pairs.setdefault((module, hops), {})[factor] = key
     factors = []
     for (module, hops), keys in sorted(pairs.items()):

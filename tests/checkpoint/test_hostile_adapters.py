@@ -54,3 +54,8 @@ def test_a_module_the_base_lacks_is_refused_before_a_pattern_meets_its_name(save
     adapter = _adapter(tmp_path / "adapter", {"r": 2, "lora_alpha": 4.0, "target_modules": "(a+)+"},
                        {f"{module}.lora_A.weight": torch.zeros(2, 8), f"{module}.lora_B.weight": torch.zeros(8, 2)})
     _refused(saved[0], adapter, tmp_path / "merged", capsys, "the base model has no module 'aaaa")
+
+
+def test_an_adapter_without_tensors_is_refused(saved, tmp_path, capsys):  # noqa: F811
+    adapter = _adapter(tmp_path / "adapter", {"r": 2, "lora_alpha": 4.0, "target_modules": ["q_proj"]}, {})
+    _refused(saved[0], adapter, tmp_path / "merged", capsys, "holds no LoRA tensors")

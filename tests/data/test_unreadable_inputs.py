@@ -47,6 +47,20 @@ def _tokenizer_config_list(tmp: Path) -> tuple[Path, list[str]]:
     return _conversations(tmp), ["--tokenizer", str(tmp / "tok")]
 
 
+def _named_template_null(tmp: Path) -> tuple[Path, list[str]]:
+    shutil.copytree(TOKENIZER, tmp / "tok")
+    (tmp / "tok" / "chat_template.jinja").unlink()
+    (tmp / "tok" / "tokenizer_config.json").write_text('{"chat_template": [{"name": "default", "template": null}]}')
+    return _conversations(tmp), ["--tokenizer", str(tmp / "tok")]
+
+
+def _tokenizer_config_a_folder(tmp: Path) -> tuple[Path, list[str]]:
+    shutil.copytree(TOKENIZER, tmp / "tok")
+    (tmp / "tok" / "tokenizer_config.json").unlink(missing_ok=True)
+    (tmp / "tok" / "tokenizer_config.json").mkdir()
+    return _conversations(tmp), ["--tokenizer", str(tmp / "tok")]
+
+
 def _template_not_utf8(tmp: Path) -> tuple[Path, list[str]]:
     (tmp / "t.jinja").write_bytes(b"\xff{{ messages }}")
     return _conversations(tmp), ["--chat-template", str(tmp / "t.jinja")]
@@ -82,6 +96,8 @@ CASES = {
     "a document with a lone surrogate": (_surrogate_document, "docs.jsonl line 1: 'text' holds"),
     "an integer past Python's digits": (_huge_integer, "big.jsonl line 1: unreadable JSON"),
     "tokenizer_config.json a list": (_tokenizer_config_list, "tokenizer_config.json: a tokenizer config is a JSON"),
+    "a named default template of null": (_named_template_null, "'default' entry has no string 'template'"),
+    "tokenizer_config.json a folder": (_tokenizer_config_a_folder, "tokenizer_config.json: not a regular file"),
     "a template file not UTF-8": (_template_not_utf8, "t.jinja: not UTF-8 text"),
     "a template writing a lone surrogate": (_template_writes_a_surrogate, ".jsonl line 3: the chat template's "
                                                                           "output holds"),

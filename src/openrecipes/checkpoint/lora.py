@@ -150,7 +150,10 @@ def _read_adapter(adapter: Path) -> tuple[AdapterConfig, dict[str, torch.Tensor]
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found (a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE})")
-    return read_adapter_config(config_path), read_adapter_tensors(weights_path)
+    tensors = read_adapter_tensors(weights_path)
+    if not tensors:  # a merge of nothing would write a copy of the base under the adapter's name
+        raise ValueError(f"{weights_path}: holds no LoRA tensors, so there is nothing to merge")
+    return read_adapter_config(config_path), tensors
 
 
 def _deltas(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: Path, *, modules: set[str],

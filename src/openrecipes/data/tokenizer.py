@@ -69,7 +69,9 @@ def _template_from_config(config: dict[str, Any], path: Path) -> str | None:
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
         for entry in template:
             if isinstance(entry, dict) and entry.get("name") == "default":
-                return str(entry.get("template"))
+                if not isinstance(entry.get("template"), str):  # str() made null the template text "None"
+                    raise ValueError(f"{path}: chat_template's 'default' entry has no string 'template'")
+                return entry["template"]
         raise ValueError(f"{path}: chat_template is a list without a 'default' entry")
     raise ValueError(f"{path}: chat_template must be a string or a list of named templates")
 
@@ -107,6 +109,9 @@ def load_tokenizer(directory: str | Path) -> TokenizerBundle:
     hashes = {"tokenizer.json": sha256_file(tokenizer_json)}
     config: dict[str, Any] = {}
     config_path = directory / "tokenizer_config.json"
+    for optional in (config_path, directory / "chat_template.jinja"):  # a folder or a pipe there is no such file
+        if optional.exists() and not optional.is_file():
+            raise ValueError(f"{optional}: not a regular file")
     if config_path.is_file():
         try:
             config = json.loads(config_path.read_text(encoding="utf-8"))

@@ -296,3 +296,10 @@ def test_outputs_get_the_modes_a_plain_open_and_mkdir_give(tmp_path, umask):
     assert stat.S_IMODE((tmp_path / "file.txt").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE((tmp_path / "out" / "inner.json").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~umask
+
+
+def test_an_output_under_a_file_is_named_by_its_option(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NotADirectoryError, match=r"--out: .*notes\.txt is not a directory, so .* cannot be made"):
+        check_output_dir(tmp_path / "notes.txt" / "rows", marker=".m", writer="w", overwrite=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

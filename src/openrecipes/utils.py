@@ -259,6 +259,9 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
     check_apart_from_inputs(target, inputs, option=option)
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{option}: {target} exists and is not a directory")
+    existing = next((parent for parent in target.absolute().parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise NotADirectoryError(f"{option}: {existing} is not a directory, so {target} cannot be made in it")
     if not target.exists() or not any(target.iterdir()):
         return
     if not (target / marker).is_file():  # --overwrite would not replace it either: say so first

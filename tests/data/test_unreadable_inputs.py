@@ -61,6 +61,11 @@ def _tokenizer_config_a_folder(tmp: Path) -> tuple[Path, list[str]]:
     return _conversations(tmp), ["--tokenizer", str(tmp / "tok")]
 
 
+def _text_part_without_text(tmp: Path) -> tuple[Path, list[str]]:
+    turn = {"role": "user", "content": [{"type": "text", "txt": "hi"}]}
+    return _jsonl(tmp / "parts.jsonl", json.dumps({"messages": [turn, REPLY]}) + "\n"), []
+
+
 def _template_not_utf8(tmp: Path) -> tuple[Path, list[str]]:
     (tmp / "t.jinja").write_bytes(b"\xff{{ messages }}")
     return _conversations(tmp), ["--chat-template", str(tmp / "t.jinja")]
@@ -98,6 +103,7 @@ CASES = {
     "tokenizer_config.json a list": (_tokenizer_config_list, "tokenizer_config.json: a tokenizer config is a JSON"),
     "a named default template of null": (_named_template_null, "'default' entry has no string 'template'"),
     "tokenizer_config.json a folder": (_tokenizer_config_a_folder, "tokenizer_config.json: not a regular file"),
+    "a text part without text": (_text_part_without_text, "content part 1 is a text part without a string 'text'"),
     "a template file not UTF-8": (_template_not_utf8, "t.jinja: not UTF-8 text"),
     "a template writing a lone surrogate": (_template_writes_a_surrogate, ".jsonl line 3: the chat template's "
                                                                           "output holds"),

@@ -146,7 +146,10 @@ def _join_parts(content: list[Any], where: str, images: list[str] | None = None)
             texts.append(image_marker(len(images)))
             images.append(image_path(part.get(IMAGE_PART), f"{where}: content part {number}"))
             continue
-        if kind != TEXT_PART or not isinstance(part.get("text"), str):
+        if kind == TEXT_PART and not isinstance(part.get("text"), str):
+            raise InvalidConversation(f"{where}: content part {number} is a text part without a string 'text'",
+                                      "text part without text")
+        if kind != TEXT_PART:
             raise InvalidConversation(f"{where}: content part {number} is {kind!r}; only text parts are read"
                                       + (" and image parts" if images is not None else
                                          " (image parts with an image processor: --image-processor)"),

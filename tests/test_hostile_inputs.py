@@ -1,6 +1,7 @@
 """Inputs that used to end in a traceback get one clear line naming the file, line or field."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,36 @@ def test_a_hostile_file_name_can_neither_add_a_line_nor_drive_the_terminal(tmp_p
     code, err = _data_build(capsys, folder, tmp_path / "rows")
     assert code == 2 and len(err.splitlines()) == 1 and "\x1b" not in err and "\x07" not in err, err
     assert "malformed JSON" in err
+
+
+@pytest.mark.parametrize("value,message", [
+    ("{a: &a [1, 1], b: [*a, *a]}", "anchor '&a' is not allowed"),
+    ("{x: " + "[" * 3000 + "]" * 3000 + "}", "nesting deeper than"),
+    ("!!python/object/apply:os.system [true]", "is not allowed"),
+])
+def test_a_set_value_is_read_as_plain_data(tmp_path, capsys, monkeypatch, value, message):
+    recipe = Path("examples/tiny-qwen3-sft.yaml").resolve()
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(capsys, "train", str(recipe), "--set", f"model_overrides={value}")  # an alias bomb hung
+    assert code == 2 and len(err.splitlines()) == 1 and message in err and "--set model_overrides" in err, err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda text: "- a list\n", "a planner file is a mapping"),
+    (lambda text: text.replace("dense_matmul: ", "dense_matmul: .nan #", 1), "efficiency.dense_matmul: must be a"),
+    (lambda text: "x: !!python/object/apply:os.system [true]\n" + text, "is not allowed"),
+])
+def test_a_hostile_planner_file_is_one_line(tmp_path, capsys, edit, message):
+    from openrecipes.plan.hardware import DEFAULT_PLANNER_FILE
+
+    planner = tmp_path / "planner.yaml"
+    planner.write_text(edit(DEFAULT_PLANNER_FILE.read_text()))
+    code, err = _run(capsys, "plan", "qwen3-moe-tiny", "--gpus", "8xH200", "--top", "1", "--hardware", str(planner))
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("memory", ["nan", "inf"])
+def test_a_gpu_memory_that_is_no_size_is_refused(capsys, memory):
+    code, err = _run(capsys, "plan", "qwen3-moe-tiny", "--gpus", "8xH200", "--top", "1", "--gpu-memory-gib", memory)
+    assert code == 2 and "--gpu-memory-gib: must be a positive number" in err, err

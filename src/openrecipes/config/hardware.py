@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 DEFAULT_HARDWARE_FILE = Path(__file__).with_name("hardware.yaml")
 
@@ -186,11 +185,9 @@ def read_hardware_file(path: str | os.PathLike) -> HardwareTable:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"hardware file {path} not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path}: not valid YAML: {error}") from None
-    return parse_hardware(data, str(path))
+    from openrecipes.config.safe_yaml import load_plain_yaml_file
+
+    return parse_hardware(load_plain_yaml_file(path)[0], str(path))
 
 
 def merge_hardware(base: HardwareTable, extra: HardwareTable) -> HardwareTable:

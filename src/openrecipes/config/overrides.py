@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
+from openrecipes.config.safe_yaml import load_plain_yaml
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -14,10 +14,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ValueError(f"--set {text!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as exc:
-        raise ValueError(f"--set {text!r}: value is not valid YAML ({exc})") from exc
+    # the recipe file's loader: plain data only (no tags, anchors or aliases, bounded depth), one line on error
+    value = load_plain_yaml(raw, source=f"--set {key}")[0] if raw.strip() else ""
     return key.split("."), value
 
 

@@ -49,15 +49,15 @@ class _PlainDataLoader(yaml.SafeLoader):
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            self._fail(event.start_mark, f"alias '*{event.anchor}' is not allowed in a card")
+            self._fail(event.start_mark, f"alias '*{event.anchor}' is not allowed (plain data only)")
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
-            self._fail(event.start_mark, f"anchor '&{anchor}' is not allowed in a card")
+            self._fail(event.start_mark, f"anchor '&{anchor}' is not allowed (plain data only)")
         tag = getattr(event, "tag", None)
         # an explicit tag, even a core one, is never needed by plain data; `!` is the plain
         # non-specific tag a quoted scalar may carry
         if tag is not None and tag != "!":
-            self._fail(event.start_mark, f"tag '{tag}' is not allowed in a card")
+            self._fail(event.start_mark, f"tag '{tag}' is not allowed (plain data only)")
         # PyYAML composes recursively: a document nested thousands deep would end in a RecursionError before
         # _check_depth could name its line, so the depth is also counted here (the one collection more is the
         # collection a scalar at MAX_DEPTH sits in, which _check_depth measures)
@@ -71,13 +71,13 @@ class _PlainDataLoader(yaml.SafeLoader):
         finally:
             self._open_collections -= opens
         if node is not None and node.tag not in ALLOWED_TAGS:
-            self._fail(node.start_mark, f"tag '{node.tag}' is not allowed in a card")
+            self._fail(node.start_mark, f"tag '{node.tag}' is not allowed (plain data only)")
         return node
 
     def flatten_mapping(self, node: MappingNode) -> None:
         for key_node, _ in node.value:
             if key_node.tag == _CORE + "merge":
-                self._fail(key_node.start_mark, "merge key '<<' is not allowed in a card")
+                self._fail(key_node.start_mark, "merge key '<<' is not allowed (plain data only)")
         super().flatten_mapping(node)
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:

@@ -4,6 +4,7 @@ efficiency and overhead data of ``planner.yaml`` (or a file given)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def _build(cls: type, values: dict[str, Any], where: str, **extra: Any) -> Any:
     if missing or unknown:
         raise ValueError(f"{where}: missing {sorted(missing)} / unknown {sorted(unknown)} fields")
     for key, value in values.items():
-        if not isinstance(value, (int, float)) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
     return cls(**values, **extra)
 
@@ -85,8 +86,8 @@ def _planner_gpu(gpu_type: str, extra_gpus: dict[str, Any] | None, source: str, 
     except ValueError as error:
         raise ValueError(f"--gpus: {error}") from None
     if memory_gib is not None:
-        if memory_gib <= 0:
-            raise ValueError(f"--gpu-memory-gib: must be positive, got {memory_gib}")
+        if not math.isfinite(memory_gib) or memory_gib <= 0:
+            raise ValueError(f"--gpu-memory-gib: must be a positive number, got {memory_gib}")
         gpu = dataclasses.replace(gpu, memory_gib=memory_gib)
     missing = [key for key in LINK_AND_MEMORY_FIELDS if getattr(gpu, key) is None]
     if missing:
@@ -98,16 +99,19 @@ def _planner_gpu(gpu_type: str, extra_gpus: dict[str, Any] | None, source: str, 
 def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: float | None = None) -> Hardware:
     """The planner's record for ``gpu_type`` (case-insensitive); ``memory_gib`` overrides its memory. ``path`` is a
     planner file (efficiency, memory, cpu_optimizer, openrecipes_engine) that may also add or replace ``gpus``."""
-    import yaml
+    from openrecipes.config.safe_yaml import load_plain_yaml_file
 
     source = Path(path) if path else DEFAULT_PLANNER_FILE
     if not source.exists():
         raise FileNotFoundError(f"hardware file {source} not found")
-    raw = yaml.safe_load(source.read_text()) or {}
+    raw = load_plain_yaml_file(source)[0]
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a planner file is a mapping (gpus, efficiency, memory, cpu_optimizer), not a "
+                         f"{type(raw).__name__}")
     gpu = _planner_gpu(gpu_type, raw.get("gpus"), str(source), memory_gib)
     cpu = _section(raw, "cpu_optimizer", str(source))
     rate = cpu.get("elements_per_s_per_rank")
-    if not isinstance(rate, (int, float)) or rate <= 0:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise ValueError(f"{source.name}: cpu_optimizer.elements_per_s_per_rank must be a positive number")
     return Hardware(
         gpu=gpu,

@@ -222,3 +222,23 @@ def test_a_hostile_planner_file_is_one_line(tmp_path, capsys, edit, message):
 def test_a_gpu_memory_that_is_no_size_is_refused(capsys, memory):
     code, err = _run(capsys, "plan", "qwen3-moe-tiny", "--gpus", "8xH200", "--top", "1", "--gpu-memory-gib", memory)
     assert code == 2 and "--gpu-memory-gib: must be a positive number" in err, err
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"num_hidden_layers": 10**9}, r"num_hidden_layers: expected 1 to 10,000"),  # built layer by layer: it hung
+    ({"mlp_only_layers": ["a"]}, r"mlp_only_layers: expected tuple\[int, ...\], got \['a'\]"),
+    ({"mlp_only_layers": 5}, r"mlp_only_layers: expected tuple\[int, ...\], got 5"),
+    ({"sliding_window": "x"}, r"sliding_window: expected int \| None, got 'x'"),
+])
+def test_a_model_override_of_another_type_is_refused_by_name(overrides, message):
+    from openrecipes.models.resolve import resolve_model_config
+
+    with pytest.raises(ValueError, match=rf"model_overrides\.{message}"):
+        resolve_model_config("qwen3-moe-tiny", overrides=overrides)
+
+
+def test_a_list_override_of_a_tuple_field_stays_a_tuple():
+    from openrecipes.models.resolve import resolve_model_config
+
+    config = resolve_model_config("qwen3-moe-tiny", overrides={"mlp_only_layers": [0], "sliding_window": 64})
+    assert config.mlp_only_layers == (0,) and config.sliding_window == 64

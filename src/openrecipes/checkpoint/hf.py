@@ -17,7 +17,8 @@ from openrecipes.models.common.mxfp4 import dequantize_mxfp4
 from openrecipes.models.common.kernels import KernelOptions
 from openrecipes.models.common.precision import fp32_parameter_names
 from openrecipes.models.families import ModelFamily, family_for_config
-from openrecipes.models.resolve import HF_CONFIG_FILE, config_from_hf_fields, resolve_model_config
+from openrecipes.models.resolve import (HF_CONFIG_FILE, MAX_DECLARED_LAYERS, config_from_hf_fields,
+                                        resolve_model_config)
 from openrecipes.utils import one_line
 
 
@@ -97,9 +98,6 @@ def build_on_meta(source: str | Path, family: ModelFamily, config: Any, **option
                          f"({type(error).__name__}: {one_line(first)[:200]})") from None
 
 
-# a count no checkpoint without layer tensors may declare: building its config alone would take minutes (published
-# models have under 200 layers)
-MAX_DECLARED_LAYERS = 10_000
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 

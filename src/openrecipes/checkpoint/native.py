@@ -169,7 +169,8 @@ def _check_model_tensors(state: dict[str, torch.Tensor], raw_config: dict, sourc
     """The tensors are exactly those of the model config.json describes, as an import reads it (text-only or full,
     MTP layers held or not), with its shapes: a tensor taken out of the manifest, checksums recomputed, is named
     here instead of being left out of the export."""
-    from openrecipes.checkpoint.hf import MAX_DECLARED_LAYERS, build_on_meta, declared_layers
+    from openrecipes.checkpoint.hf import build_on_meta, declared_layers
+    from openrecipes.models.resolve import MAX_DECLARED_LAYERS
     from openrecipes.models.resolve import config_from_hf_fields
 
     layers = declared_layers(raw_config)

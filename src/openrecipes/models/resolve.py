@@ -5,6 +5,8 @@ training checkpoint, the tuner and the card checks all ask this module; it takes
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -60,6 +62,11 @@ def resolve_model_config(model: str, *, overrides: Mapping[str, Any] | None = No
     return with_overrides(config, overrides or {})
 
 
+# a layer count no config may declare without the tensors to show for it: building such a config alone takes
+# minutes (published models have under 200 layers)
+MAX_DECLARED_LAYERS = 10_000
+
+
 def with_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     """``config`` with ``overrides`` (``model_overrides``) replacing its fields; an unknown field, or a value of
     another type than the one it replaces, is an error naming the field."""
@@ -69,9 +76,50 @@ def with_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"model_overrides: unknown config field(s) {unknown}")
+    hints = typing.get_type_hints(type(config))
+    values = {}
     for key, value in overrides.items():
         _check_override(key, value, getattr(config, key))
-    return dataclasses.replace(config, **overrides)
+        if not _fits(value, hints.get(key, Any)):
+            raise ValueError(f"model_overrides.{key}: expected {_spoken(hints[key])}, got {value!r}")
+        # YAML has lists only: a tuple field keeps its kind
+        values[key] = tuple(value) if isinstance(value, list) and tuple in _kinds(hints.get(key)) else value
+    layers = values.get("num_hidden_layers")
+    if isinstance(layers, int) and not 0 < layers <= MAX_DECLARED_LAYERS:
+        raise ValueError(f"model_overrides.num_hidden_layers: expected 1 to {MAX_DECLARED_LAYERS:,}, got {layers}")
+    return dataclasses.replace(config, **values)
+
+
+def _kinds(hint: Any) -> set[Any]:
+    """The containers ``hint`` (or any member of its union) names."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return set().union(*(_kinds(arg) for arg in typing.get_args(hint)))
+    return {typing.get_origin(hint)}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """``value`` (plain data from YAML) is of the annotated type: scalars, None, unions, lists and tuples of them,
+    literals; any other annotation (a nested config, a mapping) is left to the config's own checks."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint in (bool, int, float, str):
+        return (isinstance(value, bool) == (hint is bool)
+                and isinstance(value, (int, float) if hint is float else hint))
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple):
+        item = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(_fits(element, item) for element in value)
+    return True
+
+
+def _spoken(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("NoneType", "None")
 
 
 _OVERRIDE_TYPES = ((bool, (bool,), "true or false"), (int, (int,), "an integer"), (float, (int, float), "a number"),

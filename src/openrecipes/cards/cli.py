@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -137,6 +138,24 @@ def _schema(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
+        _check_schema_out(args.out, json.loads(text)["title"])
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
     return 0
+
+
+def _check_schema_out(out: Path, title: str) -> None:
+    """``--out`` is new, or an earlier schema of the same card (its title): a file of anything else, a recipe
+    included, is not replaced."""
+    from openrecipes.utils import check_output_file
+
+    check_output_file(out, [])
+    if not out.exists():
+        return
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        earlier = None
+    if not isinstance(earlier, dict) or earlier.get("title") != title:
+        raise FileExistsError(f"--out: {out} exists and is not a JSON Schema of the {title}; choose another file "
+                              "or remove it yourself")

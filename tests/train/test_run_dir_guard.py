@@ -86,6 +86,17 @@ def test_train_refuses_a_populated_directory_it_did_not_make(make_recipe, tmp_pa
     assert listing(other) == [("notes.txt", b"mine")]
 
 
+def test_a_rows_folder_of_a_users_files_is_not_a_build_for_the_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    (run / "rows" / "mydata.txt").write_text("mine")  # no data build marker: the user's folder, not the run's rows
+    with pytest.raises(ValueError, match=f"run_dir: .*is not a run directory .*has no {RUN_MARKER}"):
+        claim_run_dir(run, [])
+    assert sorted(p.name for p in run.iterdir()) == ["rows"]  # no marker left to claim the folder later
+    (run / "rows" / "mydata.txt").unlink()
+    assert claim_run_dir(run, []) == run and (run / RUN_MARKER).is_file()  # an empty rows folder is the run's
+
+
 def test_a_run_dir_never_holds_or_sits_inside_what_the_run_reads(make_recipe, rows_dir, tmp_path):
     recipe = make_recipe(steps=1)
     with pytest.raises(ValueError, match="run_dir: .*sits inside the input"):

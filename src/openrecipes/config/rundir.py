@@ -34,6 +34,8 @@ BASE_EXPORT_DIR = "base"
 HF_EXPORT_DIR = "hf"              # the last save as a Hugging Face directory (checkpoint.export_hf)
 STARTUP_FILE = "startup.json"     # seconds of each phase before the first step finished (train/startup.py)
 RUN_MARKER = ".openrecipes-run"   # written when train takes a directory: a populated one without it is not trained into
+# marks an output directory as a data build's (a run's rows among them), so --overwrite may replace it, nothing else
+DATA_MARKER = ".openrecipes-data"
 
 
 # a save's directory inside CHECKPOINTS_DIR: the step it holds (0-based), six digits or more
@@ -75,6 +77,11 @@ def is_run_directory(path: str | os.PathLike) -> bool:
     return isinstance(written, dict) and all(key in written for key in _TRAIN_RUN_FILE_KEYS)
 
 
+def _built_rows(path: Path) -> bool:
+    """``path`` is the rows folder a build made for the run beforehand (empty, or marked by ``data build``)."""
+    return path.name == ROWS_DIR and path.is_dir() and (not any(path.iterdir()) or (path / DATA_MARKER).is_file())
+
+
 def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | None]) -> Path:
     """Create (or take again) the run directory and mark it, before anything is written into it; returns it.
 
@@ -92,7 +99,7 @@ def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | N
     above = next((p for p in target.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         raise ValueError(f"run_dir: {run_dir} lies under {above}, which is a file, not a directory")
-    if target.is_dir() and any(p.name != ROWS_DIR for p in target.iterdir()) and not is_run_directory(target):
+    if target.is_dir() and any(not _built_rows(p) for p in target.iterdir()) and not is_run_directory(target):
         raise ValueError(f"run_dir: {run_dir} is not empty and is not a run directory (it has no {RUN_MARKER}); "
                          "choose a new or empty directory")
     target.mkdir(parents=True, exist_ok=True)

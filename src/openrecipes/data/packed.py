@@ -17,11 +17,10 @@ from openrecipes.data.chat_input import ChatInput
 from openrecipes.data.manifest import FORMAT, MAX_TOKEN_ID, ROWS_FILE, ROWS_SHA256_DEFINITION, RowsWriter
 from openrecipes.data.packing import RowPacker
 from openrecipes.data.stream import Piece
+from openrecipes.config.rundir import DATA_MARKER
 from openrecipes.utils import sha256_file
 
 MAX_INVALID_EXAMPLES = 20
-# marks an output directory as a build's, so --overwrite may replace it (and nothing else)
-DATA_MARKER = ".openrecipes-data"
 WRITER = "openrecipes data build"
 
 

@@ -242,3 +242,12 @@ def test_a_list_override_of_a_tuple_field_stays_a_tuple():
 
     config = resolve_model_config("qwen3-moe-tiny", overrides={"mlp_only_layers": [0], "sliding_window": 64})
     assert config.mlp_only_layers == (0,) and config.sliding_window == 64
+
+
+@pytest.mark.parametrize("value", [1e999, [1], "abc", -5, 2.5, True])
+def test_a_rows_manifest_count_that_is_no_size_is_named(tmp_path, value):
+    from openrecipes.data.manifest import MANIFEST_FILE, read_manifest
+
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"row_tokens": value}))  # 1e999 reads as inf: a traceback
+    with pytest.raises(ValueError, match=rf"{MANIFEST_FILE}: row_tokens: expected an integer of at least 1"):
+        read_manifest(tmp_path)

@@ -145,6 +145,10 @@ def rows_max_token_id(directory: str | Path) -> int:
     return largest
 
 
+# the manifest's counts and their least values
+_COUNTS = {"row_tokens": 1, "rows": 0, "parquet_bytes": 0}
+
+
 def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tokens",),
                   check_parquet: bool = False) -> dict[str, Any]:
     """The manifest of a built rows directory: the only reader of it. ``require`` names keys that must be present;
@@ -161,6 +165,10 @@ def read_manifest(directory: str | Path, *, require: tuple[str, ...] = ("row_tok
     for key in require:
         if manifest.get(key) is None:
             raise ValueError(f"{path}: missing field '{key}'")
+    for key, least in _COUNTS.items():  # read as sizes by every reader: a float, text or 1e999 is no size
+        value = manifest.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{path}: {key}: expected an integer of at least {least}, got {value!r}")
     if check_parquet:
         check_parquet_sha256(parquet_path(directory, manifest), manifest, path)
     return manifest

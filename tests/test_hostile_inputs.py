@@ -251,3 +251,25 @@ def test_a_rows_manifest_count_that_is_no_size_is_named(tmp_path, value):
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"row_tokens": value}))  # 1e999 reads as inf: a traceback
     with pytest.raises(ValueError, match=rf"{MANIFEST_FILE}: row_tokens: expected an integer of at least 1"):
         read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("seed=1000000000000000000000000000000", "seed: Input should be less than or equal to"),
+    ("global_batch=1099511627776", "global_batch: Input should be less than or equal to"),
+    ("steps=1000000000000000000000000000000", "steps: Input should be less than or equal to"),
+    ("distributed_timeout_minutes=1.0e+300", "distributed_timeout_minutes: Input should be less than or equal to"),
+    ("moe.aux_loss_coef=1.0e+308", "moe.aux_loss_coef: Input should be less than or equal to 1"),
+])
+def test_a_size_past_any_run_is_refused_by_its_field(override, message):
+    from openrecipes.config.recipe import load_recipe
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
+    with pytest.raises(ValueError, match=message):  # each failed deep in the run, naming no field, or hung
+        load_recipe(example, [override])
+
+
+def test_epochs_past_any_run_are_refused():
+    from openrecipes.config.epochs import steps_of_epochs
+
+    with pytest.raises(ValueError, match=r"epochs 1e\+308: 64 rows in batches of 8 make more than 1,000,000,000"):
+        steps_of_epochs(1e308, rows=64, global_batch=8)

@@ -10,11 +10,20 @@ import math
 from typing import Any
 
 
+# the most optimizer steps a recipe may ask for (a billion: years of steps on any fleet), so a mistyped count is
+# refused instead of a run that never ends
+MAX_STEPS = 10**9
+
+
 def steps_of_epochs(epochs: float, *, rows: int, global_batch: int) -> int:
     """Whole optimizer steps of ``global_batch`` rows in ``epochs`` passes over ``rows`` rows (at least one): rounded
     down, so no row is trained on more than ``epochs`` times (the rows of an incomplete last batch wait, as with a
     data loader's drop_last)."""
-    return max(1, math.floor(epochs * rows / global_batch + 1e-9))  # 1e-9: 0.3 * 10 / 3 is 0.9999...
+    steps = epochs * rows / global_batch + 1e-9  # 1e-9: 0.3 * 10 / 3 is 0.9999...
+    if not steps <= MAX_STEPS:  # inf included
+        raise ValueError(f"epochs {epochs!r}: {rows} rows in batches of {global_batch} make more than {MAX_STEPS:,} "
+                         "steps")
+    return max(1, math.floor(steps))
 
 
 def _positive_number(value: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
-from openrecipes.config.epochs import epochs_into_steps
+from openrecipes.config.epochs import MAX_STEPS, epochs_into_steps
 from openrecipes.config.hf_names import hf_name_hint, peft_name_hint
 from openrecipes.config.kernel_names import AttentionBackend, ExpertBackend
 from openrecipes.config.recompute_names import RecomputeGranularity
@@ -26,6 +26,11 @@ from openrecipes.config.layout import LayoutConfig, LayoutError, compile_problem
 
 # inf and nan are never a setting: `lr: .inf` or `1e400` would turn every weight into NaN at the first step
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# bounds past any real recipe, so a mistyped size is refused by its field rather than failing deep in a run: rows
+# in a batch or a build (16 M), tokens in a row (16 M), and a seed torch.manual_seed takes (a signed 64-bit value)
+MAX_ROWS = 1 << 24
+MAX_ROW_TOKENS = 1 << 24
+MAX_SEED = 2**63 - 1
 # what the row builder itself hands a chat template (the conversation, its tools, the special tokens, the generation
 # prompt) and jinja's own namespace(): a recipe's or --template-kwargs' variable of these names is refused
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
@@ -56,9 +61,9 @@ class DataBuild(NumbersNotBooleans):
     input: str = "bundled"          # "bundled": the conversations (sft) or documents (pretrain) that ship with openrecipes
     tokenizer: str = "bundled"
     loss_mask: LossMaskName = "qwen3"  # sft only
-    row_tokens: int = Field(..., ge=1)
-    rows: int | None = Field(None, ge=1)
-    seed: int = 42
+    row_tokens: int = Field(..., ge=1, le=MAX_ROW_TOKENS)
+    rows: int | None = Field(None, ge=1, le=MAX_ROWS)
+    seed: int = Field(42, ge=0, le=MAX_SEED)
     # sft only: extra template variables: strings, booleans, lists of strings (gpt-oss's builtin_tools)
     template_kwargs: dict[str, str | StrictBool | list[str]] = Field(default_factory=dict)
     chat_template: str | None = None  # sft only: a built-in name (qwen3, muse_spark) or file instead of the tokenizer's
@@ -154,7 +159,7 @@ class Moe(NumbersNotBooleans):
     model_config = _STRICT
     # weight of the router load-balancing loss (transformers' router_aux_loss_coef, Megatron's moe_aux_loss_coeff),
     # computed as transformers computes it for Qwen3-MoE (models/common/router_loss.py); 0 turns it off
-    aux_loss_coef: float = Field(0.0, ge=0)
+    aux_loss_coef: float = Field(0.0, ge=0, le=1)
 
 
 class Mtp(NumbersNotBooleans):
@@ -291,12 +296,13 @@ class Recipe(NumbersNotBooleans):
     offload: Offload = Field(default_factory=Offload)
     precision: Literal["bf16", "fp32"] = "bf16"
     fp8: Fp8 | None = None                      # FP8 products on top of bf16 (the card says precision fp8)
-    steps: int = Field(..., ge=1)
+    steps: int = Field(..., ge=1, le=MAX_STEPS)
     # passes over data.build.rows instead of steps, turned into steps on load (config/epochs.py)
     epochs: float | None = Field(None, gt=0)
-    global_batch: int = Field(..., ge=1)       # rows per optimizer step
-    seed: int = 0
-    distributed_timeout_minutes: float = Field(10.0, gt=0)  # a collective waiting longer ends the job
+    global_batch: int = Field(..., ge=1, le=MAX_ROWS)       # rows per optimizer step
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    # a collective waiting longer ends the job (a week at most: what a timer of the process group can hold)
+    distributed_timeout_minutes: float = Field(10.0, gt=0, le=7 * 24 * 60)
     # a rank that makes no progress between two steps for longer ends the job (train/heartbeat.py); null: never
     heartbeat_timeout_seconds: float | None = Field(300.0, gt=0)
     run_dir: str = "runs/run"

@@ -273,3 +273,19 @@ def test_epochs_past_any_run_are_refused():
 
     with pytest.raises(ValueError, match=r"epochs 1e\+308: 64 rows in batches of 8 make more than 1,000,000,000"):
         steps_of_epochs(1e308, rows=64, global_batch=8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nnodes", "1", "--node-rank", "5"], "--node-rank: must be below --nnodes (1), got 5"),
+    (["--nproc", "0"], "--nproc: must be at least 1, got 0"),
+])
+def test_a_launch_count_out_of_range_writes_nothing(tmp_path, capsys, monkeypatch, argv, message):
+    recipe = Path("examples/tiny-qwen3-sft.yaml").resolve()
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(capsys, "train", str(recipe), *argv)  # it made the run directory, then named the rows
+    assert code == 2 and message in err and not any(tmp_path.iterdir()), err
+
+
+def test_plan_lora_without_targets_is_refused(capsys):
+    code, err = _run(capsys, "plan", "qwen3-moe-tiny", "--gpus", "8xH200", "--lora-rank", "8", "--lora-targets", ",")
+    assert code == 2 and "--lora-targets: name at least one module" in err, err

@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         from openrecipes.plan.lora import LoraSetup
 
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+        if not targets:  # as a recipe's lora.targets: at least one
+            raise ValueError(f"--lora-targets: name at least one module, got {args.lora_targets!r}")
         lora = LoraSetup(rank=args.lora_rank, targets=targets)
     given = {k: getattr(args, k) for k in _LAYOUT_OPTIONS if getattr(args, k) is not None}
     settings = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None}

@@ -161,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
 
     from openrecipes.checkpoint.hf import recipe_model_config
 
+    counts = (("--nproc", args.nproc, 1), ("--nnodes", args.nnodes, 1), ("--node-rank", args.node_rank, 0))
+    for option, value, least in counts:
+        if value < least:
+            raise ValueError(f"{option}: must be at least {least}, got {value}")
+    if args.node_rank >= args.nnodes:
+        raise ValueError(f"--node-rank: must be below --nnodes ({args.nnodes}), got {args.node_rank}")
     recipe = _load(args)
     config = recipe_model_config(recipe)  # once: every check below and the training in this process take it
     if "WORLD_SIZE" in os.environ:  # a training process torchrun started: it ends with its launcher

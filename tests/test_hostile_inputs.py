@@ -289,3 +289,12 @@ def test_a_launch_count_out_of_range_writes_nothing(tmp_path, capsys, monkeypatc
 def test_plan_lora_without_targets_is_refused(capsys):
     code, err = _run(capsys, "plan", "qwen3-moe-tiny", "--gpus", "8xH200", "--lora-rank", "8", "--lora-targets", ",")
     assert code == 2 and "--lora-targets: name at least one module" in err, err
+
+
+@pytest.mark.parametrize("override", ['run_dir="a\\0b"', 'data.build={input: "x\\0y", row_tokens: 8}'])
+def test_a_nul_in_a_recipe_string_is_named_by_its_field(override):
+    from openrecipes.config.recipe import load_recipe
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
+    with pytest.raises(ValueError, match=r"(run_dir|data\.build\.input): holds a NUL character"):
+        load_recipe(example, [override])

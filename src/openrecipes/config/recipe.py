@@ -313,7 +313,11 @@ class Recipe(NumbersNotBooleans):
 
     @model_validator(mode="before")
     @classmethod
-    def _epochs_into_steps(cls, tree: Any) -> Any:
+    def _checked_tree(cls, tree: Any) -> Any:
+        # a NUL (YAML's "\0") in a path made the system's one-line error name no field
+        key = _first_key(tree, lambda leaf: isinstance(leaf, str) and "\0" in leaf)
+        if key is not None:
+            raise ValueError(f"{key}: holds a NUL character, which no path or name may hold")
         return epochs_into_steps(tree)
 
     @field_validator("model_overrides")
@@ -372,13 +376,18 @@ class Recipe(NumbersNotBooleans):
         return "remainder" if self.optimizer.precision_aware and self.optimizer.param_remainders else "fp32"
 
 
-def _nonfinite_key(value: Any, path: str = "") -> str | None:
+def _nonfinite_key(value: Any) -> str | None:
     """The dotted key of the first inf or nan inside ``value`` (mappings and lists searched), or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    return _first_key(value, lambda leaf: isinstance(leaf, float) and not math.isfinite(leaf))
+
+
+def _first_key(value: Any, bad: Any, path: str = "") -> str | None:
+    """The dotted key of the first leaf inside ``value`` (mappings and lists searched) that ``bad`` holds, or None."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else None
+    if items is None:
+        return path if bad(value) else None
     for key, item in items:
-        found = _nonfinite_key(item, f"{path}.{key}" if path else str(key))
+        found = _first_key(item, bad, f"{path}.{key}" if path else str(key))
         if found is not None:
             return found
     return None

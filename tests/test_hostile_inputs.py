@@ -298,3 +298,16 @@ def test_a_nul_in_a_recipe_string_is_named_by_its_field(override):
     example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
     with pytest.raises(ValueError, match=r"(run_dir|data\.build\.input): holds a NUL character"):
         load_recipe(example, [override])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps: expected a number above 0"),  # each trained to a NaN at step 0
+    ({"rope_theta": 0.0}, "rope_theta: expected a number above 0"),
+    ({"eos_token_id": -5}, "eos_token_id: expected a number of at least 0"),  # each trained to the end
+    ({"max_position_embeddings": -1}, "max_position_embeddings: expected a number above 0"),
+])
+def test_a_model_override_out_of_range_is_refused_by_name(overrides, message):
+    from openrecipes.models.resolve import resolve_model_config
+
+    with pytest.raises(ValueError, match=rf"model_overrides\.{message}"):
+        resolve_model_config("qwen3-moe-tiny", overrides=overrides)

@@ -84,10 +84,24 @@ def with_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
             raise ValueError(f"model_overrides.{key}: expected {_spoken(hints[key])}, got {value!r}")
         # YAML has lists only: a tuple field keeps its kind
         values[key] = tuple(value) if isinstance(value, list) and tuple in _kinds(hints.get(key)) else value
+        if _out_of_range(key, value):
+            least = "above 0" if key in _POSITIVE_FIELDS else "of at least 0"
+            raise ValueError(f"model_overrides.{key}: expected a number {least}, got {value!r}")
     layers = values.get("num_hidden_layers")
     if isinstance(layers, int) and not 0 < layers <= MAX_DECLARED_LAYERS:
         raise ValueError(f"model_overrides.num_hidden_layers: expected 1 to {MAX_DECLARED_LAYERS:,}, got {layers}")
     return dataclasses.replace(config, **values)
+
+
+# fields no model computes at 0 (a division or a log of them)
+_POSITIVE_FIELDS = ("rope_theta", "rms_norm_eps", "initializer_range", "max_position_embeddings")
+
+
+def _out_of_range(key: str, value: Any) -> bool:
+    """A size, id, rate or scale below 0 (or at 0 where the model divides by it): no config a model trains with."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return value < 0 or (value == 0 and key in _POSITIVE_FIELDS)
 
 
 def _kinds(hint: Any) -> set[Any]:

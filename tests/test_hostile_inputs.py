@@ -311,3 +311,11 @@ def test_a_model_override_out_of_range_is_refused_by_name(overrides, message):
 
     with pytest.raises(ValueError, match=rf"model_overrides\.{message}"):
         resolve_model_config("qwen3-moe-tiny", overrides=overrides)
+
+
+def test_a_recipe_that_is_a_pipe_is_refused_without_waiting(tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "r.yaml")  # opening it for reading waited for a writer that never came
+    code, err = _run(capsys, "train", str(tmp_path / "r.yaml"))
+    assert code == 2 and "r.yaml: is not a regular file" in err, err

@@ -182,6 +182,8 @@ def load_plain_yaml_file(path: str | os.PathLike) -> tuple[Any, dict[tuple[Any, 
     path = Path(path)
     if path.is_dir():
         raise UnsafeYamlError(str(path), None, "is a directory, not a YAML file")
+    if path.exists() and not path.is_file():  # a pipe or a device: opening it waits, reading it may never end
+        raise UnsafeYamlError(str(path), None, "is not a regular file")
     size = path.stat().st_size
     with open(path, "rb") as handle:
         # read one byte past the limit: enough to refuse without reading a huge file whole

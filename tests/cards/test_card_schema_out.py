@@ -16,7 +16,8 @@ def test_an_earlier_schema_is_replaced(tmp_path, capsys):
     assert "stale" not in json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("text", ["my notes\n", "name: my recipe\n", json.dumps({"title": "OpenRecipes verification card"})])
+@pytest.mark.parametrize("text", ["my notes\n", "name: my recipe\n",
+                                  json.dumps({"title": "OpenRecipes verification card"})])
 def test_any_other_file_is_kept(tmp_path, capsys, text):
     out = tmp_path / "file"
     out.write_text(text)

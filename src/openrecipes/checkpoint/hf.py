@@ -254,7 +254,8 @@ def from_hf(path: str | Path, *, dtype: torch.dtype | None = None, device: str |
     checkpoint = HFCheckpoint(path)
     family, config = read_config(checkpoint, full=full)
     config = config if keep_mtp else with_mtp(config, False)
-    model = build_on_meta(checkpoint.path / HF_CONFIG_FILE, family, config, dtype=dtype or torch.float32, kernels=kernels or KernelOptions())
+    model = build_on_meta(checkpoint.path / HF_CONFIG_FILE, family, config, dtype=dtype or torch.float32,
+                          kernels=kernels or KernelOptions())
     for name, tensor in iter_native_tensors(checkpoint, family, config):
         module_name, _, param_name = name.rpartition(".")
         owner = model.get_submodule(module_name)

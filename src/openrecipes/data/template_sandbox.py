@@ -6,9 +6,9 @@ stops at 100,000 items per call, with an OverflowError; nested loops multiply), 
 string doubled by ``~`` or ``+`` forty times, ``'x'|center(10**9)`` or ``'%0999999999d' % 1``. Here every rendering
 has a budget of loop steps that every ``range()`` draws from; ``*``, ``+``, ``~`` and ``**`` refuse results over a
 size limit before building them, and so do the padding of ``%``, ``str.format``, the filters that take a width and
-a sum of lists; what is left (memory the machine does not have) is refused as such; and in the main thread a rendering that runs
-past ``RENDER_SECONDS`` is stopped (loops over other sequences take no budget). Each bound ends in one
-``chat template:`` ValueError.
+a sum of lists; what is left (memory the machine does not have) is refused as such; and in the main thread a
+rendering that runs past ``RENDER_SECONDS`` is stopped (loops over other sequences take no budget). Each bound ends
+in one ``chat template:`` ValueError.
 """
 
 from __future__ import annotations

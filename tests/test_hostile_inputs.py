@@ -9,6 +9,15 @@ import torch
 from openrecipes.cli import main
 from openrecipes.parallel.mesh import single_process
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
+
+
+def _example_recipe(*overrides):
+    """The tiny example recipe loaded with ``--set`` ``overrides``."""
+    from openrecipes.config.recipe import load_recipe
+
+    return load_recipe(EXAMPLE, list(overrides))
+
 
 def _run(capsys, *argv):
     code = main(list(argv))
@@ -158,13 +167,8 @@ def test_a_finite_model_override_is_kept_as_written():
     ("debug.profile_timeline=true", "debug: .*profile_timeline: true needs profile_step"),
 ])
 def test_a_recipe_field_the_run_cannot_take_as_written_is_refused_by_name(override, message):
-    from pathlib import Path
-
-    from openrecipes.config.recipe import load_recipe
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
     with pytest.raises(ValueError, match=message):
-        load_recipe(example, [override])
+        _example_recipe(override)
 
 
 def _data_build(capsys, source, out):
@@ -197,7 +201,7 @@ def test_a_hostile_file_name_can_neither_add_a_line_nor_drive_the_terminal(tmp_p
     ("!!python/object/apply:os.system [true]", "is not allowed"),
 ])
 def test_a_set_value_is_read_as_plain_data(tmp_path, capsys, monkeypatch, value, message):
-    recipe = Path("examples/tiny-qwen3-sft.yaml").resolve()
+    recipe = EXAMPLE
     monkeypatch.chdir(tmp_path)
     code, err = _run(capsys, "train", str(recipe), "--set", f"model_overrides={value}")  # an alias bomb hung
     assert code == 2 and len(err.splitlines()) == 1 and message in err and "--set model_overrides" in err, err
@@ -261,11 +265,8 @@ def test_a_rows_manifest_count_that_is_no_size_is_named(tmp_path, value):
     ("moe.aux_loss_coef=1.0e+308", "moe.aux_loss_coef: Input should be less than or equal to 1"),
 ])
 def test_a_size_past_any_run_is_refused_by_its_field(override, message):
-    from openrecipes.config.recipe import load_recipe
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
     with pytest.raises(ValueError, match=message):  # each failed deep in the run, naming no field, or hung
-        load_recipe(example, [override])
+        _example_recipe(override)
 
 
 def test_epochs_past_any_run_are_refused():
@@ -280,7 +281,7 @@ def test_epochs_past_any_run_are_refused():
     (["--nproc", "0"], "--nproc: must be at least 1, got 0"),
 ])
 def test_a_launch_count_out_of_range_writes_nothing(tmp_path, capsys, monkeypatch, argv, message):
-    recipe = Path("examples/tiny-qwen3-sft.yaml").resolve()
+    recipe = EXAMPLE
     monkeypatch.chdir(tmp_path)
     code, err = _run(capsys, "train", str(recipe), *argv)  # it made the run directory, then named the rows
     assert code == 2 and message in err and not any(tmp_path.iterdir()), err
@@ -293,11 +294,8 @@ def test_plan_lora_without_targets_is_refused(capsys):
 
 @pytest.mark.parametrize("override", ['run_dir="a\\0b"', 'data.build={input: "x\\0y", row_tokens: 8}'])
 def test_a_nul_in_a_recipe_string_is_named_by_its_field(override):
-    from openrecipes.config.recipe import load_recipe
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "tiny-qwen3-sft.yaml"
     with pytest.raises(ValueError, match=r"(run_dir|data\.build\.input): holds a NUL character"):
-        load_recipe(example, [override])
+        _example_recipe(override)
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -317,3 +317,39 @@ def test_a_recipe_that_is_a_pipe_is_refused_without_waiting(tmp_path, capsys):
     os.mkfifo(tmp_path / "r.yaml")  # opening it for reading waited for a writer that never came
     code, err = _run(capsys, "train", str(tmp_path / "r.yaml"))
     assert code == 2 and "r.yaml: is not a regular file" in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "convergence", "a.jsonl", "b.jsonl", "--correlation", "nan"], "correlation must be in [-1, 1], got nan"),
+    (["verify", "optimizer", "--lr", "-1"], "argument --lr: -1 is not a finite number > 0"),
+    (["verify", "optimizer", "--weight-decay", "nan"], "argument --weight-decay: nan is not a finite number >= 0"),
+])
+def test_a_verify_setting_out_of_range_is_refused(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)  # nan passed or failed every curve, --lr -1 passed the component test
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 0.9}\n')
+    try:
+        code, err = _run(capsys, *argv)
+    except SystemExit as stop:  # argparse's own refusal
+        code, err = stop.code, capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"step": 0, "loss": 1.0}\n{"step": 1, "loss": \xff}\n', r"a\.jsonl:2: not UTF-8 text"),
+    (b'{"step": 0, "loss": 1.0}\n{"step": 1, "n": ' + b"9" * 5000 + b"}\n", r"a\.jsonl:2: unreadable JSON"),
+])
+def test_an_unreadable_json_line_is_named_by_file_and_line(tmp_path, content, message):
+    from openrecipes.utils import iter_json_lines
+
+    (tmp_path / "a.jsonl").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        list(iter_json_lines(tmp_path / "a.jsonl"))
+
+
+def test_a_csv_field_past_the_csv_limit_is_named(tmp_path):
+    from openrecipes.verify.curves import read_csv_curve
+
+    (tmp_path / "l.csv").write_text("step,loss\n0," + "9" * 200_000 + "\n")  # csv.Error was a traceback
+    with pytest.raises(ValueError, match=r"l\.csv: unreadable CSV"):
+        read_csv_curve(tmp_path / "l.csv")

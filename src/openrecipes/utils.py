@@ -32,8 +32,12 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     ValueError naming the file and line."""
     import json
 
-    with open(path) as handle:
-        for line_no, text in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{line_no}: not UTF-8 text ({error.reason} at byte {error.start})") from None
             if not text.strip():
                 continue
             try:
@@ -42,6 +46,8 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 raise ValueError(f"{path}:{line_no}: malformed JSON: {error.msg}") from None
             except RecursionError:
                 raise ValueError(f"{path}:{line_no}: JSON nested too deeply to read") from None
+            except ValueError as error:  # an integer past Python's digit limit
+                raise ValueError(f"{path}:{line_no}: unreadable JSON ({one_line(error)[:120]})") from None
             if not isinstance(data, dict):
                 raise ValueError(f"{path}:{line_no}: expected a JSON object")
             yield line_no, data

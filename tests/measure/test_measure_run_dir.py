@@ -107,10 +107,11 @@ def test_missing_window_step_is_an_error(tmp_path, run_cli, capsys):
     assert run_cli(["measure", str(run), "--window", "13", "19"]) == 0
 
 
-def test_window_beyond_the_run_is_an_error(tmp_path):
+@pytest.mark.parametrize("last", [19, 10**18])  # 10**18: listing the missing steps never ended
+def test_window_beyond_the_run_is_an_error(tmp_path, last):
     run = make_run(tmp_path / "run", [2.0] * 10)
-    with pytest.raises(ValueError, match="missing step.*--window FIRST LAST"):
-        measure_run_dir(run, window=(5, 19))
+    with pytest.raises(ValueError, match="goes past the last recorded step 9.*--window FIRST LAST"):
+        measure_run_dir(run, window=(5, last))
 
 
 def test_missing_run_json_is_an_error(tmp_path, run_cli, capsys):
@@ -203,3 +204,10 @@ def test_a_cpu_run_is_not_relabelled_as_a_gpu(tmp_path, run_cli, capsys):
     assert f"{GPUS} x cpu" in capsys.readouterr().out
     gpu_run = make_run(tmp_path / "gpu", [2.0] * 20, gpu="NVIDIA H200 NVL")  # a name the table does not know
     assert run_cli(["measure", str(gpu_run), "--gpu", "H200"]) == 0
+
+
+@pytest.mark.parametrize("seconds", [1e308, float("inf")])
+def test_a_step_time_past_a_year_is_named_by_line(tmp_path, seconds):
+    run = make_run(tmp_path / "run", [2.0] * 5 + [seconds] * 2 + [2.0] * 3)  # two of 1e308 overflowed the sum
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:\d+: step 5: step_time_s must be positive and at most"):
+        measure_run_dir(run, window=(2, 8))

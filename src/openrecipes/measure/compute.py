@@ -142,11 +142,18 @@ def compute_metrics(
     return result
 
 
+# a step slower than a year is no measurement: refused with its line rather than overflowing the sums
+MAX_STEP_SECONDS = 365 * 24 * 3600.0
+
+
 def _window_records(records: list[StepRecord], first: int, last: int, origin: str) -> list[StepRecord]:
     """The records of steps ``first`` to ``last``, every one of them present."""
     if first < 0 or last < first:
         raise ValueError(f"window {first} {last}: need 0 <= first <= last")
     by_step = {record.step: record for record in records}
+    if by_step and last > max(by_step):  # before listing the missing steps: a window of 10**18 steps never ends
+        raise ValueError(f"{origin}: window {first}-{last} goes past the last recorded step {max(by_step)}; choose "
+                         "the steps with --window FIRST LAST")
     wanted = range(first, last + 1)
     missing = [step for step in wanted if step not in by_step]
     if missing:
@@ -163,15 +170,14 @@ def _window_times_and_tokens(window_records: list[StepRecord], origin: str) -> t
     step_times = []
     for record in window_records:
         seconds = require_number(record, "step_time_s", origin)
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ValueError(
-                f"{origin}:{record.line}: step {record.step}: step_time_s must be positive, got {seconds}"
-            )
+        if not 0 < seconds <= MAX_STEP_SECONDS:  # nan and inf too; a sum of 1e308s overflows
+            raise ValueError(f"{origin}:{record.line}: step {record.step}: step_time_s must be positive and at most "
+                             f"{MAX_STEP_SECONDS:g} s, got {seconds}")
         step_times.append(seconds)
     tokens = 0
     for record in window_records:
         value = require_number(record, "tokens", origin)
-        if value < 0 or value != int(value):
+        if not math.isfinite(value) or value < 0 or value != int(value):
             raise ValueError(f"{origin}:{record.line}: step {record.step}: bad 'tokens' {value}")
         tokens += int(value)
     return step_times, tokens

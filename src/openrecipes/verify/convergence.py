@@ -40,6 +40,8 @@ class Thresholds:
     skip_first_fraction: float = 0.2
 
     def __post_init__(self) -> None:
+        if not -1.0 <= self.correlation <= 1.0:  # nan too: a threshold nothing passes, or one everything passes
+            raise ValueError(f"correlation must be in [-1, 1], got {self.correlation}")
         if not 0.0 <= self.skip_first_fraction < 1.0:
             raise ValueError(f"skip_first_fraction must be in [0, 1), got {self.skip_first_fraction}")
         for name in ("high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance",

@@ -82,6 +82,16 @@ def read_jsonl_curve(path: Path) -> LossCurve:
 
 
 def read_csv_curve(path: Path) -> LossCurve:
+    """A step,loss CSV file; a file the csv module or UTF-8 cannot read is one line naming it."""
+    try:
+        return _read_csv_curve(path)
+    except csv.Error as error:  # a field over the csv module's size limit, a NUL in older Pythons
+        raise ValueError(f"{path}: unreadable CSV ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def _read_csv_curve(path: Path) -> LossCurve:
     losses: dict[int, float | None] = {}
     lines: dict[int, int] = {}
     with open(path, newline="") as handle:

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from openrecipes.config.cli_numbers import at_least, positive
 from openrecipes.verify.cli import EXIT_STATUS
 
 
@@ -24,11 +25,11 @@ def register(checks: Any) -> None:
                             help=f"{help_text} (default: the device's shape)")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 3], metavar="S",
                         help="steps after which errors are checked (default: 1 3)")
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: 1.8e-3)")
+    parser.add_argument("--lr", type=positive(float), default=None, help="learning rate (default: 1.8e-3)")
     parser.add_argument("--betas", type=float, nargs=2, default=None, metavar=("B1", "B2"),
                         help="Adam betas (default: 0.9 0.98)")
-    parser.add_argument("--eps", type=float, default=None, help="Adam eps (default: 1e-8)")
-    parser.add_argument("--weight-decay", type=float, default=None, help="decoupled weight decay (default: 0.1)")
+    parser.add_argument("--eps", type=positive(float), default=None, help="Adam eps (default: 1e-8)")
+    parser.add_argument("--weight-decay", type=at_least(float, 0), default=None, help="decoupled weight decay (default: 0.1)")
     parser.add_argument("--compute", choices=("fp64", "bf16"), default="fp64",
                         help="precision of the mixed-precision arms' forward and backward (default: fp64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the layer's weights and tokens")

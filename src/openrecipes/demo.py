@@ -49,7 +49,6 @@ def _call(argv: list[str], *, capture: bool = False) -> tuple[int, str]:
 
 
 def _prepare_out(path: Path) -> Path:
-
     # only a previous demo output (it carries MARKER) is replaced; never the current directory
     check_output_dir(path, marker=MARKER, writer="openrecipes demo", overwrite=True)
     if path.exists():

@@ -37,7 +37,7 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(f"{path}:{line_no}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+                raise ValueError(f"{path}:{line_no}: {utf8_problem(error)}") from None
             if not text.strip():
                 continue
             try:
@@ -91,6 +91,11 @@ def _outside_reason(name: Any, plain_name: bool) -> str | None:
     if plain_name and pure.name != name:
         return "it names a sub-folder"
     return None
+
+
+def utf8_problem(error: UnicodeDecodeError) -> str:
+    """What is wrong with a file that is not UTF-8, as the one-line errors that name it say it."""
+    return f"not UTF-8 text ({error.reason} at byte {error.start})"
 
 
 def one_line(text: Any) -> str:
@@ -244,6 +249,11 @@ def check_output_file(path: str | os.PathLike, inputs: Iterable[str | os.PathLik
     check_apart_from_inputs(target, inputs, option=option)
 
 
+def nearest_existing_parent(path: Path) -> Path | None:
+    """The closest folder above ``path`` that exists (a file there means ``path`` cannot be made)."""
+    return next((parent for parent in path.absolute().parents if parent.exists()), None)
+
+
 def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overwrite: bool,
                      inputs: Iterable[str | os.PathLike | None] = (), option: str = "--out",
                      reused: bool = False) -> None:
@@ -265,7 +275,7 @@ def check_output_dir(path: str | os.PathLike, *, marker: str, writer: str, overw
     check_apart_from_inputs(target, inputs, option=option)
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{option}: {target} exists and is not a directory")
-    existing = next((parent for parent in target.absolute().parents if parent.exists()), None)
+    existing = nearest_existing_parent(target)
     if existing is not None and not existing.is_dir():
         raise NotADirectoryError(f"{option}: {existing} is not a directory, so {target} cannot be made in it")
     if not target.exists() or not any(target.iterdir()):

@@ -170,8 +170,7 @@ def _check_model_tensors(state: dict[str, torch.Tensor], raw_config: dict, sourc
     MTP layers held or not), with its shapes: a tensor taken out of the manifest, checksums recomputed, is named
     here instead of being left out of the export."""
     from openrecipes.checkpoint.hf import build_on_meta, declared_layers
-    from openrecipes.models.resolve import MAX_DECLARED_LAYERS
-    from openrecipes.models.resolve import config_from_hf_fields
+    from openrecipes.models.resolve import MAX_DECLARED_LAYERS, config_from_hf_fields
 
     layers = declared_layers(raw_config)
     if isinstance(layers, int) and layers > MAX_DECLARED_LAYERS:

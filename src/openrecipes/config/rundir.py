@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openrecipes.utils import atomic_write_text, check_apart_from_inputs, iter_json_lines, read_json
+from openrecipes.utils import (atomic_write_text, check_apart_from_inputs, iter_json_lines,
+                               nearest_existing_parent, read_json)
 
 RECIPE_FILE = "recipe.yaml"       # the resolved recipe the run trains
 RUN_FILE = "run.json"             # RunInfo: what ran, where, with which versions
@@ -96,7 +97,7 @@ def claim_run_dir(run_dir: str | os.PathLike, inputs: list[str | os.PathLike | N
     check_apart_from_inputs(target, inputs, option="run_dir")
     if target.exists() and not target.is_dir():
         raise ValueError(f"run_dir: {run_dir} exists and is not a directory")
-    above = next((p for p in target.parents if p.exists()), None)
+    above = nearest_existing_parent(target)
     if above is not None and not above.is_dir():
         raise ValueError(f"run_dir: {run_dir} lies under {above}, which is a file, not a directory")
     if target.is_dir() and any(not _built_rows(p) for p in target.iterdir()) and not is_run_directory(target):

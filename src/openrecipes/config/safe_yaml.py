@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from openrecipes.utils import utf8_problem
+
 MAX_CARD_BYTES = 1 << 20  # 1 MiB: the largest seed card is ~10 KiB
 MAX_DEPTH = 32
 
@@ -147,7 +149,7 @@ def load_plain_yaml(text: str | bytes, source: str = "<string>") -> tuple[Any, d
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UnsafeYamlError(source, None, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise UnsafeYamlError(source, None, utf8_problem(error)) from None
     try:
         loader = _PlainDataLoader(decoded)
     except yaml.reader.ReaderError as error:  # a character YAML refuses to read (ESC, NUL): one line, its line

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openrecipes.utils import sha256_file
+from openrecipes.utils import sha256_file, utf8_problem
 
 BUNDLED_TOKENIZER = Path(__file__).with_name("assets") / "tokenizer"
 
@@ -57,7 +57,7 @@ def read_utf8(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise ValueError(f"{path}: {utf8_problem(error)}") from None
 
 
 def _template_from_config(config: dict[str, Any], path: Path) -> str | None:
@@ -118,7 +118,7 @@ def load_tokenizer(directory: str | Path) -> TokenizerBundle:
         except json.JSONDecodeError as error:
             raise ValueError(f"{config_path}: line {error.lineno}: invalid JSON: {error.msg}") from error
         except UnicodeDecodeError as error:
-            raise ValueError(f"{config_path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+            raise ValueError(f"{config_path}: {utf8_problem(error)}") from None
         if not isinstance(config, dict):
             raise ValueError(f"{config_path}: a tokenizer config is a JSON object, not a {type(config).__name__}")
         hashes["tokenizer_config.json"] = sha256_file(config_path)

@@ -66,13 +66,18 @@ def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
+def _positive_number(value: Any) -> bool:
+    """A finite number above 0 (a bool is no number here, nan and inf are no setting)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
 def _build(cls: type, values: dict[str, Any], where: str, **extra: Any) -> Any:
     names = set(cls.__dataclass_fields__) - {"name"} - set(extra)
     missing, unknown = names - set(values), set(values) - names
     if missing or unknown:
         raise ValueError(f"{where}: missing {sorted(missing)} / unknown {sorted(unknown)} fields")
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not _positive_number(value):
             raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
     return cls(**values, **extra)
 
@@ -111,7 +116,7 @@ def load_hardware(gpu_type: str, *, path: str | Path | None = None, memory_gib: 
     gpu = _planner_gpu(gpu_type, raw.get("gpus"), str(source), memory_gib)
     cpu = _section(raw, "cpu_optimizer", str(source))
     rate = cpu.get("elements_per_s_per_rank")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+    if not _positive_number(rate):
         raise ValueError(f"{source.name}: cpu_optimizer.elements_per_s_per_rank must be a positive number")
     return Hardware(
         gpu=gpu,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openrecipes.config.rundir import METRICS_FILE, decode_metric, read_metrics
-from openrecipes.utils import iter_json_lines
+from openrecipes.utils import iter_json_lines, utf8_problem
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +88,7 @@ def read_csv_curve(path: Path) -> LossCurve:
     except csv.Error as error:  # a field over the csv module's size limit, a NUL in older Pythons
         raise ValueError(f"{path}: unreadable CSV ({error})") from None
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise ValueError(f"{path}: {utf8_problem(error)}") from None
 
 
 def _read_csv_curve(path: Path) -> LossCurve:

@@ -29,7 +29,8 @@ def register(checks: Any) -> None:
     parser.add_argument("--betas", type=float, nargs=2, default=None, metavar=("B1", "B2"),
                         help="Adam betas (default: 0.9 0.98)")
     parser.add_argument("--eps", type=positive(float), default=None, help="Adam eps (default: 1e-8)")
-    parser.add_argument("--weight-decay", type=at_least(float, 0), default=None, help="decoupled weight decay (default: 0.1)")
+    parser.add_argument("--weight-decay", type=at_least(float, 0), default=None,
+                        help="decoupled weight decay (default: 0.1)")
     parser.add_argument("--compute", choices=("fp64", "bf16"), default="fp64",
                         help="precision of the mixed-precision arms' forward and backward (default: fp64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the layer's weights and tokens")
